@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what building and testing rdmarpc needs on Debian 12, then prepares
+# the Soft-RoCE VM image. Idempotent: with everything present it installs
+# nothing and runs no apt-get update.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  # build
+  bazel-bootstrap bazel-rules-java bazel-rules-proto g++ pkg-config
+  libprotobuf-dev protobuf-compiler libprotoc-dev libabsl-dev
+  libgtest-dev googletest libibverbs-dev librdmacm-dev
+  # run time and the Soft-RoCE VM
+  rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest iproute2
+  qemu-system-x86 busybox-static kmod cpio
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The VM image needs apt's package lists to find the kernel package.
+if ! tools/vm/prepare.sh 2>/dev/null; then
+  [ "$(id -u)" = 0 ] && apt-get update -q || sudo apt-get update -q
+  tools/vm/prepare.sh
+fi

@@ -1,0 +1,17 @@
+"""rdma_cc_test: a cc_test that needs real RDMA verbs.
+
+Tagged "rdma" (or "rdma_two_vms" with two_vms = True) so that `make test` runs
+it under tools/vm/run.sh: on this machine's RDMA device or in a Soft-RoCE VM.
+"local" because the VM shares the host's real / (not a sandbox view), and
+"exclusive" because a TCG VM wants both cores. A plain `bazel test //...` on a
+machine without RDMA runs it directly, where it FAILS with a message saying to
+use `make test` (see transport/rdma/testing/rdma_test_env.h).
+"""
+
+def rdma_cc_test(name, two_vms = False, tags = [], size = "medium", **kwargs):
+    native.cc_test(
+        name = name,
+        size = size,
+        tags = tags + ["rdma_two_vms" if two_vms else "rdma", "local", "exclusive"],
+        **kwargs
+    )

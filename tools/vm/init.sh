@@ -1,0 +1,55 @@
+#!/bin/busybox sh
+# /init of the Soft-RoCE test VM (runs as PID 1 from the initramfs).
+#
+# Shares from the host: "hostroot" is the host's / (read-only) and becomes the
+# guest's root under a tmpfs overlay, so host-built binaries run unchanged at
+# the same paths; "io" is the per-run folder (read-write) that carries vm.env and
+# cmd.sh in and the exit status out. Nothing here is specific to one test.
+/bin/busybox --install -s /bin
+export PATH=/bin
+
+say() { echo "rdmavm-guest: $*" > /dev/console; }
+die() { say "SETUP FAILED: $*"; poweroff -f; sleep 10; }
+
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+
+while read -r name args; do
+  insmod "/modules/$name" $args 2>/dev/null || die "insmod $name"
+done < /modules/order
+
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 io /io || die "mount io share"
+. /io/vm.env
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,ro,cache=loose hostroot /lower \
+  || die "mount host root"
+mount -t tmpfs -o mode=755 tmpfs /rw || die "tmpfs"
+mkdir -p /rw/upper /rw/work
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot \
+  || die "overlay"
+for d in proc sys dev; do mount --bind "/$d" "/newroot/$d" || die "bind /$d"; done
+mount -t tmpfs tmpfs /newroot/tmp
+mkdir -p "/newroot$IO_HOST_PATH"
+mount --bind /io "/newroot$IO_HOST_PATH" || die "bind io"
+
+# The host's iproute2 (busybox's ip cannot add rxe links).
+host() { chroot /newroot "$@"; }
+host ip link set lo up
+if [ "$NETDEV" = dummy ]; then
+  host ip link add sr0 type dummy || die "ip link add dummy"
+  dev=sr0
+else
+  dev=eth0
+fi
+host ip link set "$dev" mtu "$MTU" || die "mtu $MTU on $dev"
+host ip addr add "$SELF_IP/24" dev "$dev" || die "ip addr on $dev"
+host ip link set "$dev" up || die "link up $dev"
+host rdma link add rxe0 type rxe netdev "$dev" || die "rdma link add rxe0 on $dev"
+say "rxe0 on $dev ($SELF_IP, mtu $MTU) ready"
+
+chroot /newroot /bin/bash "$IO_HOST_PATH/cmd.sh" > /dev/console 2>&1
+echo $? > /io/status
+sync
+umount "/newroot$IO_HOST_PATH" 2>/dev/null
+umount /io 2>/dev/null
+poweroff -f

@@ -1,0 +1,32 @@
+// What an RDMA test needs from its environment, and a clear failure without it.
+//
+// RDMA tests are tagged "rdma" in Bazel and are meant to run under
+// tools/vm/run.sh (make test does that): either on this machine's own RDMA
+// device or inside a Soft-RoCE VM. Run any other way on a machine without a
+// device they FAIL, naming what to do; they never skip and never pass.
+//
+//   TEST(Foo, Bar) {
+//     const std::string addr = rdmarpc::rdma::testing::RequireRdmaTestAddress();
+//     ...listen or connect on addr...
+//   }
+#ifndef RDMARPC_TRANSPORT_RDMA_TESTING_RDMA_TEST_ENV_H_
+#define RDMARPC_TRANSPORT_RDMA_TESTING_RDMA_TEST_ENV_H_
+
+#include <string>
+
+namespace rdmarpc::rdma::testing {
+
+// The IPv4 address of an RDMA-capable local interface ($RDMARPC_TEST_ADDR),
+// after checking that libibverbs sees at least one device. Fails the current
+// test (gtest FAIL) and returns "" when either is missing.
+std::string RequireRdmaTestAddress();
+
+// The peer VM's address in two-VM mode ($RDMARPC_PEER_ADDR), or "".
+std::string PeerAddress();
+
+// "server", "client", "single" or "host" ($RDMARPC_VM_ROLE), or "".
+std::string Role();
+
+}  // namespace rdmarpc::rdma::testing
+
+#endif  // RDMARPC_TRANSPORT_RDMA_TESTING_RDMA_TEST_ENV_H_
