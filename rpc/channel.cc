@@ -1,0 +1,254 @@
+#include "rpc/channel.h"
+
+#include <future>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "transport/factory.h"
+
+namespace rdmarpc {
+
+using transport::InboundMessage;
+using transport::MessageKind;
+using transport::OutboundMessage;
+
+struct Channel::Pending {
+  uint64_t id = 0;
+  std::string method;  // full name, for error messages
+  ClientContext* ctx = nullptr;
+  google::protobuf::MessageLite* response = nullptr;
+  CallCallback done;
+  bool inline_done = false;
+  uint64_t timer = 0;
+  transport::Connection* conn = nullptr;  // the connection the request went on
+};
+
+StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
+                                                   ChannelOptions options) {
+  auto addr = transport::ParseAddress(address);
+  if (!addr.ok()) return addr.status();
+  transport::TransportOptions topts;
+  topts.max_message_size = options.max_message_size;
+  topts.name = absl::StrCat("channel ", address);
+  auto t = transport::MakeTransport(addr->scheme, topts);
+  if (!t.ok()) return t.status();
+  return std::shared_ptr<Channel>(new Channel(address, *addr, options, std::move(*t)));
+}
+
+Channel::Channel(std::string target, transport::Address addr, ChannelOptions options,
+                 std::unique_ptr<transport::Transport> transport)
+    : target_(std::move(target)),
+      addr_(std::move(addr)),
+      options_(options),
+      callbacks_(options.callback_threads),
+      transport_(std::move(transport)) {}
+
+Channel::~Channel() {
+  transport_->Shutdown();  // pending calls end in OnClosed
+  std::vector<std::unique_ptr<Pending>> rest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, p] : pending_) rest.push_back(std::move(p));
+    pending_.clear();
+  }
+  for (auto& p : rest) {
+    timers_.Cancel(p->timer);
+    Deliver(std::move(p), Status(StatusCode::kUnavailable, "channel destroyed"));
+  }
+  callbacks_.Stop();
+}
+
+Status Channel::Call(const MethodInfo& method, ClientContext* ctx,
+                     const google::protobuf::MessageLite& request,
+                     google::protobuf::MessageLite* response) {
+  std::promise<Status> result;
+  auto future = result.get_future();
+  Start(method, ctx, request, response,
+        [&result](Status s) { result.set_value(std::move(s)); }, /*inline_done=*/true);
+  return future.get();
+}
+
+void Channel::CallAsync(const MethodInfo& method, ClientContext* ctx,
+                        const google::protobuf::MessageLite& request,
+                        google::protobuf::MessageLite* response, CallCallback done) {
+  Start(method, ctx, request, response, std::move(done), /*inline_done=*/false);
+}
+
+void Channel::Start(const MethodInfo& method, ClientContext* ctx,
+                    const google::protobuf::MessageLite& request,
+                    google::protobuf::MessageLite* response, CallCallback done,
+                    bool inline_done) {
+  auto p = std::make_unique<Pending>();
+  p->method = method.full_name;
+  p->ctx = ctx;
+  p->response = response;
+  p->done = std::move(done);
+  p->inline_done = inline_done;
+  const auto fail = [&](StatusCode code, const std::string& msg) {
+    Deliver(std::move(p), Status(code, absl::StrCat(method.full_name, ": ", msg)));
+  };
+
+  const absl::Time deadline = ctx->deadline();
+  if (absl::Now() >= deadline) {
+    return fail(StatusCode::kDeadlineExceeded, "deadline passed before the call started");
+  }
+  if (Status s = transport::ValidateMetadata(ctx->metadata()); !s.ok()) {
+    return fail(s.code(), std::string(s.message()));
+  }
+  const size_t size = request.ByteSizeLong();
+  if (size > options_.max_message_size) {
+    return fail(StatusCode::kResourceExhausted,
+                absl::StrCat("request of ", size, " bytes exceeds max_message_size ",
+                             options_.max_message_size));
+  }
+  auto conn = EnsureConnected(std::min(deadline, absl::Now() + options_.connect_timeout));
+  if (!conn.ok()) return fail(conn.status().code(), std::string(conn.status().message()));
+
+  OutboundMessage msg;
+  auto payload = (*conn)->AllocatePayload(size);
+  if (!payload.ok()) return fail(payload.status().code(), std::string(payload.status().message()));
+  msg.payload = std::move(*payload);
+  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(msg.payload.data()));
+  msg.metadata = transport::EncodeMetadata(ctx->metadata());
+  msg.header.kind = MessageKind::kRequest;
+  msg.header.method_id = method.id;
+  if (deadline != absl::InfiniteFuture()) {
+    msg.header.timeout_us =
+        std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
+  }
+
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_call_id_++;
+    p->id = id;
+    p->conn = conn->get();
+    if (deadline != absl::InfiniteFuture()) {
+      p->timer = timers_.Schedule(deadline, [this, id] {
+        Complete(id, Status(StatusCode::kDeadlineExceeded, "deadline exceeded"), nullptr, true);
+      });
+    }
+    pending_.emplace(id, std::move(p));
+  }
+  msg.header.call_id = id;
+  ctx->SetCancelHook([this, id] {
+    Complete(id, Status(StatusCode::kCancelled, "cancelled by the client"), nullptr, true);
+  });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_.count(id) == 0) return;  // cancelled or timed out already
+  }
+  if (Status s = (*conn)->Send(std::move(msg)); !s.ok()) {
+    Complete(id, s, nullptr, false);
+  }
+}
+
+StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::Time deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn_) return conn_;
+  }
+  std::lock_guard<std::mutex> connecting(connect_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn_) return conn_;  // another caller connected meanwhile
+  }
+  auto conn = transport_->Connect(addr_, this, deadline);
+  if (!conn.ok()) {
+    return Status(StatusCode::kUnavailable,
+                  absl::StrCat("cannot reach ", target_, ": ", conn.status().message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  conn_ = *conn;
+  return conn_;
+}
+
+void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tell_server) {
+  std::unique_ptr<Pending> p;
+  std::shared_ptr<transport::Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;  // already ended (late response, timer, cancel)
+    p = std::move(it->second);
+    pending_.erase(it);
+    if (conn_ && conn_.get() == p->conn) conn = conn_;
+  }
+  timers_.Cancel(p->timer);
+  if (tell_server && conn) {
+    OutboundMessage cancel;
+    cancel.header.kind = MessageKind::kCancel;
+    cancel.header.call_id = id;
+    conn->Send(std::move(cancel)).IgnoreError();  // best effort: the call is over here
+  }
+  if (msg != nullptr) {
+    auto md = transport::DecodeMetadata(msg->metadata);
+    if (!md.ok()) {
+      status = Status(StatusCode::kInternal, absl::StrCat("bad response metadata from ", target_,
+                                                          ": ", md.status().message()));
+    } else {
+      p->ctx->server_metadata_ = std::move(*md);
+      if (status.ok() && !p->response->ParseFromArray(msg->payload.data(),
+                                       static_cast<int>(msg->payload.size()))) {
+        status = Status(StatusCode::kInternal,
+                        absl::StrCat("response does not parse as ", p->response->GetTypeName()));
+      }
+    }
+  }
+  // Errors made here get the method's name; a handler's own status reaches
+  // the caller unchanged. UNIMPLEMENTED is the server runtime's, which knows
+  // only the method id.
+  const bool decorate = msg == nullptr || status.code() == StatusCode::kUnimplemented;
+  if (!status.ok() && decorate && status.message().find(p->method) == absl::string_view::npos) {
+    status = Status(status.code(), absl::StrCat(p->method, ": ", status.message()));
+  }
+  Deliver(std::move(p), std::move(status));
+}
+
+void Channel::Deliver(std::unique_ptr<Pending> p, Status status) {
+  p->ctx->ClearCancelHook();
+  if (p->inline_done) {
+    std::move(p->done)(std::move(status));
+    return;
+  }
+  auto run = [p = std::move(p), status = std::move(status)]() mutable {
+    std::move(p->done)(std::move(status));
+  };
+  callbacks_.Post(std::move(run));
+}
+
+void Channel::OnMessage(transport::Connection& conn, InboundMessage msg) {
+  if (msg.header.kind != MessageKind::kResponse) {
+    fprintf(stderr, "rdmarpc[channel %s]: ignoring message kind %d from %s\n", target_.c_str(),
+            static_cast<int>(msg.header.kind), conn.peer().c_str());
+    return;
+  }
+  const auto code = static_cast<StatusCode>(msg.header.status);
+  if (!msg.payload_status.ok()) {
+    Complete(msg.header.call_id, msg.payload_status, nullptr, false);
+  } else if (code != StatusCode::kOk) {
+    const Status s(code, absl::string_view(msg.payload.data(), msg.payload.size()));
+    msg.payload.Reset();
+    Complete(msg.header.call_id, s, &msg, false);
+  } else {
+    Complete(msg.header.call_id, Status(), &msg, false);
+  }
+}
+
+void Channel::OnClosed(transport::Connection& conn, const absl::Status& why) {
+  std::vector<uint64_t> lost;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn_.get() == &conn) conn_.reset();
+    for (auto& [id, p] : pending_)
+      if (p->conn == &conn) lost.push_back(id);
+  }
+  for (uint64_t id : lost) {
+    Complete(id,
+             Status(StatusCode::kUnavailable,
+                    absl::StrCat("connection to ", conn.peer(), " lost: ", why.message())),
+             nullptr, false);
+  }
+}
+
+}  // namespace rdmarpc

@@ -1,0 +1,68 @@
+// ClientContext: per-call settings and results on the client side.
+//
+// One ClientContext per call (do not reuse it); it must outlive the call.
+//
+//   rdmarpc::ClientContext ctx;
+//   ctx.set_timeout(absl::Milliseconds(200));
+//   ctx.AddMetadata("request-id", "42");
+//   rdmarpc::Status s = stub.Echo(&ctx, req, &resp);
+//   for (const auto& [k, v] : ctx.server_metadata()) ...
+//
+// TryCancel() may be called from any thread at any time: a pending call ends
+// with CANCELLED (a call that already finished is not affected) and the
+// server is told to stop working on it.
+#ifndef RDMARPC_RPC_CLIENT_CONTEXT_H_
+#define RDMARPC_RPC_CLIENT_CONTEXT_H_
+
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "transport/wire_format.h"
+
+namespace rdmarpc {
+
+using Metadata = transport::Metadata;
+
+class ClientContext {
+ public:
+  ClientContext() = default;
+  ClientContext(const ClientContext&) = delete;
+  ClientContext& operator=(const ClientContext&) = delete;
+
+  void set_deadline(absl::Time deadline) { deadline_ = deadline; }
+  void set_timeout(absl::Duration timeout) { deadline_ = absl::Now() + timeout; }
+  absl::Time deadline() const { return deadline_; }  // InfiniteFuture() if unset
+
+  // Keys: 1..256 bytes of [a-z0-9-_.]; invalid metadata fails the call with
+  // INVALID_ARGUMENT.
+  void AddMetadata(std::string key, std::string value) {
+    metadata_.emplace_back(std::move(key), std::move(value));
+  }
+  const Metadata& metadata() const { return metadata_; }
+
+  // What the server's handler added with ServerContext::AddResponseMetadata;
+  // valid once the call has completed.
+  const Metadata& server_metadata() const { return server_metadata_; }
+
+  void TryCancel();
+
+ private:
+  friend class Channel;
+  // Called by the channel while the call is pending; cleared when it ends.
+  void SetCancelHook(std::function<void()> hook);
+  void ClearCancelHook();
+
+  absl::Time deadline_ = absl::InfiniteFuture();
+  Metadata metadata_;
+  Metadata server_metadata_;
+  std::mutex mu_;
+  bool cancelled_ = false;             // guarded by mu_
+  std::function<void()> cancel_hook_;  // guarded by mu_
+};
+
+}  // namespace rdmarpc
+
+#endif  // RDMARPC_RPC_CLIENT_CONTEXT_H_

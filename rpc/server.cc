@@ -1,0 +1,306 @@
+#include "rpc/server.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "transport/factory.h"
+
+namespace rdmarpc {
+
+using transport::Buffer;
+using transport::Connection;
+using transport::InboundMessage;
+using transport::MessageKind;
+using transport::OutboundMessage;
+
+namespace {
+// Error texts travel as the payload of a failed response; keep them bounded.
+constexpr size_t kMaxErrorMessage = 16 * 1024;
+}  // namespace
+
+// One call being served. It lives until both the handler has called Finish
+// (self_ keeps it alive until then) and the server no longer tracks it.
+class ServerCallImpl : public ServerCall {
+ public:
+  ServerCallImpl(Server* server, std::shared_ptr<Connection> conn, const Service::Method* method,
+                 InboundMessage msg, std::shared_ptr<ServerContext> ctx)
+      : server_(server),
+        conn_(std::move(conn)),
+        method_(method),
+        msg_(std::move(msg)),
+        ctx_(std::move(ctx)) {}
+
+  ServerContext* context() override { return ctx_.get(); }
+  absl::string_view request() const override {
+    return absl::string_view(msg_.payload.data(), msg_.payload.size());
+  }
+  void Finish(const Status& status, const google::protobuf::MessageLite* response) override {
+    Respond(status, response);
+    self_.reset();  // may destroy this
+  }
+
+  // Sends the one response this call gets; later attempts do nothing.
+  void Respond(Status status, const google::protobuf::MessageLite* response) {
+    if (responded_.exchange(true)) return;
+    Buffer payload;
+    if (status.ok() && response != nullptr) {
+      const size_t size = response->ByteSizeLong();
+      if (size > server_->max_message_size_) {
+        status = Status(StatusCode::kResourceExhausted,
+                        absl::StrCat(method_->full_name, ": response of ", size,
+                                     " bytes exceeds max_message_size ",
+                                     server_->max_message_size_));
+      } else if (auto buf = conn_->AllocatePayload(size); !buf.ok()) {
+        status = buf.status();
+      } else {
+        payload = std::move(*buf);
+        response->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(payload.data()));
+      }
+    }
+    // Past the deadline the client is no longer waiting for a result, and
+    // whatever the handler made of its cancellation, the cause is the deadline.
+    if (absl::Now() >= ctx_->deadline()) {
+      payload.Reset();
+      status = Status(StatusCode::kDeadlineExceeded, "deadline exceeded on the server");
+    }
+    server_->Reply(conn_, key().second, status, std::move(payload),
+                   ctx_->TakeResponseMetadata());
+    server_->CallFinished(key());
+  }
+
+  Server::CallKey key() const { return {conn_.get(), msg_.header.call_id}; }
+  void Run() {
+    if (ctx_->IsCancelled()) {
+      const bool expired = absl::Now() >= ctx_->deadline();
+      return Finish(expired ? Status(StatusCode::kDeadlineExceeded,
+                                     "deadline passed before the handler started")
+                            : Status(StatusCode::kCancelled, "cancelled before it started"),
+                    nullptr);
+    }
+    method_->handler(this);
+  }
+
+  std::shared_ptr<ServerCallImpl> self_;
+
+ private:
+  Server* const server_;
+  const std::shared_ptr<Connection> conn_;
+  const Service::Method* const method_;
+  InboundMessage msg_;
+  const std::shared_ptr<ServerContext> ctx_;
+  std::atomic<bool> responded_{false};
+};
+
+Server::Server(int workers, size_t max_message_size)
+    : max_message_size_(max_message_size), workers_(workers) {}
+
+Server::~Server() { Shutdown(); }
+
+void Server::OnMessage(Connection& conn, InboundMessage msg) {
+  switch (msg.header.kind) {
+    case MessageKind::kRequest:
+      return HandleRequest(conn, std::move(msg));
+    case MessageKind::kCancel: {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = inflight_.find({&conn, msg.header.call_id});
+      if (it != inflight_.end()) it->second->context()->MarkCancelled();
+      return;
+    }
+    default:
+      fprintf(stderr, "rdmarpc[server]: ignoring message kind %d from %s\n",
+              static_cast<int>(msg.header.kind), conn.peer().c_str());
+  }
+}
+
+void Server::HandleRequest(Connection& conn, InboundMessage msg) {
+  std::shared_ptr<Connection> shared;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(&conn);
+    if (it == conns_.end()) return;
+    shared = it->second;
+  }
+  const uint64_t call_id = msg.header.call_id;
+  const auto reply_error = [&](StatusCode code, const std::string& text) {
+    Reply(shared, call_id, Status(code, text), Buffer(), {});
+  };
+  if (!msg.payload_status.ok()) {
+    return reply_error(msg.payload_status.code(), std::string(msg.payload_status.message()));
+  }
+  auto m = methods_.find(msg.header.method_id);
+  if (m == methods_.end()) {
+    return reply_error(StatusCode::kUnimplemented,
+                       absl::StrCat("unknown method id 0x", absl::Hex(msg.header.method_id),
+                                    ": no registered service has it"));
+  }
+  const Service::Method* method = m->second;
+  auto md = transport::DecodeMetadata(msg.metadata);
+  if (!md.ok()) {
+    return reply_error(StatusCode::kInvalidArgument,
+                       absl::StrCat(method->full_name, ": ", md.status().message()));
+  }
+  const absl::Time deadline = msg.header.timeout_us == 0
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + absl::Microseconds(msg.header.timeout_us);
+  auto ctx = std::make_shared<ServerContext>(method->full_name, conn.peer(), deadline,
+                                             std::move(*md));
+  auto call = std::make_shared<ServerCallImpl>(this, shared, method, std::move(msg), ctx);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) {
+      return reply_error(StatusCode::kUnavailable, "server is shutting down");
+    }
+    if (!inflight_.emplace(call->key(), call).second) {
+      fprintf(stderr, "rdmarpc[server]: %s reused call id %llu while in flight; dropped\n",
+              conn.peer().c_str(), static_cast<unsigned long long>(call_id));
+      return;
+    }
+  }
+  call->self_ = call;
+  if (!workers_.Post([call] { call->Run(); })) {
+    call->Finish(Status(StatusCode::kUnavailable, "server is shutting down"), nullptr);
+  }
+}
+
+void Server::Reply(const std::shared_ptr<Connection>& conn, uint64_t call_id,
+                   const Status& status, Buffer payload, const Metadata& md) {
+  OutboundMessage out;
+  out.header.kind = MessageKind::kResponse;
+  out.header.call_id = call_id;
+  out.header.status = static_cast<uint16_t>(status.code());
+  if (!status.ok()) {
+    const absl::string_view text = status.message().substr(0, kMaxErrorMessage);
+    payload = Buffer::CopyOf(text.data(), text.size());
+  }
+  out.payload = std::move(payload);
+  if (transport::ValidateMetadata(md).ok()) out.metadata = transport::EncodeMetadata(md);
+  // A failed send means the connection is gone; OnClosed deals with that.
+  conn->Send(std::move(out)).IgnoreError();
+}
+
+void Server::CallFinished(const CallKey& key) {
+  std::shared_ptr<ServerCallImpl> done;  // destroyed after the lock is released
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = inflight_.find(key);
+    if (it == inflight_.end()) return;
+    done = std::move(it->second);
+    inflight_.erase(it);
+  }
+  cv_.notify_all();
+}
+
+void Server::OnClosed(Connection& conn, const absl::Status&) {
+  std::shared_ptr<Connection> keep;  // released outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = inflight_.lower_bound({&conn, 0});
+       it != inflight_.end() && it->first.first == &conn; ++it) {
+    it->second->context()->MarkCancelled();
+  }
+  auto it = conns_.find(&conn);
+  if (it != conns_.end()) {
+    keep = std::move(it->second);
+    conns_.erase(it);
+  }
+}
+
+void Server::Shutdown(absl::Duration grace) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (shutting_down_) {
+      cv_.wait(lock, [this] { return shut_down_; });
+      return;
+    }
+    shutting_down_ = true;
+  }
+  listeners_.clear();
+  std::vector<std::shared_ptr<ServerCallImpl>> rest;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(grace), [this] { return inflight_.empty(); });
+    for (auto& [key, call] : inflight_) rest.push_back(call);
+  }
+  for (auto& call : rest) {
+    call->context()->MarkCancelled();
+    call->Respond(Status(StatusCode::kCancelled, "server shutting down"), nullptr);
+  }
+  for (auto& [scheme, t] : transports_) t->Shutdown();
+  workers_.Stop();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shut_down_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Server::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return shut_down_; });
+}
+
+ServerBuilder& ServerBuilder::AddListeningPort(std::string address, int* selected_port) {
+  ports_.emplace_back(std::move(address), selected_port);
+  return *this;
+}
+
+ServerBuilder& ServerBuilder::RegisterService(Service* service) {
+  services_.push_back(service);
+  return *this;
+}
+
+ServerBuilder& ServerBuilder::SetWorkerThreads(int n) {
+  workers_ = n;
+  return *this;
+}
+
+ServerBuilder& ServerBuilder::SetMaxMessageSize(size_t bytes) {
+  max_message_size_ = bytes;
+  return *this;
+}
+
+StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
+  if (ports_.empty()) return Status(StatusCode::kInvalidArgument, "no listening port added");
+  const int workers =
+      workers_ > 0 ? workers_ : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::unique_ptr<Server> server(new Server(workers, max_message_size_));
+  for (const Service* service : services_) {
+    for (const Service::Method& m : service->methods()) {
+      auto [it, added] = server->methods_.emplace(m.id, &m);
+      if (added) continue;
+      return Status(StatusCode::kAlreadyExists,
+                    it->second->full_name == m.full_name
+                        ? absl::StrCat("method ", m.full_name, " registered twice")
+                        : absl::StrCat("methods ", it->second->full_name, " and ", m.full_name,
+                                       " have the same id 0x", absl::Hex(m.id),
+                                       " (rename one; see rpc/method_id.h)"));
+    }
+  }
+  Server* raw = server.get();
+  for (const auto& [text, selected] : ports_) {
+    auto addr = transport::ParseAddress(text);
+    if (!addr.ok()) return addr.status();
+    auto& t = server->transports_[addr->scheme];
+    if (!t) {
+      transport::TransportOptions topts;
+      topts.max_message_size = max_message_size_;
+      topts.name = "server";
+      auto made = transport::MakeTransport(addr->scheme, topts);
+      if (!made.ok()) return made.status();
+      t = std::move(*made);
+    }
+    auto listener = t->Listen(*addr, [raw](std::shared_ptr<Connection> c)
+                                         -> transport::ConnectionObserver* {
+      std::lock_guard<std::mutex> lock(raw->mu_);
+      if (raw->shutting_down_) return nullptr;
+      raw->conns_[c.get()] = std::move(c);
+      return raw;
+    });
+    if (!listener.ok()) return listener.status();
+    if (selected) *selected = (*listener)->address().port;
+    server->addresses_.push_back((*listener)->address().ToString());
+    server->listeners_.push_back(std::move(*listener));
+  }
+  return server;
+}
+
+}  // namespace rdmarpc

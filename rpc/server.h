@@ -1,0 +1,114 @@
+// Server and ServerBuilder: host services on one or more addresses.
+//
+//   EchoServiceImpl service;                       // derives from generated code
+//   int port = 0;
+//   auto server = rdmarpc::ServerBuilder()
+//                     .AddListeningPort("tcp://0.0.0.0:0", &port)
+//                     .RegisterService(&service)
+//                     .SetWorkerThreads(4)
+//                     .BuildAndStart();
+//   if (!server.ok()) { ... (*server) ... }
+//   (*server)->Wait();   // until Shutdown() from another thread
+//
+// Thread model: each transport has its own I/O thread(s), which parse frames
+// and hand each request to the worker pool (SetWorkerThreads; default: the
+// number of cores). Handlers run on workers, never on an I/O thread; an
+// asynchronous handler may finish from any thread. A request whose deadline
+// passed while it waited in the queue is answered DEADLINE_EXCEEDED without
+// running its handler.
+//
+// Shutdown(grace): stops accepting connections and answers new requests with
+// UNAVAILABLE; waits up to `grace` for in-flight calls to finish; then marks
+// the rest cancelled (ServerContext::IsCancelled) and answers them CANCELLED;
+// then closes every connection and joins the workers. Handlers must return
+// once cancelled: a handler that never returns blocks Shutdown.
+//
+// Bad input never takes the server down: an unparsable frame closes only that
+// connection; an unknown method gets UNIMPLEMENTED, a request that does not
+// parse INVALID_ARGUMENT, an oversize one RESOURCE_EXHAUSTED.
+#ifndef RDMARPC_RPC_SERVER_H_
+#define RDMARPC_RPC_SERVER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "rpc/internal/thread_pool.h"
+#include "rpc/service.h"
+#include "rpc/status.h"
+#include "transport/transport.h"
+
+namespace rdmarpc {
+
+class ServerCallImpl;
+
+class Server : private transport::ConnectionObserver {
+ public:
+  ~Server() override;
+
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+  // Blocks until Shutdown() has finished.
+  void Wait();
+
+  // Bound addresses, in the order added (ports resolved).
+  const std::vector<std::string>& addresses() const { return addresses_; }
+
+ private:
+  friend class ServerBuilder;
+  friend class ServerCallImpl;
+  using CallKey = std::pair<transport::Connection*, uint64_t>;
+
+  Server(int workers, size_t max_message_size);
+  void OnMessage(transport::Connection& conn, transport::InboundMessage msg) override;
+  void OnClosed(transport::Connection& conn, const absl::Status& why) override;
+  void HandleRequest(transport::Connection& conn, transport::InboundMessage msg);
+  void Reply(const std::shared_ptr<transport::Connection>& conn, uint64_t call_id,
+             const Status& status, transport::Buffer payload, const Metadata& md);
+  void CallFinished(const CallKey& key);
+
+  const size_t max_message_size_;
+  std::unordered_map<uint32_t, const Service::Method*> methods_;
+  std::map<std::string, std::unique_ptr<transport::Transport>> transports_;  // by scheme
+  std::vector<std::unique_ptr<transport::Listener>> listeners_;
+  std::vector<std::string> addresses_;
+  internal::ThreadPool workers_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutting_down_ = false;  // guarded by mu_
+  bool shut_down_ = false;      // guarded by mu_
+  std::map<transport::Connection*, std::shared_ptr<transport::Connection>> conns_;  // mu_
+  std::map<CallKey, std::shared_ptr<ServerCallImpl>> inflight_;                  // mu_
+};
+
+class ServerBuilder {
+ public:
+  // "tcp://host:port", "rdma://host:port" or "auto://host:port"; port 0 picks
+  // a free port, written to *selected_port by BuildAndStart.
+  ServerBuilder& AddListeningPort(std::string address, int* selected_port = nullptr);
+  // The service must outlive the server.
+  ServerBuilder& RegisterService(Service* service);
+  ServerBuilder& SetWorkerThreads(int n);
+  ServerBuilder& SetMaxMessageSize(size_t bytes);
+  // Fails (naming the cause) on an unusable address, a method registered
+  // twice, or two methods whose ids collide.
+  StatusOr<std::unique_ptr<Server>> BuildAndStart();
+
+ private:
+  std::vector<std::pair<std::string, int*>> ports_;
+  std::vector<Service*> services_;
+  int workers_ = 0;
+  size_t max_message_size_ = 64u << 20;
+};
+
+}  // namespace rdmarpc
+
+#endif  // RDMARPC_RPC_SERVER_H_

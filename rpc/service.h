@@ -1,0 +1,104 @@
+// Service: how a service's methods plug into a Server.
+//
+// Generated code (codegen/) derives from Service and adds one Method per rpc;
+// users derive from the generated class and override handlers. Writing a
+// Service by hand works the same way:
+//
+//   class Echo : public rdmarpc::Service {
+//    public:
+//     Echo() {
+//       AddMethod("/demo.Echo/Say", rdmarpc::UnaryHandler<Req, Resp>(
+//           [](ServerContext* ctx, const Req* req, Resp* resp, DoneCallback done) {
+//             resp->set_text(req->text());
+//             std::move(done)(rdmarpc::Status());
+//           }));
+//     }
+//   };
+//
+// A handler runs on a server worker thread and must call Finish (through
+// `done` above) exactly once, from any thread, now or later.
+#ifndef RDMARPC_RPC_SERVICE_H_
+#define RDMARPC_RPC_SERVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/message_lite.h"
+#include "rpc/method_id.h"
+#include "rpc/server_context.h"
+#include "rpc/status.h"
+
+namespace rdmarpc {
+
+// One call being served.
+class ServerCall {
+ public:
+  virtual ~ServerCall() = default;
+  virtual ServerContext* context() = 0;
+  // The serialized request (valid until Finish).
+  virtual absl::string_view request() const = 0;
+  // Sends the response (only when `status` is OK and `response` non-null) or
+  // the error. Exactly once; the ServerCall is gone afterwards.
+  virtual void Finish(const Status& status, const google::protobuf::MessageLite* response) = 0;
+};
+
+using DoneCallback = absl::AnyInvocable<void(Status) &&>;
+using MethodHandler = std::function<void(ServerCall*)>;
+
+class Service {
+ public:
+  struct Method {
+    std::string full_name;  // "/package.Service/Method"
+    uint32_t id;            // MethodId(full_name)
+    MethodHandler handler;
+  };
+
+  virtual ~Service() = default;
+  const std::vector<Method>& methods() const { return methods_; }
+
+ protected:
+  void AddMethod(std::string full_name, MethodHandler handler) {
+    const uint32_t id = MethodId(full_name);
+    methods_.push_back(Method{std::move(full_name), id, std::move(handler)});
+  }
+
+ private:
+  std::vector<Method> methods_;
+};
+
+// Adapts a typed asynchronous handler
+//   void(ServerContext*, const Req*, Resp*, DoneCallback)
+// to a MethodHandler: parses the request (INVALID_ARGUMENT if it does not
+// parse), keeps Req and Resp alive until `done` runs, then finishes the call.
+template <typename Req, typename Resp, typename Fn>
+MethodHandler UnaryHandler(Fn fn) {
+  return [fn = std::move(fn)](ServerCall* call) mutable {
+    struct State {
+      Req request;
+      Resp response;
+    };
+    auto state = std::make_unique<State>();
+    const absl::string_view bytes = call->request();
+    if (!state->request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      call->Finish(Status(StatusCode::kInvalidArgument,
+                          std::string("request does not parse as ") +
+                              state->request.GetTypeName()),
+                   nullptr);
+      return;
+    }
+    State* s = state.get();
+    fn(call->context(), &s->request, &s->response,
+       [call, state = std::move(state)](Status status) mutable {
+         call->Finish(status, status.ok() ? &state->response : nullptr);
+       });
+  };
+}
+
+}  // namespace rdmarpc
+
+#endif  // RDMARPC_RPC_SERVICE_H_

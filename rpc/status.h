@@ -1,0 +1,39 @@
+// Status: the result of every call, with gRPC's 17 codes.
+//
+// rdmarpc uses absl::Status and absl::StatusCode as they are (same numbering
+// as gRPC), so code that already knows them needs nothing new:
+//
+//   rdmarpc::Status s = stub.Echo(&ctx, req, &resp);
+//   if (s.code() == rdmarpc::StatusCode::kDeadlineExceeded) { ... }
+//
+// What the runtime itself returns, and when:
+//   kDeadlineExceeded   the call's deadline passed before its response came
+//                       (client side), or before the server started it
+//   kCancelled          ClientContext::TryCancel(), or the server shut down
+//                       with the call still running
+//   kUnavailable        the server could not be reached, or the connection
+//                       was lost with the call pending; the message names the
+//                       peer (retrying is reasonable)
+//   kUnimplemented      the server has no such service or method
+//   kResourceExhausted  a message exceeds max_message_size (the limit is named
+//                       in the message), or a bounded pool is used up
+//   kInvalidArgument    the request could not be parsed as the method's type,
+//                       or its metadata was malformed
+//   kInternal           the peer broke the protocol (a malformed frame)
+// A handler's own status, code and message, reaches the client unchanged.
+#ifndef RDMARPC_RPC_STATUS_H_
+#define RDMARPC_RPC_STATUS_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace rdmarpc {
+
+using Status = absl::Status;
+using StatusCode = absl::StatusCode;
+template <typename T>
+using StatusOr = absl::StatusOr<T>;
+
+}  // namespace rdmarpc
+
+#endif  // RDMARPC_RPC_STATUS_H_

@@ -1,0 +1,108 @@
+// EchoService and TestServer: the service and server the runtime tests use.
+#ifndef RDMARPC_TESTS_ECHO_SERVICE_H_
+#define RDMARPC_TESTS_ECHO_SERVICE_H_
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "rpc/service.h"
+#include "tests/proto/test_service.pb.h"
+
+namespace rdmarpc::testing {
+
+using test::EchoRequest;
+using test::EchoResponse;
+inline constexpr MethodInfo kEcho{"/rdmarpc.test.Echo/Echo", MethodId("/rdmarpc.test.Echo/Echo")};
+inline constexpr MethodInfo kEchoLater{"/rdmarpc.test.Echo/EchoLater",
+                                MethodId("/rdmarpc.test.Echo/EchoLater")};
+inline constexpr MethodInfo kMissing{"/rdmarpc.test.Echo/Missing", MethodId("/rdmarpc.test.Echo/Missing")};
+
+// Echo: copies data back, sleeps, fails on request, and records what it saw.
+class EchoService : public Service {
+ public:
+  EchoService() {
+    AddMethod(kEcho.full_name,
+              UnaryHandler<EchoRequest, EchoResponse>(
+                  [this](ServerContext* ctx, const EchoRequest* req, EchoResponse* resp,
+                         DoneCallback done) { std::move(done)(Handle(ctx, *req, resp)); }));
+    // Finishes from a thread of its own, as an asynchronous handler may.
+    AddMethod(kEchoLater.full_name,
+              UnaryHandler<EchoRequest, EchoResponse>([this](ServerContext* ctx,
+                                                             const EchoRequest* req,
+                                                             EchoResponse* resp,
+                                                             DoneCallback done) {
+                std::lock_guard<std::mutex> lock(mu_);
+                threads_.emplace_back(
+                    [this, ctx, req, resp, done = std::move(done)]() mutable {
+                      std::move(done)(Handle(ctx, *req, resp));
+                    });
+              }));
+  }
+  ~EchoService() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& t : threads_) t.join();
+  }
+
+  Status Handle(ServerContext* ctx, const EchoRequest& req, EchoResponse* resp) {
+    started.fetch_add(1);
+    for (const auto& [k, v] : ctx->client_metadata()) {
+      if (k == "echo-me") ctx->AddResponseMetadata("echoed", v);
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.sleep_ms());
+    while (std::chrono::steady_clock::now() < until) {
+      if (ctx->IsCancelled()) {
+        saw_cancel.fetch_add(1);
+        return Status(StatusCode::kCancelled, "handler saw the cancellation");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (req.fail_code() != 0) {
+      return Status(static_cast<StatusCode>(req.fail_code()), req.fail_message());
+    }
+    if (req.response_size() > 0) {
+      resp->mutable_data()->assign(static_cast<size_t>(req.response_size()), 'r');
+    } else {
+      resp->set_data(req.data());
+    }
+    return Status();
+  }
+
+  std::atomic<int> started{0};
+  std::atomic<int> saw_cancel{0};
+
+ private:
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
+
+struct TestServer {
+  EchoService service;
+  std::unique_ptr<Server> server;
+  std::string address;
+
+  explicit TestServer(const std::string& listen, size_t max_message = 64u << 20,
+                      int workers = 4) {
+    auto s = ServerBuilder()
+                 .AddListeningPort(listen)
+                 .RegisterService(&service)
+                 .SetWorkerThreads(workers)
+                 .SetMaxMessageSize(max_message)
+                 .BuildAndStart();
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) return;
+    server = std::move(*s);
+    address = server->addresses()[0];
+  }
+};
+
+}  // namespace rdmarpc::testing
+
+#endif  // RDMARPC_TESTS_ECHO_SERVICE_H_

@@ -1,0 +1,374 @@
+// The transport-parameterized runtime suite (see rpc_suite.h).
+#include "tests/rpc_suite.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "rpc/service.h"
+#include "tests/echo_service.h"
+#include "tests/proto/test_service.pb.h"
+
+namespace rdmarpc::testing {
+namespace {
+
+using test::EchoRequest;
+using test::EchoResponse;
+
+std::shared_ptr<Channel> MakeChannel(const std::string& address, ChannelOptions o = {}) {
+  auto ch = Channel::Create(address, o);
+  EXPECT_TRUE(ch.ok()) << ch.status();
+  return ch.ok() ? *ch : nullptr;
+}
+
+EchoRequest Req(const std::string& data, int sleep_ms = 0) {
+  EchoRequest r;
+  r.set_data(data);
+  r.set_sleep_ms(sleep_ms);
+  return r;
+}
+
+TEST_P(RpcSuite, EchoCarriesBytesAndMetadataBothWays) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  ClientContext ctx;
+  ctx.AddMetadata("echo-me", "value-1");
+  EchoResponse resp;
+  const std::string data(1000, '\x7f');
+  Status s = ch->Call(kEcho, &ctx, Req(data), &resp);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(resp.data(), data);
+  ASSERT_EQ(ctx.server_metadata().size(), 1u);
+  EXPECT_EQ(ctx.server_metadata()[0], (std::pair<std::string, std::string>("echoed", "value-1")));
+}
+
+TEST_P(RpcSuite, ManyThreadsThousandsOfCallsInFlight) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 500;
+  std::atomic<int> ok{0}, bad{0}, done{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      struct Call {
+        ClientContext ctx;
+        EchoResponse resp;
+        std::string expect;
+      };
+      std::vector<std::unique_ptr<Call>> calls;
+      for (int i = 0; i < kPerThread; ++i) {
+        auto c = std::make_unique<Call>();
+        c->expect = absl::StrCat("t", t, "-call", i);
+        c->ctx.set_timeout(absl::Seconds(60));
+        Call* raw = c.get();
+        ch->CallAsync(kEcho, &raw->ctx, Req(raw->expect), &raw->resp, [&, raw](Status s) {
+          (s.ok() && raw->resp.data() == raw->expect ? ok : bad).fetch_add(1);
+          done.fetch_add(1);
+        });
+        calls.push_back(std::move(c));
+      }
+      while (done.load() < kThreads * kPerThread) std::this_thread::yield();
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), kThreads * kPerThread);
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST_P(RpcSuite, HandlerErrorReachesClientUnchanged) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  EchoRequest req;
+  req.set_fail_code(static_cast<int>(StatusCode::kPermissionDenied));
+  req.set_fail_message("no entry for you");
+  ClientContext ctx;
+  EchoResponse resp;
+  Status s = ch->Call(kEcho, &ctx, req, &resp);
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(s.message(), "no entry for you");
+}
+
+TEST_P(RpcSuite, UnknownMethodIsUnimplemented) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  ClientContext ctx;
+  EchoResponse resp;
+  Status s = ch->Call(kMissing, &ctx, Req("x"), &resp);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("/rdmarpc.test.Echo/Missing"), absl::string_view::npos) << s;
+}
+
+TEST_P(RpcSuite, AsyncHandlerFinishingOnAnotherThread) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  ClientContext ctx;
+  EchoResponse resp;
+  Status s = ch->Call(kEchoLater, &ctx, Req("later", 5), &resp);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(resp.data(), "later");
+}
+
+TEST_P(RpcSuite, DeadlineExceededEndsCallAndTellsServer) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  ClientContext warm;
+  EchoResponse resp;
+  ASSERT_TRUE(ch->Call(kEcho, &warm, Req("warm"), &resp).ok());
+
+  ClientContext ctx;
+  ctx.set_timeout(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  Status s = ch->Call(kEcho, &ctx, Req("slow", 10000), &resp);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the deadline did not end the call";
+  // The server learns of it (deadline in the header, or the cancel message)
+  // and its handler stops early.
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (ts.service.saw_cancel.load() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(ts.service.saw_cancel.load(), 1);
+}
+
+TEST_P(RpcSuite, ExpiredDeadlineFailsWithoutSending) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  ClientContext ctx;
+  ctx.set_deadline(absl::Now() - absl::Seconds(1));
+  EchoResponse resp;
+  EXPECT_EQ(ch->Call(kEcho, &ctx, Req("x"), &resp).code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(ts.service.started.load(), 0);
+}
+
+TEST_P(RpcSuite, CancelStopsThePendingCallAndTheHandler) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  ClientContext ctx;
+  EchoResponse resp;
+  std::promise<Status> result;
+  ch->CallAsync(kEcho, &ctx, Req("slow", 30000), &resp,
+                [&](Status s) { result.set_value(s); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (ts.service.started.load() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  ctx.TryCancel();
+  auto f = result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
+  while (ts.service.saw_cancel.load() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(ts.service.saw_cancel.load(), 1) << "server handler never saw the cancel";
+}
+
+// Cancels and deadlines racing with responses: every call ends exactly once,
+// with OK or the racing status, never anything else and never twice.
+TEST_P(RpcSuite, CancelAndDeadlineRaceWithResponses) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  constexpr int kCalls = 2000;
+  struct Call {
+    ClientContext ctx;
+    EchoResponse resp;
+    std::atomic<int> completions{0};
+    Status status;
+    bool cancel = false;
+  };
+  std::vector<std::unique_ptr<Call>> calls(kCalls);
+  std::atomic<int> done{0};
+  std::mt19937 rng(42);
+  for (int i = 0; i < kCalls; ++i) {
+    calls[i] = std::make_unique<Call>();
+    Call* c = calls[i].get();
+    c->cancel = i % 2 == 0;
+    if (!c->cancel) c->ctx.set_timeout(absl::Microseconds(rng() % 3000));
+    ch->CallAsync(kEcho, &c->ctx, Req(std::to_string(i), static_cast<int>(rng() % 3)), &c->resp,
+                  [c, &done](Status s) {
+                    c->status = s;
+                    c->completions.fetch_add(1);
+                    done.fetch_add(1);
+                  });
+    if (c->cancel && rng() % 4 != 0) c->ctx.TryCancel();
+  }
+  for (int i = 0; i < kCalls; i += 2) calls[i]->ctx.TryCancel();
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (done.load() < kCalls && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(done.load(), kCalls) << "some calls never ended";
+  absl::SleepFor(absl::Milliseconds(100));  // a second completion would show now
+  for (int i = 0; i < kCalls; ++i) {
+    Call& c = *calls[i];
+    EXPECT_EQ(c.completions.load(), 1) << "call " << i;
+    const StatusCode racing = c.cancel ? StatusCode::kCancelled : StatusCode::kDeadlineExceeded;
+    EXPECT_TRUE(c.status.ok() || c.status.code() == racing) << "call " << i << ": " << c.status;
+    if (c.status.ok()) {
+      EXPECT_EQ(c.resp.data(), std::to_string(i));
+    }
+  }
+  // The server is still fine.
+  ClientContext ctx;
+  EchoResponse resp;
+  EXPECT_TRUE(ch->Call(kEcho, &ctx, Req("after"), &resp).ok());
+}
+
+TEST_P(RpcSuite, OversizeMessagesAreResourceExhaustedNamingTheLimit) {
+  TestServer ts(GetParam().listen_addr(), /*max_message=*/64 * 1024);
+  ASSERT_TRUE(ts.server);
+  ChannelOptions small;
+  small.max_message_size = 32 * 1024;
+  auto ch = MakeChannel(ts.address, small);
+  EchoResponse resp;
+  {  // Too big for the channel: refused before sending.
+    ClientContext ctx;
+    Status s = ch->Call(kEcho, &ctx, Req(std::string(40 * 1024, 'a')), &resp);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("32768"), absl::string_view::npos) << s;
+  }
+  auto big = MakeChannel(ts.address);
+  {  // Too big for the server: that call fails, the connection stays.
+    ClientContext ctx;
+    Status s = big->Call(kEcho, &ctx, Req(std::string(100 * 1024, 'b')), &resp);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("65536"), absl::string_view::npos) << s;
+  }
+  {  // A response too big for the server to send.
+    ClientContext ctx;
+    EchoRequest req;
+    req.set_response_size(80 * 1024);
+    Status s = big->Call(kEcho, &ctx, req, &resp);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  }
+  {  // A response too big for the channel to accept.
+    ClientContext ctx;
+    EchoRequest req;
+    req.set_response_size(40 * 1024);
+    Status s = ch->Call(kEcho, &ctx, req, &resp);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  }
+  ClientContext ctx;
+  EXPECT_TRUE(big->Call(kEcho, &ctx, Req("still fine"), &resp).ok());
+}
+
+TEST_P(RpcSuite, ShutdownDrainsThenCancelsInFlightCalls) {
+  auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
+  ASSERT_TRUE(ts->server);
+  auto ch = MakeChannel(ts->address);
+  constexpr int kQuick = 20, kSlow = 20;
+  struct Call {
+    ClientContext ctx;
+    EchoResponse resp;
+    std::promise<Status> result;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kQuick + kSlow; ++i) {
+    auto c = std::make_unique<Call>();
+    Call* raw = c.get();
+    ch->CallAsync(kEcho, &raw->ctx, Req("x", i < kQuick ? 50 : 60000), &raw->resp,
+                  [raw](Status s) { raw->result.set_value(s); });
+    calls.push_back(std::move(c));
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (ts->service.started.load() < 4 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  const absl::Time start = absl::Now();
+  ts->server->Shutdown(absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << "shutdown exceeded its bound";
+  int ok = 0, ended = 0;
+  for (auto& c : calls) {
+    auto f = c->result.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    const Status s = f.get();
+    ++ended;
+    if (s.ok()) {
+      ++ok;
+    } else {
+      EXPECT_TRUE(s.code() == StatusCode::kCancelled || s.code() == StatusCode::kUnavailable) << s;
+    }
+  }
+  EXPECT_EQ(ended, kQuick + kSlow);
+  EXPECT_GE(ok, 4) << "calls running at shutdown should drain within the grace period";
+  EXPECT_LE(ok, kQuick) << "slow calls cannot have finished";
+}
+
+TEST_P(RpcSuite, ChannelReconnectsAfterServerRestart) {
+  auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
+  ASSERT_TRUE(ts->server);
+  const std::string address = ts->address;
+  auto ch = MakeChannel(address);
+  EchoResponse resp;
+  {
+    ClientContext ctx;
+    ASSERT_TRUE(ch->Call(kEcho, &ctx, Req("before"), &resp).ok());
+  }
+  // A call pending when the server goes ends with a status, not a hang.
+  ClientContext pending_ctx;
+  std::promise<Status> pending;
+  ch->CallAsync(kEcho, &pending_ctx, Req("slow", 60000), &resp,
+                [&](Status s) { pending.set_value(s); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (ts->service.started.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  ts->server->Shutdown(absl::ZeroDuration());
+  ts.reset();
+  auto f = pending.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const Status lost = f.get();
+  EXPECT_TRUE(lost.code() == StatusCode::kCancelled || lost.code() == StatusCode::kUnavailable)
+      << lost;
+  {
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(5));
+    EXPECT_EQ(ch->Call(kEcho, &ctx, Req("down"), &resp).code(), StatusCode::kUnavailable);
+  }
+  // Same address again.
+  TestServer again(address);
+  ASSERT_TRUE(again.server);
+  ClientContext ctx;
+  ctx.set_timeout(absl::Seconds(20));
+  Status s = ch->Call(kEcho, &ctx, Req("after"), &resp);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(resp.data(), "after");
+}
+
+TEST_P(RpcSuite, UnreachableServerIsUnavailable) {
+  // Listen, learn a free port, stop: nothing listens there now.
+  std::string address;
+  {
+    TestServer ts(GetParam().listen_addr());
+    ASSERT_TRUE(ts.server);
+    address = ts.address;
+  }
+  auto ch = MakeChannel(address);
+  ClientContext ctx;
+  ctx.set_timeout(absl::Seconds(10));
+  EchoResponse resp;
+  Status s = ch->Call(kEcho, &ctx, Req("x"), &resp);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find(address.substr(address.find("://") + 3)), absl::string_view::npos)
+      << "the error should name the server: " << s;
+}
+
+TEST(ServerBuilderTest, RefusesDuplicateMethods) {
+  EchoService a, b;
+  auto s = ServerBuilder()
+               .AddListeningPort("tcp://127.0.0.1:0")
+               .RegisterService(&a)
+               .RegisterService(&b)
+               .BuildAndStart();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("registered twice"), absl::string_view::npos) << s.status();
+}
+
+}  // namespace
+}  // namespace rdmarpc::testing

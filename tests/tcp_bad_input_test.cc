@@ -1,0 +1,240 @@
+// Hostile and broken clients over raw TCP: the server answers or drops the bad
+// call (or closes that one connection when framing is lost) and keeps serving
+// everyone else.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/echo_service.h"
+#include "transport/wire_format.h"
+
+namespace rdmarpc::testing {
+namespace {
+
+using transport::EncodeHeader;
+using transport::Header;
+using transport::kHeaderSize;
+using transport::MessageKind;
+
+class RawClient {
+ public:
+  explicit RawClient(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  }
+  ~RawClient() { close(fd_); }
+
+  void SendBytes(const std::string& bytes) {
+    ASSERT_EQ(write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
+  void SendFrame(Header h, const std::string& metadata, const std::string& payload,
+                 std::optional<uint32_t> claimed_payload_len = std::nullopt) {
+    h.metadata_len = metadata.size();
+    h.payload_len = claimed_payload_len.value_or(payload.size());
+    std::string frame(kHeaderSize, '\0');
+    EncodeHeader(h, frame.data());
+    SendBytes(frame + metadata + payload);
+  }
+  // Reads exactly n bytes; false on EOF or a 10 s silence.
+  bool ReadExactly(char* out, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 10000) <= 0) return false;
+      const ssize_t r = read(fd_, out + got, n - got);
+      if (r <= 0) return false;
+      got += r;
+    }
+    return true;
+  }
+  struct Response {
+    Header header;
+    std::string payload;
+  };
+  std::optional<Response> ReadResponse() {
+    char hb[kHeaderSize];
+    if (!ReadExactly(hb, sizeof hb)) return std::nullopt;
+    auto h = transport::DecodeHeader(hb, sizeof hb);
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (!h.ok()) return std::nullopt;
+    std::string md(h->metadata_len, '\0'), payload(h->payload_len, '\0');
+    if (!ReadExactly(md.data(), md.size()) || !ReadExactly(payload.data(), payload.size()))
+      return std::nullopt;
+    return Response{*h, payload};
+  }
+  // True when the server closed this connection (EOF within 10 s).
+  bool ClosedByServer() {
+    char c;
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) return false;
+    return read(fd_, &c, 1) == 0;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+Header Request(uint64_t call_id, uint32_t method_id) {
+  Header h;
+  h.kind = MessageKind::kRequest;
+  h.call_id = call_id;
+  h.method_id = method_id;
+  return h;
+}
+
+std::string EchoBytes(const std::string& data) {
+  EchoRequest r;
+  r.set_data(data);
+  return r.SerializeAsString();
+}
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<TestServer>("tcp://127.0.0.1:0", /*max_message=*/1 << 20);
+    ASSERT_TRUE(server_->server);
+    port_ = std::stoi(server_->address.substr(server_->address.rfind(':') + 1));
+    auto ch = Channel::Create(server_->address);
+    ASSERT_TRUE(ch.ok());
+    good_ = *ch;
+    ExpectGoodClientServed();
+  }
+  void ExpectGoodClientServed() {
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(10));
+    EchoResponse resp;
+    Status s = good_->Call(kEcho, &ctx, Req("good"), &resp);
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), "good");
+  }
+  static EchoRequest Req(const std::string& d) {
+    EchoRequest r;
+    r.set_data(d);
+    return r;
+  }
+
+  std::unique_ptr<TestServer> server_;
+  std::shared_ptr<Channel> good_;
+  int port_ = 0;
+};
+
+TEST_F(BadInputTest, GarbageInsteadOfAHeaderClosesOnlyThatConnection) {
+  RawClient bad(port_);
+  bad.SendBytes(std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n") + std::string(64, 'z'));
+  EXPECT_TRUE(bad.ClosedByServer());
+  ExpectGoodClientServed();
+}
+
+TEST_F(BadInputTest, LyingLengthBeyondTheWireLimitClosesTheConnection) {
+  RawClient bad(port_);
+  bad.SendFrame(Request(1, kEcho.id), "", "abc", transport::kMaxPayloadBytes + 1u);
+  EXPECT_TRUE(bad.ClosedByServer());
+  ExpectGoodClientServed();
+}
+
+TEST_F(BadInputTest, TruncatedFrameThenDisconnect) {
+  RawClient* bad = new RawClient(port_);
+  bad->SendFrame(Request(1, kEcho.id), "", "only a few", 5000);
+  delete bad;  // vanishes mid-frame
+  RawClient half(port_);
+  half.SendBytes(std::string(10, '\x52'));  // half a header, then gone
+  ExpectGoodClientServed();
+}
+
+TEST_F(BadInputTest, UnknownMethodIdIsAnsweredUnimplemented) {
+  RawClient bad(port_);
+  bad.SendFrame(Request(7, 0x12345678), "", EchoBytes("x"));
+  auto r = bad.ReadResponse();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->header.kind, MessageKind::kResponse);
+  EXPECT_EQ(r->header.call_id, 7u);
+  EXPECT_EQ(r->header.status, static_cast<uint16_t>(StatusCode::kUnimplemented));
+  EXPECT_NE(r->payload.find("0x12345678"), std::string::npos) << r->payload;
+  ExpectGoodClientServed();
+}
+
+TEST_F(BadInputTest, UnparsableRequestAndMetadataAreInvalidArgument) {
+  RawClient bad(port_);
+  bad.SendFrame(Request(1, kEcho.id), "", std::string("\xff\xff\xff\xff\xff", 5));
+  auto r = bad.ReadResponse();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->header.status, static_cast<uint16_t>(StatusCode::kInvalidArgument)) << r->payload;
+  // Metadata whose entry claims more bytes than the block holds.
+  bad.SendFrame(Request(2, kEcho.id), std::string("\x03\x00\xff\x00\x00\x00key", 9),
+                EchoBytes("x"));
+  r = bad.ReadResponse();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->header.call_id, 2u);
+  EXPECT_EQ(r->header.status, static_cast<uint16_t>(StatusCode::kInvalidArgument)) << r->payload;
+  // The same connection still works.
+  bad.SendFrame(Request(3, kEcho.id), "", EchoBytes("fine"));
+  r = bad.ReadResponse();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->header.status, 0);
+  ExpectGoodClientServed();
+}
+
+TEST_F(BadInputTest, OversizePayloadIsSkippedAndAnsweredResourceExhausted) {
+  RawClient bad(port_);
+  const std::string big(2 << 20, 'q');  // server limit is 1 MiB
+  bad.SendFrame(Request(1, kEcho.id), "", big);
+  auto r = bad.ReadResponse();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->header.status, static_cast<uint16_t>(StatusCode::kResourceExhausted));
+  EXPECT_NE(r->payload.find("1048576"), std::string::npos) << r->payload;
+  bad.SendFrame(Request(2, kEcho.id), "", EchoBytes("next"));
+  r = bad.ReadResponse();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->header.call_id, 2u);
+  EXPECT_EQ(r->header.status, 0);
+}
+
+TEST_F(BadInputTest, ResponsesAndCancelsForUnknownCallsAreIgnored) {
+  RawClient bad(port_);
+  Header h = Request(9, kEcho.id);
+  h.kind = MessageKind::kResponse;
+  bad.SendFrame(h, "", "nonsense");
+  h.kind = MessageKind::kCancel;
+  bad.SendFrame(h, "", "");
+  bad.SendFrame(Request(10, kEcho.id), "", EchoBytes("ok"));
+  auto r = bad.ReadResponse();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->header.call_id, 10u);
+  EXPECT_EQ(r->header.status, 0);
+}
+
+TEST_F(BadInputTest, ManyHostileClientsWhileAGoodOneWorks) {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> hostile;
+  for (int t = 0; t < 4; ++t) {
+    hostile.emplace_back([&, t] {
+      for (int i = 0; i < 50 && !stop.load(); ++i) {
+        RawClient bad(port_);
+        std::string junk(64 + (i * 37 + t) % 300, '\0');
+        for (size_t k = 0; k < junk.size(); ++k) junk[k] = static_cast<char>((k * 131 + i) & 0xff);
+        if (i % 3 == 0) EncodeHeader(Request(i, kEcho.id), junk.data());  // valid header, junk body
+        bad.SendBytes(junk);
+      }
+    });
+  }
+  for (int i = 0; i < 200; ++i) ExpectGoodClientServed();
+  stop = true;
+  for (auto& t : hostile) t.join();
+  ExpectGoodClientServed();
+}
+
+}  // namespace
+}  // namespace rdmarpc::testing

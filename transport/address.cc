@@ -1,0 +1,45 @@
+#include "transport/address.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace rdmarpc::transport {
+
+std::string Address::ToString() const {
+  const bool v6 = host.find(':') != std::string::npos;
+  return absl::StrCat(scheme, "://", v6 ? "[" : "", host, v6 ? "]" : "", ":", port);
+}
+
+absl::StatusOr<Address> ParseAddress(absl::string_view text) {
+  const auto fail = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad address '", text, "': ", why, " (expected tcp://host:port, rdma://host:port or "
+        "auto://host:port)"));
+  };
+  Address a;
+  const size_t sep = text.find("://");
+  if (sep == absl::string_view::npos) return fail("no scheme");
+  a.scheme = std::string(text.substr(0, sep));
+  if (a.scheme != "tcp" && a.scheme != "rdma" && a.scheme != "auto") return fail("unknown scheme");
+  absl::string_view rest = text.substr(sep + 3);
+  absl::string_view port;
+  if (!rest.empty() && rest[0] == '[') {
+    const size_t close = rest.find(']');
+    if (close == absl::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':')
+      return fail("unterminated [ipv6]:port");
+    a.host = std::string(rest.substr(1, close - 1));
+    port = rest.substr(close + 2);
+  } else {
+    const size_t colon = rest.rfind(':');
+    if (colon == absl::string_view::npos) return fail("no port");
+    a.host = std::string(rest.substr(0, colon));
+    port = rest.substr(colon + 1);
+  }
+  uint32_t p = 0;
+  if (a.host.empty()) return fail("no host");
+  if (!absl::SimpleAtoi(port, &p) || p > 65535) return fail("bad port");
+  a.port = static_cast<uint16_t>(p);
+  return a;
+}
+
+}  // namespace rdmarpc::transport

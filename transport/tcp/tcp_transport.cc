@@ -1,0 +1,558 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <deque>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+// Bytes queued for sending on one connection beyond which Send refuses.
+constexpr size_t kMaxQueuedSendBytes = 256u << 20;
+constexpr size_t kReadChunk = 64 * 1024;
+
+std::string ErrnoText(int err) { return strerror(err); }
+
+std::string SockaddrToString(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    port = ntohs(in->sin_port);
+    return absl::StrCat("tcp://", host, ":", port);
+  }
+  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+  port = ntohs(in6->sin6_port);
+  return absl::StrCat("tcp://[", host, "]:", port);
+}
+
+absl::StatusOr<sockaddr_storage> Resolve(const Address& addr, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string port = std::to_string(addr.port);
+  const int rc = getaddrinfo(addr.host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", addr.ToString(), ": ", gai_strerror(rc)));
+  }
+  sockaddr_storage ss{};
+  memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return ss;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- connection
+
+class TcpConnection : public Connection,
+                      public TcpTransport::IoHandler,
+                      public std::enable_shared_from_this<TcpConnection> {
+ public:
+  TcpConnection(TcpTransport* transport, int fd, std::string peer, ConnectionObserver* observer)
+      : transport_(transport), fd_(fd), peer_(std::move(peer)), observer_(observer) {}
+  ~TcpConnection() override {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  absl::Status Send(OutboundMessage msg) override;
+  absl::StatusOr<Buffer> AllocatePayload(size_t size) override { return Buffer::Allocate(size); }
+  void Close() override {
+    closing_.store(true);
+    shutdown(fd_, SHUT_RDWR);
+  }
+  const std::string& peer() const override { return peer_; }
+
+  void OnEvents(uint32_t events) override;
+  // I/O thread: ends the connection and tells the observer, once.
+  void Finish(absl::Status why);
+  int fd() const { return fd_; }
+  void set_observer(ConnectionObserver* o) { observer_ = o; }
+
+ private:
+  struct Outgoing {
+    std::string prefix;  // header + metadata
+    Buffer payload;
+    size_t sent = 0;     // of prefix + payload
+    size_t size() const { return prefix.size() + payload.size(); }
+  };
+
+  // Writes as much queued data as the socket takes. Caller holds send_mu_.
+  absl::Status FlushLocked();
+  void OnReadable();
+  // Advances the frame parser after `got_` reached the current target.
+  absl::Status FrameProgress();
+  void Deliver();
+
+  TcpTransport* const transport_;
+  const int fd_;
+  const std::string peer_;
+  ConnectionObserver* observer_;
+  std::atomic<bool> closing_{false};
+  bool finished_ = false;  // I/O thread
+
+  std::mutex send_mu_;
+  std::deque<Outgoing> queue_;  // guarded by send_mu_
+  size_t queued_bytes_ = 0;     // guarded by send_mu_
+  bool want_out_ = false;       // guarded by send_mu_
+  bool send_closed_ = false;    // guarded by send_mu_
+
+  // Receive state (I/O thread only).
+  enum class Stage { kHeader, kMetadata, kPayload, kSkip } stage_ = Stage::kHeader;
+  char header_bytes_[kHeaderSize];
+  size_t got_ = 0;
+  InboundMessage in_;
+  size_t skip_left_ = 0;
+};
+
+absl::Status TcpConnection::Send(OutboundMessage msg) {
+  Header h = msg.header;
+  h.flags = 0;
+  h.credits = 0;
+  h.remote = RemoteDescriptor{};
+  if (msg.metadata.size() > kMaxMetadataBytes || msg.payload.size() > kMaxPayloadBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "frame too large for the wire: metadata ", msg.metadata.size(), " (limit ",
+        kMaxMetadataBytes, "), payload ", msg.payload.size(), " (limit ", kMaxPayloadBytes, ")"));
+  }
+  h.metadata_len = static_cast<uint32_t>(msg.metadata.size());
+  h.payload_len = static_cast<uint32_t>(msg.payload.size());
+  Outgoing out;
+  out.prefix.resize(kHeaderSize);
+  EncodeHeader(h, out.prefix.data());
+  out.prefix += msg.metadata;
+  out.payload = std::move(msg.payload);
+
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (send_closed_ || closing_.load()) {
+    return absl::UnavailableError(absl::StrCat("connection to ", peer_, " is closed"));
+  }
+  if (queued_bytes_ + out.size() > kMaxQueuedSendBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "more than ", kMaxQueuedSendBytes, " bytes queued for ", peer_, " (peer not reading?)"));
+  }
+  queued_bytes_ += out.size();
+  queue_.push_back(std::move(out));
+  if (queue_.size() > 1) return absl::OkStatus();  // a flush is already pending
+  const absl::Status s = FlushLocked();
+  if (!s.ok()) Close();  // the I/O thread reports it via OnClosed
+  return absl::OkStatus();
+}
+
+absl::Status TcpConnection::FlushLocked() {
+  while (!queue_.empty()) {
+    iovec iov[64];
+    int n = 0;
+    for (auto it = queue_.begin(); it != queue_.end() && n < 63; ++it) {
+      const size_t sent = it->sent;
+      if (sent < it->prefix.size()) {
+        iov[n++] = {it->prefix.data() + sent, it->prefix.size() - sent};
+        if (!it->payload.empty()) iov[n++] = {it->payload.data(), it->payload.size()};
+      } else {
+        const size_t off = sent - it->prefix.size();
+        iov[n++] = {it->payload.data() + off, it->payload.size() - off};
+      }
+    }
+    const ssize_t w = writev(fd_, iov, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      return absl::UnavailableError(absl::StrCat("write to ", peer_, ": ", ErrnoText(errno)));
+    }
+    size_t left = static_cast<size_t>(w);
+    while (left > 0 && !queue_.empty()) {
+      Outgoing& front = queue_.front();
+      const size_t take = std::min(left, front.size() - front.sent);
+      front.sent += take;
+      left -= take;
+      if (front.sent == front.size()) {
+        queued_bytes_ -= front.size();
+        queue_.pop_front();
+      }
+    }
+  }
+  const bool want_out = !queue_.empty();
+  if (want_out != want_out_) {
+    want_out_ = want_out;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP | (want_out ? static_cast<uint32_t>(EPOLLOUT) : 0u);
+    ev.data.ptr = static_cast<TcpTransport::IoHandler*>(this);
+    epoll_ctl(transport_->epoll_fd_, EPOLL_CTL_MOD, fd_, &ev);
+  }
+  return absl::OkStatus();
+}
+
+void TcpConnection::OnEvents(uint32_t events) {
+  if (finished_) return;
+  if (events & EPOLLOUT) {
+    absl::Status s;
+    {
+      std::lock_guard<std::mutex> lock(send_mu_);
+      s = FlushLocked();
+    }
+    if (!s.ok()) return Finish(s);
+  }
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP)) OnReadable();
+}
+
+void TcpConnection::OnReadable() {
+  char scratch[kReadChunk];
+  while (!finished_) {
+    char* dst;
+    size_t want;
+    switch (stage_) {
+      case Stage::kHeader:
+        dst = header_bytes_ + got_;
+        want = kHeaderSize - got_;
+        break;
+      case Stage::kMetadata:
+        dst = in_.metadata.data() + got_;
+        want = in_.metadata.size() - got_;
+        break;
+      case Stage::kPayload:
+        dst = in_.payload.data() + got_;
+        want = in_.payload.size() - got_;
+        break;
+      case Stage::kSkip:
+        dst = scratch;
+        want = std::min(skip_left_, sizeof scratch);
+        break;
+    }
+    ssize_t r = want ? read(fd_, dst, want) : 0;
+    if (want > 0) {
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (r < 0) {
+        return Finish(absl::UnavailableError(absl::StrCat("read from ", peer_, ": ",
+                                                          ErrnoText(errno))));
+      }
+      if (r == 0) {
+        const bool mid_frame = stage_ != Stage::kHeader || got_ > 0;
+        return Finish(absl::UnavailableError(absl::StrCat(
+            "connection to ", peer_, closing_.load() ? " closed" : " closed by peer",
+            mid_frame ? " in the middle of a frame" : "")));
+      }
+      if (stage_ == Stage::kSkip) {
+        skip_left_ -= r;
+      } else {
+        got_ += r;
+      }
+    }
+    const absl::Status s = FrameProgress();
+    if (!s.ok()) {
+      fprintf(stderr, "rdmarpc[%s]: closing %s: malformed frame: %s\n",
+              transport_->options_.name.c_str(), peer_.c_str(), std::string(s.message()).c_str());
+      return Finish(absl::InternalError(
+          absl::StrCat("malformed frame from ", peer_, ": ", s.message())));
+    }
+  }
+}
+
+absl::Status TcpConnection::FrameProgress() {
+  switch (stage_) {
+    case Stage::kHeader: {
+      if (got_ < kHeaderSize) return absl::OkStatus();
+      auto h = DecodeHeader(header_bytes_, kHeaderSize);
+      if (!h.ok()) return h.status();
+      if (h->remote_payload()) return absl::InvalidArgumentError("remote payload over TCP");
+      in_ = InboundMessage{};
+      in_.header = *h;
+      in_.metadata.resize(h->metadata_len);
+      got_ = 0;
+      stage_ = Stage::kMetadata;
+      return FrameProgress();
+    }
+    case Stage::kMetadata: {
+      if (got_ < in_.metadata.size()) return absl::OkStatus();
+      got_ = 0;
+      const uint32_t len = in_.header.payload_len;
+      if (len > transport_->options_.max_message_size) {
+        in_.payload_status = absl::ResourceExhaustedError(absl::StrCat(
+            "message of ", len, " bytes exceeds max_message_size ",
+            transport_->options_.max_message_size));
+        skip_left_ = len;
+        stage_ = Stage::kSkip;
+      } else {
+        in_.payload = Buffer::Allocate(len);
+        stage_ = Stage::kPayload;
+      }
+      return FrameProgress();
+    }
+    case Stage::kPayload:
+      if (got_ < in_.payload.size()) return absl::OkStatus();
+      Deliver();
+      return absl::OkStatus();
+    case Stage::kSkip:
+      if (skip_left_ > 0) return absl::OkStatus();
+      Deliver();
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+void TcpConnection::Deliver() {
+  stage_ = Stage::kHeader;
+  got_ = 0;
+  InboundMessage msg = std::move(in_);
+  in_ = InboundMessage{};
+  if (msg.header.kind == MessageKind::kCredit || msg.header.kind == MessageKind::kRelease) {
+    return;  // RDMA-only bookkeeping; meaningless on TCP
+  }
+  observer_->OnMessage(*this, std::move(msg));
+}
+
+void TcpConnection::Finish(absl::Status why) {
+  if (finished_) return;
+  finished_ = true;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    send_closed_ = true;
+    queue_.clear();
+    queued_bytes_ = 0;
+  }
+  closing_.store(true);
+  epoll_ctl(transport_->epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
+  shutdown(fd_, SHUT_RDWR);
+  auto self = shared_from_this();
+  transport_->Forget(fd_);
+  observer_->OnClosed(*this, why);
+}
+
+// ------------------------------------------------------------------ listener
+
+class TcpListener : public Listener, public TcpTransport::IoHandler {
+ public:
+  TcpListener(TcpTransport* t, int fd, Address bound, AcceptCallback cb)
+      : transport_(t), fd_(fd), bound_(std::move(bound)), on_accept_(std::move(cb)) {}
+  ~TcpListener() override {
+    transport_->RunInLoopAndWait([this] {
+      epoll_ctl(transport_->epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
+      transport_->listeners_.erase(fd_);
+    });
+    close(fd_);
+  }
+  const Address& address() const override { return bound_; }
+
+  void OnEvents(uint32_t) override {
+    for (;;) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      const int fd = accept4(fd_, reinterpret_cast<sockaddr*>(&ss), &len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          fprintf(stderr, "rdmarpc[%s]: accept on %s: %s\n", transport_->options_.name.c_str(),
+                  bound_.ToString().c_str(), strerror(errno));
+        }
+        return;
+      }
+      const int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      auto conn = std::make_shared<TcpConnection>(transport_, fd, SockaddrToString(ss), nullptr);
+      ConnectionObserver* observer = on_accept_(conn);
+      if (observer == nullptr) continue;  // refused: conn closes its fd
+      conn->set_observer(observer);
+      transport_->Adopt(std::move(conn));
+    }
+  }
+
+ private:
+  TcpTransport* const transport_;
+  const int fd_;
+  const Address bound_;
+  AcceptCallback on_accept_;
+};
+
+// ----------------------------------------------------------------- transport
+
+TcpTransport::TcpTransport(TransportOptions options) : options_(std::move(options)) {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // the wake-up fd
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+TcpTransport::~TcpTransport() {
+  Shutdown();
+  close(wake_fd_);
+  close(epoll_fd_);
+}
+
+void TcpTransport::Loop() {
+  loop_thread_id_ = std::this_thread::get_id();
+  epoll_event events[64];
+  while (!loop_exit_) {
+    const int n = epoll_wait(epoll_fd_, events, 64, -1);
+    for (int i = 0; i < n; ++i) {
+      if (loop_exit_) break;
+      if (events[i].data.ptr == nullptr) {
+        uint64_t v;
+        while (read(wake_fd_, &v, sizeof v) > 0) {
+        }
+        std::vector<std::function<void()>> tasks;
+        {
+          std::lock_guard<std::mutex> lock(tasks_mu_);
+          tasks.swap(tasks_);
+        }
+        for (auto& t : tasks) t();
+        continue;
+      }
+      static_cast<IoHandler*>(events[i].data.ptr)->OnEvents(events[i].events);
+    }
+    // Finished connections die only here, after the batch: a later event of
+    // the same batch may still point at one.
+    graveyard_.clear();
+  }
+}
+
+void TcpTransport::RunInLoopAndWait(std::function<void()> fn) {
+  if (std::this_thread::get_id() == loop_thread_id_ || !thread_.joinable()) {
+    fn();
+    return;
+  }
+  std::promise<void> done;
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    tasks_.push_back([&] {
+      fn();
+      done.set_value();
+    });
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof one);
+  done.get_future().wait();
+}
+
+void TcpTransport::Adopt(std::shared_ptr<TcpConnection> conn) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.ptr = static_cast<IoHandler*>(conn.get());
+  const int fd = conn->fd();
+  conns_[fd] = std::move(conn);
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void TcpTransport::Forget(int fd) {
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return;
+  graveyard_.push_back(std::move(it->second));
+  conns_.erase(it);
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address& addr,
+                                                                  ConnectionObserver* observer,
+                                                                  absl::Time deadline) {
+  if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
+  socklen_t len = 0;
+  auto ss = Resolve(addr, &len);
+  if (!ss.ok()) return ss.status();
+  const int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  const std::string target = addr.ToString();
+  auto fail = [&](const std::string& why) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("connect to ", target, ": ", why));
+  };
+  if (connect(fd, reinterpret_cast<sockaddr*>(&*ss), len) != 0) {
+    if (errno != EINPROGRESS) return fail(ErrnoText(errno));
+    for (;;) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return fail("timed out");
+      pollfd p{fd, POLLOUT, 0};
+      const int rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      if (rc < 0 && errno == EINTR) continue;
+      if (rc < 0) return fail(ErrnoText(errno));
+      if (rc == 0) continue;
+      int err = 0;
+      socklen_t elen = sizeof err;
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+      if (err != 0) return fail(ErrnoText(err));
+      break;
+    }
+  }
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  auto conn = std::make_shared<TcpConnection>(this, fd, target, observer);
+  bool adopted = false;
+  RunInLoopAndWait([&] {
+    if (loop_exit_) return;
+    Adopt(conn);
+    adopted = true;
+  });
+  if (!adopted) return absl::FailedPreconditionError("transport is shut down");
+  return std::shared_ptr<Connection>(conn);
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::Listen(const Address& addr,
+                                                               AcceptCallback on_accept) {
+  if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
+  socklen_t len = 0;
+  auto ss = Resolve(addr, &len);
+  if (!ss.ok()) return ss.status();
+  const int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&*ss), len) != 0 || listen(fd, 1024) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("listen on ", addr.ToString(), ": ", ErrnoText(err)));
+  }
+  sockaddr_storage bound{};
+  socklen_t blen = sizeof bound;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &blen);
+  Address bound_addr = addr;
+  bound_addr.port = ntohs(bound.ss_family == AF_INET
+                              ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
+                              : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  auto listener = std::make_unique<TcpListener>(this, fd, bound_addr, std::move(on_accept));
+  TcpListener* raw = listener.get();
+  RunInLoopAndWait([&] {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = static_cast<IoHandler*>(raw);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+    listeners_[fd] = raw;
+  });
+  return std::unique_ptr<Listener>(std::move(listener));
+}
+
+void TcpTransport::Shutdown() {
+  if (stopped_.exchange(true)) return;
+  RunInLoopAndWait([this] {
+    for (auto& [fd, l] : listeners_) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    std::vector<std::shared_ptr<TcpConnection>> all;
+    for (auto& [fd, c] : conns_) all.push_back(c);
+    for (auto& c : all) c->Finish(absl::UnavailableError("transport shutting down"));
+    loop_exit_ = true;
+  });
+  thread_.join();
+}
+
+}  // namespace rdmarpc::transport

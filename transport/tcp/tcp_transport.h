@@ -1,0 +1,78 @@
+// TcpTransport: the transport interface over TCP sockets, driven by epoll.
+//
+// The fallback for peers without RDMA, and the transport the runtime's tests
+// run on first. One I/O thread per TcpTransport runs epoll over all its
+// connections and listeners; observer callbacks run on that thread. Frames are
+// the wire format's (transport/wire_format.h), written with writev straight
+// from the caller's buffers.
+//
+//   TcpTransport t(TransportOptions{});
+//   auto listener = t.Listen(*ParseAddress("tcp://127.0.0.1:0"), on_accept);
+//
+// A frame whose header does not parse closes that connection (the stream has
+// lost its framing); every other connection is untouched. A payload larger
+// than max_message_size is read and thrown away, then reported to the observer
+// as RESOURCE_EXHAUSTED, so the connection stays usable.
+#ifndef RDMARPC_TRANSPORT_TCP_TCP_TRANSPORT_H_
+#define RDMARPC_TRANSPORT_TCP_TCP_TRANSPORT_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace rdmarpc::transport {
+
+class TcpConnection;
+class TcpListener;
+
+class TcpTransport : public Transport {
+ public:
+  explicit TcpTransport(TransportOptions options);
+  ~TcpTransport() override;
+
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
+                                                      ConnectionObserver* observer,
+                                                      absl::Time deadline) override;
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
+                                                   AcceptCallback on_accept) override;
+  void Shutdown() override;
+
+ private:
+  friend class TcpConnection;
+  friend class TcpListener;
+
+  // What epoll reports to, by pointer in epoll_event.data.
+  struct IoHandler {
+    virtual ~IoHandler() = default;
+    virtual void OnEvents(uint32_t events) = 0;
+  };
+
+  void Loop();
+  // Runs fn on the I/O thread and waits for it (runs inline on that thread).
+  void RunInLoopAndWait(std::function<void()> fn);
+  void Adopt(std::shared_ptr<TcpConnection> conn);  // I/O thread
+  void Forget(int fd);                              // I/O thread
+
+  const TransportOptions options_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  std::atomic<std::thread::id> loop_thread_id_{};
+  std::atomic<bool> stopped_{false};
+  std::mutex tasks_mu_;
+  std::vector<std::function<void()>> tasks_;
+  bool loop_exit_ = false;                                            // I/O thread
+  std::unordered_map<int, std::shared_ptr<TcpConnection>> conns_;     // I/O thread
+  std::unordered_map<int, TcpListener*> listeners_;                   // I/O thread
+  std::vector<std::shared_ptr<TcpConnection>> graveyard_;            // I/O thread
+};
+
+}  // namespace rdmarpc::transport
+
+#endif  // RDMARPC_TRANSPORT_TCP_TCP_TRANSPORT_H_

@@ -1,0 +1,117 @@
+// The transport interface: what the RPC runtime (rpc/) needs from a network.
+//
+// A Transport makes Connections, by connecting or by accepting. A Connection
+// carries frames (transport/wire_format.h) both ways and reports what arrives
+// to its ConnectionObserver. Implementations: transport/tcp/ (epoll) and
+// transport/rdma/ (rdma_cm, SEND into an SRQ, READ for large payloads).
+//
+//   std::unique_ptr<Transport> t = MakeTransport("tcp", options);
+//   auto conn = t->Connect(addr, &observer, absl::Now() + absl::Seconds(5));
+//   OutboundMessage m;
+//   m.header.kind = MessageKind::kRequest;
+//   m.payload = (*conn)->AllocatePayload(n);   // fill in place: no copy later
+//   (*conn)->Send(std::move(m));
+//
+// Threading: each Transport runs its own I/O thread(s); observer callbacks run
+// there, one at a time per connection, and must not block. Send() and Close()
+// are safe from any thread. Shutdown() closes every connection (each gets
+// OnClosed) and joins the transport's threads: after it returns, no callback
+// runs, so observers may be destroyed.
+//
+// Large payloads: a transport may carry a payload out of band (RDMA advertises
+// it and the receiver READs it). The runtime sees the same InboundMessage
+// either way; the transport keeps an advertised buffer alive until the peer is
+// done with it. MessageKind::kCredit and kRelease never reach the runtime.
+#ifndef RDMARPC_TRANSPORT_TRANSPORT_H_
+#define RDMARPC_TRANSPORT_TRANSPORT_H_
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "transport/address.h"
+#include "transport/buffer.h"
+#include "transport/wire_format.h"
+
+namespace rdmarpc::transport {
+
+struct OutboundMessage {
+  // kind, status, call_id, method_id and timeout_us are the caller's; the
+  // transport fills in lengths, flags, credits and the remote descriptor.
+  Header header;
+  std::string metadata;  // EncodeMetadata() output
+  Buffer payload;
+};
+
+struct InboundMessage {
+  Header header;
+  std::string metadata;
+  Buffer payload;
+  // Not OK when the payload could not be delivered although the header is
+  // sound: RESOURCE_EXHAUSTED (larger than max_message_size; the bytes were
+  // skipped, not stored), UNAVAILABLE (the READ failed), DEADLINE_EXCEEDED
+  // (expired before it was fetched). The runtime answers that call with it.
+  absl::Status payload_status;
+};
+
+class Connection;
+
+class ConnectionObserver {
+ public:
+  virtual ~ConnectionObserver() = default;
+  virtual void OnMessage(Connection& conn, InboundMessage msg) = 0;
+  // Exactly once per connection, after the last OnMessage.
+  virtual void OnClosed(Connection& conn, const absl::Status& why) = 0;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  // Queues one frame. UNAVAILABLE once the connection is closing or closed;
+  // RESOURCE_EXHAUSTED when the transport's bounded memory is used up.
+  virtual absl::Status Send(OutboundMessage msg) = 0;
+  // Memory that Send can carry without copying (registered memory on RDMA).
+  virtual absl::StatusOr<Buffer> AllocatePayload(size_t size) = 0;
+  // Starts closing; OnClosed follows on the I/O thread. Idempotent.
+  virtual void Close() = 0;
+  // "tcp://1.2.3.4:5678" or similar, for errors and logs.
+  virtual const std::string& peer() const = 0;
+};
+
+class Listener {
+ public:
+  virtual ~Listener() = default;  // stops accepting
+  // The bound address (port filled in when 0 was asked for).
+  virtual const Address& address() const = 0;
+};
+
+struct TransportOptions {
+  // Largest payload a receiver accepts; larger ones are skipped and reported
+  // as RESOURCE_EXHAUSTED in InboundMessage::payload_status.
+  size_t max_message_size = 64u << 20;
+  // Log prefix naming the owner, e.g. "server" or "channel tcp://h:1".
+  std::string name = "rdmarpc";
+};
+
+// Returns the observer for a new connection (never null), or null to refuse it.
+using AcceptCallback = std::function<ConnectionObserver*(std::shared_ptr<Connection>)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
+                                                              ConnectionObserver* observer,
+                                                              absl::Time deadline) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
+                                                           AcceptCallback on_accept) = 0;
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace rdmarpc::transport
+
+#endif  // RDMARPC_TRANSPORT_TRANSPORT_H_

@@ -1,0 +1,157 @@
+#include "transport/wire_format.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the wire format is little-endian and encoded with memcpy");
+
+template <typename T>
+void Put(char* out, size_t off, T v) {
+  memcpy(out + off, &v, sizeof v);
+}
+template <typename T>
+T Get(const char* in, size_t off) {
+  T v;
+  memcpy(&v, in + off, sizeof v);
+  return v;
+}
+
+bool ValidKeyChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+}
+
+}  // namespace
+
+void EncodeHeader(const Header& h, char* out) {
+  Put<uint16_t>(out, 0, kWireMagic);
+  Put<uint8_t>(out, 2, kWireVersion);
+  Put<uint8_t>(out, 3, static_cast<uint8_t>(h.kind));
+  Put<uint16_t>(out, 4, h.flags);
+  Put<uint16_t>(out, 6, h.status);
+  Put<uint64_t>(out, 8, h.call_id);
+  Put<uint32_t>(out, 16, h.method_id);
+  Put<uint32_t>(out, 20, h.metadata_len);
+  Put<uint32_t>(out, 24, h.payload_len);
+  Put<uint32_t>(out, 28, h.credits);
+  Put<uint64_t>(out, 32, h.timeout_us);
+  Put<uint64_t>(out, 40, h.remote.addr);
+  Put<uint32_t>(out, 48, h.remote.rkey);
+  Put<uint32_t>(out, 52, 0);
+  Put<uint64_t>(out, 56, h.remote.token);
+}
+
+absl::StatusOr<Header> DecodeHeader(const char* in, size_t len) {
+  if (len < kHeaderSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("truncated header: ", len, " of ", kHeaderSize, " bytes"));
+  }
+  if (Get<uint16_t>(in, 0) != kWireMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad magic 0x", absl::Hex(Get<uint16_t>(in, 0)), " (not an rdmarpc peer?)"));
+  }
+  if (Get<uint8_t>(in, 2) != kWireVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported wire version ",
+                                                   Get<uint8_t>(in, 2), ", expected ",
+                                                   kWireVersion));
+  }
+  Header h;
+  const uint8_t kind = Get<uint8_t>(in, 3);
+  if (kind < static_cast<uint8_t>(MessageKind::kRequest) ||
+      kind > static_cast<uint8_t>(MessageKind::kRelease)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", kind));
+  }
+  h.kind = static_cast<MessageKind>(kind);
+  h.flags = Get<uint16_t>(in, 4);
+  if (h.flags & ~kKnownFlags) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
+  }
+  h.status = Get<uint16_t>(in, 6);
+  if (h.status > 16) return absl::InvalidArgumentError(absl::StrCat("bad status ", h.status));
+  h.call_id = Get<uint64_t>(in, 8);
+  h.method_id = Get<uint32_t>(in, 16);
+  h.metadata_len = Get<uint32_t>(in, 20);
+  if (h.metadata_len > kMaxMetadataBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata_len ", h.metadata_len,
+                                                   " exceeds the limit of ", kMaxMetadataBytes));
+  }
+  h.payload_len = Get<uint32_t>(in, 24);
+  if (h.payload_len > kMaxPayloadBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("payload_len ", h.payload_len,
+                                                   " exceeds the limit of ", kMaxPayloadBytes));
+  }
+  h.credits = Get<uint32_t>(in, 28);
+  h.timeout_us = Get<uint64_t>(in, 32);
+  h.remote.addr = Get<uint64_t>(in, 40);
+  h.remote.rkey = Get<uint32_t>(in, 48);
+  if (Get<uint32_t>(in, 52) != 0) return absl::InvalidArgumentError("reserved field is not 0");
+  h.remote.token = Get<uint64_t>(in, 56);
+  if (!h.remote_payload() && (h.remote.addr || h.remote.rkey)) {
+    return absl::InvalidArgumentError("remote descriptor set without kFlagRemotePayload");
+  }
+  return h;
+}
+
+absl::Status ValidateMetadata(const Metadata& md) {
+  size_t total = 0;
+  for (const auto& [key, value] : md) {
+    if (key.empty() || key.size() > kMaxMetadataKey) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata key '", key, "' must be 1..",
+                                                     kMaxMetadataKey, " bytes"));
+    }
+    for (char c : key) {
+      if (!ValidKeyChar(c)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("metadata key '", key, "' may hold only [a-z0-9-_.]"));
+      }
+    }
+    total += 6 + key.size() + value.size();
+  }
+  if (total > kMaxMetadataBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("metadata of ", total,
+                                                     " bytes exceeds the limit of ",
+                                                     kMaxMetadataBytes));
+  }
+  return absl::OkStatus();
+}
+
+std::string EncodeMetadata(const Metadata& md) {
+  std::string out;
+  for (const auto& [key, value] : md) {
+    char lens[6];
+    Put<uint16_t>(lens, 0, static_cast<uint16_t>(key.size()));
+    Put<uint32_t>(lens, 2, static_cast<uint32_t>(value.size()));
+    out.append(lens, sizeof lens);
+    out.append(key);
+    out.append(value);
+  }
+  return out;
+}
+
+absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes) {
+  Metadata md;
+  size_t off = 0;
+  while (off < bytes.size()) {
+    if (bytes.size() - off < 6) return absl::InvalidArgumentError("truncated metadata entry");
+    const uint16_t klen = Get<uint16_t>(bytes.data(), off);
+    const uint32_t vlen = Get<uint32_t>(bytes.data(), off + 2);
+    off += 6;
+    if (klen == 0 || klen > kMaxMetadataKey || bytes.size() - off < klen ||
+        bytes.size() - off - klen < vlen) {
+      return absl::InvalidArgumentError("metadata entry length out of bounds");
+    }
+    std::string key(bytes.substr(off, klen));
+    for (char c : key) {
+      if (!ValidKeyChar(c)) return absl::InvalidArgumentError("bad metadata key character");
+    }
+    md.emplace_back(std::move(key), std::string(bytes.substr(off + klen, vlen)));
+    off += klen + vlen;
+  }
+  return md;
+}
+
+}  // namespace rdmarpc::transport

@@ -1,0 +1,109 @@
+// The rdmarpc wire format: every message on every transport is one frame.
+//
+//   frame = header (64 bytes) | metadata (metadata_len bytes) | payload
+//
+// The payload (payload_len bytes) follows inline unless the header's
+// kFlagRemotePayload is set; then the frame ends after the metadata and the
+// header's `remote` descriptor tells where the receiver READs the payload from
+// (RDMA only; see transport/rdma/). All integers are little-endian.
+//
+// Header layout (offsets in bytes):
+//   0  u16 magic        0x5052 ("RP")
+//   2  u8  version      kWireVersion; a frame of another version is rejected
+//   3  u8  kind         MessageKind
+//   4  u16 flags        kFlag* bits; unknown bits are rejected
+//   6  u16 status       absl::StatusCode of a response (0 otherwise)
+//   8  u64 call_id      chosen by the client, unique per connection while pending
+//  16  u32 method_id    MethodId("/pkg.Service/Method") (rpc/method_id.h)
+//  20  u32 metadata_len encoded Metadata, at most kMaxMetadataBytes
+//  24  u32 payload_len  serialized message (or error text), at most kMaxPayloadBytes
+//  28  u32 credits      receive slots the sender has freed (RDMA flow control)
+//  32  u64 timeout_us   time left to the call's deadline when sent; 0 = none
+//  40  u64 remote.addr  } where the payload can be READ, valid with
+//  48  u32 remote.rkey  } kFlagRemotePayload; length is payload_len
+//  52  u32 reserved     must be 0
+//  56  u64 remote.token identifies the advertised buffer in a kRelease
+//
+// The deadline travels as time left rather than as a wall-clock time, so that
+// the peers' clocks need not agree; a server drops a request whose time is up
+// before it spends a READ on it.
+//
+// Metadata: a sequence of entries, each
+//   u16 key_len | u32 value_len | key bytes | value bytes
+// Keys are 1..kMaxMetadataKey bytes of [a-z0-9-_.]; values are any bytes.
+//
+// A response with a non-OK status carries the error message as its payload.
+//
+// Limits: kMaxMetadataBytes and kMaxPayloadBytes bound what any receiver will
+// accept at all (a header claiming more is malformed); a runtime may set a
+// lower per-message limit, which yields RESOURCE_EXHAUSTED for that call only.
+#ifndef RDMARPC_TRANSPORT_WIRE_FORMAT_H_
+#define RDMARPC_TRANSPORT_WIRE_FORMAT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace rdmarpc::transport {
+
+inline constexpr uint16_t kWireMagic = 0x5052;
+inline constexpr uint8_t kWireVersion = 1;
+inline constexpr size_t kHeaderSize = 64;
+inline constexpr uint32_t kMaxMetadataBytes = 64 * 1024;
+inline constexpr uint32_t kMaxPayloadBytes = 1u << 30;  // 1 GiB
+inline constexpr size_t kMaxMetadataKey = 256;
+
+enum class MessageKind : uint8_t {
+  kRequest = 1,   // client -> server: a call
+  kResponse = 2,  // server -> client: the call's result
+  kCancel = 3,    // client -> server: stop working on call_id
+  kCredit = 4,    // either way: only returns credits (no call)
+  kRelease = 5,   // client -> server: done READing the advertised response
+};
+
+inline constexpr uint16_t kFlagRemotePayload = 1 << 0;
+inline constexpr uint16_t kKnownFlags = kFlagRemotePayload;
+
+struct RemoteDescriptor {
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+  uint64_t token = 0;
+};
+
+struct Header {
+  MessageKind kind = MessageKind::kRequest;
+  uint16_t flags = 0;
+  uint16_t status = 0;
+  uint64_t call_id = 0;
+  uint32_t method_id = 0;
+  uint32_t metadata_len = 0;
+  uint32_t payload_len = 0;
+  uint32_t credits = 0;
+  uint64_t timeout_us = 0;
+  RemoteDescriptor remote;
+
+  bool remote_payload() const { return flags & kFlagRemotePayload; }
+};
+
+// Writes exactly kHeaderSize bytes.
+void EncodeHeader(const Header& h, char* out);
+
+// Parses and validates a header; the error says which field is wrong.
+absl::StatusOr<Header> DecodeHeader(const char* in, size_t len);
+
+using Metadata = std::vector<std::pair<std::string, std::string>>;
+
+// Validates keys and sizes; the error names the offending key.
+absl::Status ValidateMetadata(const Metadata& md);
+std::string EncodeMetadata(const Metadata& md);
+absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes);
+
+}  // namespace rdmarpc::transport
+
+#endif  // RDMARPC_TRANSPORT_WIRE_FORMAT_H_

@@ -1,0 +1,109 @@
+#include "transport/wire_format.h"
+
+#include <cstring>
+
+#include "gtest/gtest.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+Header Sample() {
+  Header h;
+  h.kind = MessageKind::kResponse;
+  h.flags = kFlagRemotePayload;
+  h.status = 5;
+  h.call_id = 0x1122334455667788ull;
+  h.method_id = 0xdeadbeef;
+  h.metadata_len = 12;
+  h.payload_len = 1 << 20;
+  h.credits = 7;
+  h.timeout_us = 1500000;
+  h.remote = {0xabcdef0123ull, 0x4242, 99};
+  return h;
+}
+
+TEST(WireFormat, HeaderRoundTrips) {
+  char buf[kHeaderSize];
+  EncodeHeader(Sample(), buf);
+  auto h = DecodeHeader(buf, sizeof buf);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->kind, MessageKind::kResponse);
+  EXPECT_EQ(h->call_id, 0x1122334455667788ull);
+  EXPECT_EQ(h->method_id, 0xdeadbeefu);
+  EXPECT_EQ(h->status, 5);
+  EXPECT_EQ(h->payload_len, 1u << 20);
+  EXPECT_EQ(h->credits, 7u);
+  EXPECT_EQ(h->timeout_us, 1500000u);
+  EXPECT_TRUE(h->remote_payload());
+  EXPECT_EQ(h->remote.addr, 0xabcdef0123ull);
+  EXPECT_EQ(h->remote.rkey, 0x4242u);
+  EXPECT_EQ(h->remote.token, 99u);
+}
+
+TEST(WireFormat, LayoutIsLittleEndianAtDocumentedOffsets) {
+  char buf[kHeaderSize];
+  EncodeHeader(Sample(), buf);
+  EXPECT_EQ(static_cast<uint8_t>(buf[0]), 0x52);
+  EXPECT_EQ(static_cast<uint8_t>(buf[1]), 0x50);
+  EXPECT_EQ(buf[2], kWireVersion);
+  EXPECT_EQ(buf[3], 2);
+  EXPECT_EQ(static_cast<uint8_t>(buf[8]), 0x88);
+  EXPECT_EQ(static_cast<uint8_t>(buf[16]), 0xef);
+}
+
+TEST(WireFormat, RejectsMalformedHeaders) {
+  char good[kHeaderSize];
+  EncodeHeader(Sample(), good);
+  struct Case {
+    const char* what;
+    size_t offset;
+    uint8_t value;
+    const char* error_contains;
+  } cases[] = {
+      {"magic", 0, 0x00, "bad magic"},
+      {"version", 2, 9, "unsupported wire version"},
+      {"kind", 3, 0, "unknown message kind"},
+      {"kind high", 3, 200, "unknown message kind"},
+      {"flags", 5, 0x80, "unknown flags"},
+      {"status", 6, 17, "bad status"},
+      {"metadata_len", 23, 0x7f, "metadata_len"},
+      {"payload_len", 27, 0xff, "payload_len"},
+      {"reserved", 52, 1, "reserved"},
+  };
+  for (const Case& c : cases) {
+    char bad[kHeaderSize];
+    memcpy(bad, good, sizeof bad);
+    bad[c.offset] = static_cast<char>(c.value);
+    auto h = DecodeHeader(bad, sizeof bad);
+    ASSERT_FALSE(h.ok()) << c.what;
+    EXPECT_NE(h.status().message().find(c.error_contains), std::string::npos)
+        << c.what << ": " << h.status();
+  }
+  EXPECT_FALSE(DecodeHeader(good, kHeaderSize - 1).ok());
+}
+
+TEST(WireFormat, RemoteDescriptorRequiresFlag) {
+  Header h = Sample();
+  h.flags = 0;
+  char buf[kHeaderSize];
+  EncodeHeader(h, buf);
+  EXPECT_FALSE(DecodeHeader(buf, sizeof buf).ok());
+}
+
+TEST(WireFormat, MetadataRoundTripsAndRejectsGarbage) {
+  Metadata md = {{"user-id", "42"}, {"trace.span", std::string("\0\x01\xff", 3)}};
+  ASSERT_TRUE(ValidateMetadata(md).ok());
+  const std::string bytes = EncodeMetadata(md);
+  auto back = DecodeMetadata(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, md);
+  EXPECT_FALSE(DecodeMetadata(bytes.substr(0, bytes.size() - 1)).ok());
+  EXPECT_FALSE(DecodeMetadata(std::string("\x05\x00\xff\xff\xff\xff", 6)).ok());
+  EXPECT_FALSE(ValidateMetadata({{"Upper", "x"}}).ok());
+  EXPECT_FALSE(ValidateMetadata({{"", "x"}}).ok());
+  EXPECT_EQ(ValidateMetadata({{"big", std::string(kMaxMetadataBytes, 'x')}}).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport
