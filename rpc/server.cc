@@ -284,6 +284,7 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
       transport::TransportOptions topts;
       topts.max_message_size = max_message_size_;
       topts.name = "server";
+      topts.listening = true;
       auto made = transport::MakeTransport(addr->scheme, topts);
       if (!made.ok()) return made.status();
       t = std::move(*made);

@@ -96,6 +96,8 @@ struct TransportOptions {
   size_t max_message_size = 64u << 20;
   // Log prefix naming the owner, e.g. "server" or "channel tcp://h:1".
   std::string name = "rdmarpc";
+  // A server's transport: sizes receive resources for many peers.
+  bool listening = false;
 };
 
 // Returns the observer for a new connection (never null), or null to refuse it.

@@ -1,0 +1,282 @@
+#include "transport/rdma/endpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "transport/rdma/counters.h"
+#include "transport/rdma/rdma_connection.h"
+
+namespace rdmarpc::transport::rdma {
+namespace {
+
+constexpr int kPollBatch = 32;
+
+absl::Status Errno(const std::string& what, const std::string& device) {
+  return absl::UnavailableError(absl::StrCat(what, " on ", device, " failed: ", strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
+                                                           const RdmaOptions& options,
+                                                           size_t receive_slots,
+                                                           const std::string& owner) {
+  std::unique_ptr<Endpoint> ep(new Endpoint(verbs, options, receive_slots, owner));
+  if (absl::Status s = ep->Init(); !s.ok()) return s;
+  return ep;
+}
+
+Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target,
+                   std::string owner)
+    : verbs_(verbs), options_(options), target_(target), owner_(std::move(owner)) {}
+
+absl::Status Endpoint::Init() {
+  device_name_ = ibv_get_device_name(verbs_->device);
+  if (ibv_query_device(verbs_, &device_attr_) != 0) return Errno("ibv_query_device", device_name_);
+  if (!(pd_ = ibv_alloc_pd(verbs_))) return Errno("ibv_alloc_pd", device_name_);
+  if (!(channel_ = ibv_create_comp_channel(verbs_))) {
+    return Errno("ibv_create_comp_channel", device_name_);
+  }
+  fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
+  const int cq_size = std::min(device_attr_.max_cqe, 16384);
+  if (!(cq_ = ibv_create_cq(verbs_, cq_size, nullptr, channel_, 0))) {
+    return Errno("ibv_create_cq", device_name_);
+  }
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = static_cast<uint32_t>(std::min<size_t>(target_, device_attr_.max_srq_wr));
+  sa.attr.max_sge = 1;
+  if (!(srq_ = ibv_create_srq(pd_, &sa))) return Errno("ibv_create_srq", device_name_);
+  pool_ = std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  while (slot_count_.load() < target_) {
+    if (absl::Status s = GrowSlots(); !s.ok()) return s;
+  }
+  RefillSrq();
+  poller_ = std::thread([this] { PollLoop(); });
+  return absl::OkStatus();
+}
+
+Endpoint::~Endpoint() {
+  if (poller_.joinable()) {
+    stop_.store(true);
+    Wake();
+    poller_.join();
+  }
+  if (srq_) ibv_destroy_srq(srq_);
+  for (const Region& r : regions_) {
+    MutableCounters().registered_bytes.fetch_sub(r.mr->length);
+    ibv_dereg_mr(r.mr);
+    free(r.base);
+  }
+  pool_.reset();
+  if (cq_) ibv_destroy_cq(cq_);
+  if (channel_) ibv_destroy_comp_channel(channel_);
+  if (pd_) ibv_dealloc_pd(pd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+size_t Endpoint::receive_bytes() const { return slot_count_.load() * options_.slot_size; }
+
+absl::Status Endpoint::GrowSlots() {
+  const size_t bytes = kSlotsPerRegion * options_.slot_size;
+  if (slot_count_.load() + kSlotsPerRegion > target_ + options_.max_held_slots) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "receive slots on ", device_name_, " reached their bound of ",
+        target_ + options_.max_held_slots, " (RdmaOptions::max_held_slots)"));
+  }
+  void* mem = nullptr;
+  if (posix_memalign(&mem, 4096, bytes) != 0) return absl::ResourceExhaustedError("out of memory");
+  ibv_mr* mr = ibv_reg_mr(pd_, mem, bytes, IBV_ACCESS_LOCAL_WRITE);
+  if (!mr) {
+    free(mem);
+    return Errno("ibv_reg_mr for receive slots", device_name_);
+  }
+  MutableCounters().registered_bytes.fetch_add(bytes);
+  regions_.push_back(Region{static_cast<char*>(mem), mr});
+  const uint32_t first = slot_count_.load();
+  {
+    std::lock_guard<std::mutex> lock(spare_mu_);
+    for (uint32_t i = 0; i < kSlotsPerRegion; ++i) spare_.push_back(first + i);
+  }
+  slot_count_.fetch_add(kSlotsPerRegion);
+  return absl::OkStatus();
+}
+
+void Endpoint::RefillSrq() {
+  std::vector<uint32_t> take;
+  {
+    std::lock_guard<std::mutex> lock(spare_mu_);
+    while (posted_ + take.size() < target_ && !spare_.empty()) {
+      take.push_back(spare_.back());
+      spare_.pop_back();
+    }
+  }
+  if (posted_ + take.size() < target_ && GrowSlots().ok()) return RefillSrq();
+  for (uint32_t slot : take) {
+    const Region& r = regions_[slot / kSlotsPerRegion];
+    ibv_sge sge{reinterpret_cast<uintptr_t>(r.base + (slot % kSlotsPerRegion) * options_.slot_size),
+                static_cast<uint32_t>(options_.slot_size), r.mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = slot;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_srq_recv(srq_, &wr, &bad) != 0) {
+      fprintf(stderr, "rdmarpc[%s]: ibv_post_srq_recv on %s failed: %s\n", owner_.c_str(),
+              device_name_.c_str(), strerror(errno));
+      ReleaseSlot(slot);
+      break;
+    }
+    ++posted_;
+    MutableCounters().srq_slots_posted.fetch_add(1);
+  }
+  const bool short_now = posted_ < target_;
+  if (short_now && !short_.load()) MutableCounters().srq_short.fetch_add(1);
+  short_.store(short_now);
+}
+
+void Endpoint::ReleaseSlot(uint32_t slot) {
+  {
+    std::lock_guard<std::mutex> lock(spare_mu_);
+    spare_.push_back(slot);
+  }
+  if (short_.load()) Wake();
+}
+
+Buffer Endpoint::SlotBuffer(uint32_t slot, size_t offset, size_t length) {
+  const Region& r = regions_[slot / kSlotsPerRegion];
+  char* data = r.base + (slot % kSlotsPerRegion) * options_.slot_size + offset;
+  return Buffer(data, length, [this, slot](char*, size_t) { ReleaseSlot(slot); });
+}
+
+void Endpoint::Wake() {
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof one);
+}
+
+void Endpoint::RunOnPoller(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    tasks_.push_back(std::move(task));
+  }
+  Wake();
+}
+
+void Endpoint::RunOnPollerAndWait(std::function<void()> task) {
+  if (OnPollerThread()) return task();
+  std::promise<void> done;
+  RunOnPoller([&] {
+    task();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
+  by_serial_[conn->serial() & 0x07ffffff] = conn.get();
+  by_qp_[conn->qp_num()] = std::move(conn);
+}
+
+void Endpoint::RemoveConnection(RdmaConnection* conn) {
+  by_serial_.erase(conn->serial() & 0x07ffffff);
+  auto it = by_qp_.find(conn->qp_num());
+  if (it != by_qp_.end() && it->second.get() == conn) by_qp_.erase(it);
+}
+
+void Endpoint::HandleCompletion(const ibv_wc& wc) {
+  if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS) {
+    const uint32_t slot = static_cast<uint32_t>(wc.wr_id);
+    --posted_;
+    MutableCounters().srq_slots_consumed.fetch_add(1);
+    auto it = by_qp_.find(wc.qp_num);
+    if (it == by_qp_.end() || it->second->torn_down()) {
+      ReleaseSlot(slot);
+      return;
+    }
+    const Region& r = regions_[slot / kSlotsPerRegion];
+    it->second->OnRecv(slot, r.base + (slot % kSlotsPerRegion) * options_.slot_size, wc.byte_len);
+    return;
+  }
+  if ((wc.opcode & IBV_WC_RECV) && wc.status != IBV_WC_SUCCESS) {
+    // An SRQ receive flushed (the SRQ is being destroyed): the slot is gone.
+    --posted_;
+    return;
+  }
+  auto it = by_serial_.find(static_cast<uint32_t>((wc.wr_id >> 32) & 0x07ffffff));
+  if (it == by_serial_.end()) return;  // its connection is gone
+  it->second->OnCompletion(wc);
+}
+
+void Endpoint::PollLoop() {
+  poller_id_.store(std::this_thread::get_id());
+  ibv_wc wcs[kPollBatch];
+  auto last_activity = std::chrono::steady_clock::now();
+  const auto spin = std::chrono::microseconds(options_.spin_us);
+  while (!stop_.load()) {
+    const int n = ibv_poll_cq(cq_, kPollBatch, wcs);
+    for (int i = 0; i < n; ++i) HandleCompletion(wcs[i]);
+    std::vector<std::function<void()>> tasks;
+    {
+      std::lock_guard<std::mutex> lock(tasks_mu_);
+      tasks.swap(tasks_);
+    }
+    for (auto& t : tasks) t();
+    if (posted_ < target_) RefillSrq();
+    for (size_t i = 0; i < draining_.size();) {
+      if (draining_[i]->FinishTeardown()) {
+        draining_[i] = draining_.back();
+        draining_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (n > 0 || !tasks.empty()) {
+      last_activity = now;
+      continue;
+    }
+    if (options_.poll_mode == PollMode::kBusy) continue;
+    if (options_.poll_mode == PollMode::kAdaptive && now - last_activity < spin) continue;
+    // Sleep: arm, re-poll to close the race, then wait for an event or a wake.
+    ibv_req_notify_cq(cq_, 0);
+    const int m = ibv_poll_cq(cq_, kPollBatch, wcs);
+    if (m > 0) {
+      for (int i = 0; i < m; ++i) HandleCompletion(wcs[i]);
+      last_activity = std::chrono::steady_clock::now();
+      continue;
+    }
+    MutableCounters().poller_sleeps.fetch_add(1);
+    pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    // A bounded sleep keeps teardown timers (drain deadlines) moving.
+    poll(fds, 2, 100);
+    if (fds[0].revents & POLLIN) {
+      ibv_cq* ev_cq;
+      void* ctx;
+      if (ibv_get_cq_event(channel_, &ev_cq, &ctx) == 0) ibv_ack_cq_events(ev_cq, 1);
+    }
+    if (fds[1].revents & POLLIN) {
+      uint64_t v;
+      (void)!read(wake_fd_, &v, sizeof v);
+    }
+    last_activity = std::chrono::steady_clock::now();
+  }
+  // Stopping: finish what remains so every connection ends.
+  std::vector<std::function<void()>> tasks;
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    tasks.swap(tasks_);
+  }
+  for (auto& t : tasks) t();
+}
+
+}  // namespace rdmarpc::transport::rdma

@@ -1,0 +1,510 @@
+#include "transport/rdma/rdma_connection.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "transport/rdma/counters.h"
+
+namespace rdmarpc::transport::rdma {
+namespace {
+
+// Inline sends are built on the stack; larger inline limits are not used.
+constexpr uint32_t kMaxInlineUsed = 512;
+// A torn-down QP that has not drained by then is freed anyway; blocks that a
+// READ might still write into are leaked rather than reused.
+constexpr absl::Duration kDrainBound = absl::Seconds(5);
+
+// wr_id: kind (4 bits) | signaled (1 bit) | connection serial (27 bits) | index.
+constexpr uint64_t kSignaledBit = uint64_t{1} << 59;
+
+uint64_t WrId(uint64_t kind, uint32_t serial, uint32_t index, bool signaled) {
+  return (kind << 60) | (signaled ? kSignaledBit : 0) | (uint64_t{serial & 0x07ffffff} << 32) |
+         index;
+}
+
+}  // namespace
+
+RdmaConnection::RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string peer,
+                               uint32_t serial, const TransportOptions& options,
+                               const Handshake& peer_handshake, uint32_t local_credits,
+                               uint32_t rd_atom)
+    : endpoint_(endpoint),
+      id_(id),
+      peer_(std::move(peer)),
+      serial_(serial),
+      options_(options),
+      frame_limit_(endpoint->slot_size()),
+      credit_window_(local_credits),
+      rd_atom_(std::max<uint32_t>(1, rd_atom)) {
+  SetPeer(peer_handshake);
+}
+
+RdmaConnection::~RdmaConnection() {
+  if (freed_) return;
+  // Never torn down (setup failed before the connection was used).
+  if (id_ && id_->qp) rdma_destroy_qp(id_);
+  if (send_mr_) ibv_dereg_mr(send_mr_);
+  free(send_slots_);
+  if (id_) rdma_destroy_id(id_);
+}
+
+void RdmaConnection::ReleaseId() {
+  if (id_ && id_->qp) rdma_destroy_qp(id_);
+  id_ = nullptr;
+}
+
+void RdmaConnection::SetPeer(const Handshake& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  credits_ = peer.credits;
+  if (peer.slot_size) frame_limit_ = std::min<size_t>(endpoint_->slot_size(), peer.slot_size);
+  const size_t derived = frame_limit_ - kHeaderSize;
+  read_threshold_ = endpoint_->options().read_threshold
+                        ? std::min(endpoint_->options().read_threshold, derived)
+                        : derived;
+}
+
+absl::Status RdmaConnection::CreateQp() {
+  const RdmaOptions& o = endpoint_->options();
+  const int max_wr = endpoint_->device_attr().max_qp_wr;
+  sq_depth_ = std::min<uint32_t>(o.send_slots + rd_atom_ + 16, max_wr);
+  ibv_qp_init_attr a{};
+  a.send_cq = endpoint_->cq();
+  a.recv_cq = endpoint_->cq();
+  a.srq = endpoint_->srq();
+  a.qp_type = IBV_QPT_RC;
+  a.sq_sig_all = 0;
+  a.cap.max_send_wr = sq_depth_;
+  a.cap.max_send_sge = 1;
+  a.cap.max_inline_data = 256;
+  if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) {
+    a.cap.max_inline_data = 0;  // some devices have no inline support
+    if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) {
+      return absl::UnavailableError(absl::StrCat("rdma_create_qp on ", endpoint_->device_name(),
+                                                 " for ", peer_, ": ", strerror(errno)));
+    }
+  }
+  max_inline_ = std::min(a.cap.max_inline_data, kMaxInlineUsed);
+  qp_num_ = id_->qp->qp_num;
+  ibv_port_attr port{};
+  read_chunk_ = 1u << 30;
+  if (ibv_query_port(id_->verbs, id_->port_num, &port) == 0 && port.max_msg_sz > 0) {
+    read_chunk_ = std::min<size_t>(read_chunk_, port.max_msg_sz);
+  }
+  const size_t bytes = size_t{o.send_slots} * endpoint_->slot_size();
+  void* mem = nullptr;
+  if (posix_memalign(&mem, 4096, bytes) != 0) return absl::ResourceExhaustedError("send slots");
+  send_slots_ = static_cast<char*>(mem);
+  if (!(send_mr_ = ibv_reg_mr(endpoint_->pd(), send_slots_, bytes, IBV_ACCESS_LOCAL_WRITE))) {
+    return absl::UnavailableError(absl::StrCat("ibv_reg_mr for send slots on ",
+                                               endpoint_->device_name(), ": ", strerror(errno)));
+  }
+  for (int i = static_cast<int>(o.send_slots) - 1; i >= 0; --i) free_send_slots_.push_back(i);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Buffer> RdmaConnection::AllocatePayload(size_t size) {
+  if (size <= read_threshold_) return Buffer::Allocate(size);  // copied into the SEND anyway
+  RegisteredPool& pool = endpoint_->pool();
+  auto block = pool.Get(size, /*remote_read=*/true);
+  if (!block.ok()) return block.status();
+  RegisteredPool::Block* b = *block;
+  return Buffer(b->data, size, [&pool, b](char*, size_t) { pool.Put(b); });
+}
+
+absl::Status RdmaConnection::Send(OutboundMessage msg) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return SendLocked(msg.header, std::move(msg.metadata), std::move(msg.payload));
+}
+
+absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer payload) {
+  if (closed_) return absl::UnavailableError(absl::StrCat("connection to ", peer_, " is closed"));
+  if (kHeaderSize + metadata.size() > frame_limit_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("metadata of ", metadata.size(), " bytes does not fit a receive slot of ",
+                     frame_limit_, " bytes on ", peer_, " (RdmaOptions::slot_size)"));
+  }
+  if (payload.size() > kMaxPayloadBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("payload of ", payload.size(),
+                                                     " bytes exceeds the wire limit"));
+  }
+  h.flags = 0;
+  h.remote = RemoteDescriptor{};
+  h.metadata_len = static_cast<uint32_t>(metadata.size());
+  h.payload_len = static_cast<uint32_t>(payload.size());
+  Pending p;
+  const bool remote = payload.size() > read_threshold_ ||
+                      kHeaderSize + metadata.size() + payload.size() > frame_limit_;
+  if (remote) {
+    RegisteredPool& pool = endpoint_->pool();
+    RegisteredPool::Block* b = pool.Find(payload.data());
+    if (b == nullptr || !b->remote_read) {
+      // Not from AllocatePayload: one copy into registered memory.
+      auto got = pool.Get(payload.size(), /*remote_read=*/true);
+      if (!got.ok()) return got.status();
+      b = *got;
+      memcpy(b->data, payload.data(), payload.size());
+      const size_t size = payload.size();
+      payload = Buffer(b->data, size, [&pool, b](char*, size_t) { pool.Put(b); });
+    }
+    const uint64_t token = next_token_++;
+    h.flags |= kFlagRemotePayload;
+    h.remote = RemoteDescriptor{reinterpret_cast<uintptr_t>(payload.data()), b->mr->rkey, token};
+    advertised_.emplace(token, std::move(payload));
+    if (h.kind == MessageKind::kRequest) request_tokens_.emplace(h.call_id, token);
+    MutableCounters().payloads_advertised.fetch_add(1);
+  } else {
+    p.payload = std::move(payload);
+  }
+  p.header = h;
+  p.metadata = std::move(metadata);
+  if (!backlog_.empty() || !CanPostLocked(p.header)) {
+    backlog_.push_back(std::move(p));
+    MutableCounters().credit_stalls.fetch_add(1);
+    return absl::OkStatus();
+  }
+  return PostFrameLocked(p);
+}
+
+bool RdmaConnection::CanPostLocked(const Header& h) const {
+  if (h.kind != MessageKind::kCredit && credits_ == 0) return false;
+  if (sq_used_ + rd_atom_ + 1 > sq_depth_) return false;
+  const size_t frame = kHeaderSize + h.metadata_len + (h.remote_payload() ? 0 : h.payload_len);
+  return frame <= max_inline_ || !free_send_slots_.empty();
+}
+
+absl::Status RdmaConnection::PostFrameLocked(Pending& p) {
+  p.header.credits = owed_.exchange(0);
+  const size_t frame = kHeaderSize + p.metadata.size() + p.payload.size();
+  const bool inl = frame <= max_inline_;
+  char stack[kMaxInlineUsed];
+  int slot = -1;
+  char* dst = stack;
+  if (!inl) {
+    slot = free_send_slots_.back();
+    free_send_slots_.pop_back();
+    dst = send_slots_ + size_t(slot) * endpoint_->slot_size();
+  }
+  EncodeHeader(p.header, dst);
+  memcpy(dst + kHeaderSize, p.metadata.data(), p.metadata.size());
+  if (!p.payload.empty()) memcpy(dst + kHeaderSize + p.metadata.size(), p.payload.data(), p.payload.size());
+  const uint32_t seq = next_seq_++;
+  const bool signaled = ++unsignaled_ >= endpoint_->options().signal_every ||
+                        (!inl && free_send_slots_.empty()) ||
+                        sq_used_ + rd_atom_ + 2 > sq_depth_;
+  if (signaled) unsignaled_ = 0;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(frame),
+              inl ? 0u : send_mr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = WrId(kWrSend, serial_, seq, signaled);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = (inl ? IBV_SEND_INLINE : 0) | (signaled ? IBV_SEND_SIGNALED : 0);
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
+    if (slot >= 0) free_send_slots_.push_back(slot);
+    closed_ = true;
+    return absl::UnavailableError(
+        absl::StrCat("ibv_post_send to ", peer_, " failed: ", strerror(errno)));
+  }
+  posted_.push_back(Posted{seq, slot});
+  ++sq_used_;
+  if (signaled) ++signaled_outstanding_;
+  if (p.header.kind != MessageKind::kCredit) --credits_;
+  MutableCounters().sends.fetch_add(1);
+  if (inl) MutableCounters().sends_inline.fetch_add(1);
+  return absl::OkStatus();
+}
+
+void RdmaConnection::FlushBacklogLocked() {
+  while (!backlog_.empty() && !closed_ && CanPostLocked(backlog_.front().header)) {
+    if (!PostFrameLocked(backlog_.front()).ok()) return;
+    backlog_.pop_front();
+  }
+}
+
+void RdmaConnection::ReleaseAdvertisedLocked(uint64_t token) { advertised_.erase(token); }
+
+void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  Pending p;
+  p.header.kind = kind;
+  p.header.remote.token = token;
+  if (kind == MessageKind::kCredit) {
+    // Credit-only frames jump the backlog (they need no credit); if there is
+    // no room, the credit goes with a later frame instead.
+    if (owed_.load() == 0 || !CanPostLocked(p.header)) return;
+    MutableCounters().credit_messages.fetch_add(1);
+    PostFrameLocked(p).IgnoreError();
+    return;
+  }
+  if (!backlog_.empty() || !CanPostLocked(p.header)) {
+    backlog_.push_back(std::move(p));
+    return;
+  }
+  PostFrameLocked(p).IgnoreError();
+}
+
+void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
+  auto h = DecodeHeader(data, length);
+  if (!h.ok()) {
+    endpoint_->ReleaseSlot(slot);
+    return Fail(absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ",
+                                                 h.status().message())));
+  }
+  const size_t expected =
+      kHeaderSize + h->metadata_len + (h->remote_payload() ? 0 : h->payload_len);
+  if (length != expected || (h->remote_payload() && h->payload_len == 0)) {
+    endpoint_->ReleaseSlot(slot);
+    return Fail(absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ", length,
+                                                 " bytes received, header says ", expected)));
+  }
+  if (h->kind != MessageKind::kCredit) owed_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (h->credits) {
+      credits_ += h->credits;
+      FlushBacklogLocked();
+    }
+    if (h->kind == MessageKind::kRelease) ReleaseAdvertisedLocked(h->remote.token);
+    if (h->kind == MessageKind::kResponse) {
+      auto range = request_tokens_.equal_range(h->call_id);
+      for (auto it = range.first; it != range.second; ++it) ReleaseAdvertisedLocked(it->second);
+      request_tokens_.erase(range.first, range.second);
+    }
+  }
+  if (h->kind == MessageKind::kCredit || h->kind == MessageKind::kRelease) {
+    endpoint_->ReleaseSlot(slot);
+  } else {
+    InboundMessage m;
+    m.header = *h;
+    m.metadata.assign(data + kHeaderSize, h->metadata_len);
+    if (!h->remote_payload()) {
+      m.payload = endpoint_->SlotBuffer(slot, kHeaderSize + h->metadata_len, h->payload_len);
+      observer_->OnMessage(*this, std::move(m));
+    } else {
+      endpoint_->ReleaseSlot(slot);
+      const uint32_t op_id = next_read_op_++;
+      ReadOp& op = reads_[op_id];
+      op.remote_addr = h->remote.addr;
+      op.rkey = h->remote.rkey;
+      if (h->kind == MessageKind::kRequest && h->timeout_us) {
+        op.expiry = absl::Now() + absl::Microseconds(h->timeout_us);
+      }
+      if (h->payload_len > options_.max_message_size) {
+        op.msg = std::move(m);
+        op.msg.payload_status = absl::ResourceExhaustedError(
+            absl::StrCat("message of ", h->payload_len, " bytes exceeds max_message_size ",
+                         options_.max_message_size));
+        DeliverRead(op_id);
+      } else {
+        op.msg = std::move(m);
+        read_queue_.push_back(op_id);
+        StartReads();
+      }
+    }
+  }
+  if (owed_.load() >= std::max<uint32_t>(1, credit_window_ / 2)) {
+    SendControl(MessageKind::kCredit, 0);
+  }
+}
+
+void RdmaConnection::StartReads() {
+  while (!read_queue_.empty() && reads_in_flight_ < static_cast<int>(rd_atom_) && !torn_down_) {
+    const uint32_t op_id = read_queue_.front();
+    ReadOp& op = reads_[op_id];
+    const size_t len = op.msg.header.payload_len;
+    if (op.block == nullptr) {
+      if (absl::Now() > op.expiry) {
+        op.msg.payload_status = absl::DeadlineExceededError(
+            "deadline passed before the request's payload was read");
+        read_queue_.pop_front();
+        DeliverRead(op_id);
+        continue;
+      }
+      auto block = endpoint_->pool().Get(len, /*remote_read=*/false);
+      if (!block.ok()) {
+        op.msg.payload_status = block.status();
+        read_queue_.pop_front();
+        DeliverRead(op_id);
+        continue;
+      }
+      op.block = *block;
+    }
+    const size_t chunk_max = read_chunk_;
+    std::lock_guard<std::mutex> lock(mu_);
+    while (op.next < len && reads_in_flight_ < static_cast<int>(rd_atom_)) {
+      const size_t chunk = std::min(len - op.next, chunk_max);
+      ibv_sge sge{reinterpret_cast<uintptr_t>(op.block->data + op.next),
+                  static_cast<uint32_t>(chunk), op.block->mr->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = WrId(kWrRead, serial_, op_id, true);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_RDMA_READ;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = op.remote_addr + op.next;
+      wr.wr.rdma.rkey = op.rkey;
+      ibv_send_wr* bad = nullptr;
+      if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
+        closed_ = true;
+        break;
+      }
+      ++sq_used_;
+      ++signaled_outstanding_;
+      op.next += chunk;
+      ++op.in_flight;
+      ++reads_in_flight_;
+      MutableCounters().reads.fetch_add(1);
+    }
+    if (op.next < len) break;  // no more room now
+    read_queue_.pop_front();
+  }
+}
+
+void RdmaConnection::DeliverRead(uint32_t op_id) {
+  auto node = reads_.extract(op_id);
+  ReadOp& op = node.mapped();
+  const bool is_response = op.msg.header.kind == MessageKind::kResponse;
+  const uint64_t token = op.msg.header.remote.token;
+  if (op.block != nullptr && op.msg.payload_status.ok()) {
+    RegisteredPool& pool = endpoint_->pool();
+    RegisteredPool::Block* b = op.block;
+    op.msg.payload = Buffer(b->data, op.msg.header.payload_len,
+                            [&pool, b](char*, size_t) { pool.Put(b); });
+    MutableCounters().bytes_read.fetch_add(op.msg.header.payload_len);
+  } else if (op.block != nullptr) {
+    endpoint_->pool().Put(op.block);
+  }
+  // The peer may reuse its response buffer now: we will not READ it again.
+  if (is_response) SendControl(MessageKind::kRelease, token);
+  observer_->OnMessage(*this, std::move(op.msg));
+}
+
+void RdmaConnection::OnCompletion(const ibv_wc& wc) {
+  const uint64_t kind = wc.wr_id >> 60;
+  const uint32_t index = static_cast<uint32_t>(wc.wr_id);
+  if (wc.wr_id & kSignaledBit) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --signaled_outstanding_;
+  }
+  if (kind == kWrSend) {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!posted_.empty() && static_cast<int32_t>(posted_.front().seq - index) <= 0) {
+      if (posted_.front().slot >= 0) free_send_slots_.push_back(posted_.front().slot);
+      posted_.pop_front();
+      --sq_used_;
+    }
+    if (wc.status == IBV_WC_SUCCESS) FlushBacklogLocked();
+  } else if (kind == kWrRead) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --sq_used_;
+    }
+    --reads_in_flight_;
+    auto it = reads_.find(index);
+    if (it != reads_.end()) {
+      --it->second.in_flight;
+      if (wc.status == IBV_WC_SUCCESS && it->second.in_flight == 0 &&
+          it->second.next == it->second.msg.header.payload_len && !torn_down_) {
+        DeliverRead(index);
+      }
+    }
+    if (wc.status == IBV_WC_SUCCESS) StartReads();
+  }
+  if (wc.status != IBV_WC_SUCCESS && !torn_down_) {
+    if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) MutableCounters().rnr_events.fetch_add(1);
+    const char* what = kind == kWrRead ? "RDMA READ from" : "SEND to";
+    std::string hint;
+    if (wc.status == IBV_WC_REM_ACCESS_ERR) {
+      hint = " (the peer advertised a bad rkey, address or length, or released the buffer)";
+    } else if (wc.status == IBV_WC_RETRY_EXC_ERR) {
+      hint = " (the peer is gone or unreachable; on RoCE check the GID index)";
+    }
+    Fail(absl::UnavailableError(absl::StrCat(what, " ", peer_, " failed: ",
+                                             ibv_wc_status_str(wc.status), hint)));
+  }
+}
+
+void RdmaConnection::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
+  rdma_disconnect(id_);
+  auto self = weak_from_this().lock();
+  if (self) {
+    endpoint_->RunOnPoller([self] {
+      self->Teardown(absl::UnavailableError(absl::StrCat("connection to ", self->peer_,
+                                                         " closed locally")));
+    });
+  }
+}
+
+void RdmaConnection::Fail(absl::Status why) {
+  fprintf(stderr, "rdmarpc[%s]: closing connection to %s: %s\n", options_.name.c_str(),
+          peer_.c_str(), std::string(why.message()).c_str());
+  Teardown(std::move(why));
+}
+
+void RdmaConnection::Teardown(absl::Status why) {
+  if (torn_down_) return;
+  torn_down_ = true;
+  keep_alive_ = shared_from_this();
+  teardown_started_ = absl::Now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    backlog_.clear();
+  }
+  // Moves the QP to the error state: outstanding work flushes and the peer
+  // can no longer READ what we advertised.
+  rdma_disconnect(id_);
+  read_queue_.clear();
+  MutableCounters().connections_closed.fetch_add(1);
+  if (observer_) observer_->OnClosed(*this, why);
+  endpoint_->AddDraining(this);
+}
+
+bool RdmaConnection::FinishTeardown() {
+  bool drained;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Every READ is signaled, so this covers all DMA into our memory; an
+    // unsignaled SEND only reads a local slot, freed with the QP.
+    drained = signaled_outstanding_ == 0;
+  }
+  if (!drained && absl::Now() - teardown_started_ < kDrainBound) return false;
+  endpoint_->RemoveConnection(this);
+  if (id_->qp) rdma_destroy_qp(id_);
+  for (auto& [op_id, op] : reads_) {
+    // A READ that never drained might still write: leak its block, never reuse it.
+    if (op.block && (drained || op.in_flight == 0)) endpoint_->pool().Put(op.block);
+  }
+  reads_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    advertised_.clear();  // the QP is gone: nothing can be READ any more
+    request_tokens_.clear();
+    posted_.clear();
+  }
+  if (send_mr_) ibv_dereg_mr(send_mr_);
+  send_mr_ = nullptr;
+  free(send_slots_);
+  send_slots_ = nullptr;
+  rdma_destroy_id(id_);
+  id_ = nullptr;
+  freed_ = true;
+  auto self = std::move(keep_alive_);
+  if (on_freed_) on_freed_(this);
+  return true;
+}
+
+}  // namespace rdmarpc::transport::rdma

@@ -1,0 +1,190 @@
+// RdmaConnection: one RC queue pair set up by rdma_cm, as a transport
+// Connection.
+//
+// Small frames (header + metadata + payload fit in the peer's slot and the
+// payload is at most read_threshold) go by one SEND — inline when the QP's
+// max_inline_data allows — into the peer's SRQ. Otherwise the SEND carries
+// only header and metadata, with kFlagRemotePayload and (addr, rkey, token)
+// of the payload in registered memory, and the receiver pulls the payload by
+// RDMA READs split at the device's max_msg_sz, at most `rd_atom` outstanding.
+//
+// Flow control. Credits count frames: at connect each side grants the other
+// RdmaOptions::credits (capped by half its receive slots), carried in the
+// rdma_cm private data. Every frame but kCredit costs the sender one credit;
+// the receiver returns credits in the `credits` field of any frame it sends,
+// or in a kCredit frame once half a window is owed. kCredit frames are free,
+// so two peers that both ran out can always unblock each other. Frames that
+// find no credit (or no send slot, or a full send queue) wait in a backlog, in
+// order (counted as credit_stalls). RNR retry (rnr_retry_count 7) is only the
+// safety net when the shared SRQ runs short.
+//
+// Buffer lifetime (the rule that makes remote memory safe). A payload
+// advertised to the peer stays registered, untouched and out of the pool until
+//   - for a request: the response to that call id arrives on this connection
+//     (even when the caller already gave up: cancel and timeout do not free it);
+//   - for a response: the peer's kRelease for its token (sent when its READ
+//     is done or when it decided not to READ);
+//   - or the connection is torn down and its QP has left RTS, so no READ can
+//     be served any more.
+// Only the advertised block is exposed (one registration per block), and
+// each READ targets a local block that is reused only after the READ
+// completed or was flushed.
+//
+// Threading: Send/AllocatePayload/Close from any thread (a mutex guards the
+// send side and is held across ibv_post_send so posts keep their order);
+// everything else runs on the endpoint's poller thread.
+#ifndef RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_H_
+#define RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_H_
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "transport/rdma/endpoint.h"
+#include "transport/transport.h"
+
+namespace rdmarpc::transport::rdma {
+
+// The rdma_cm private data both sides send (16 bytes, little-endian).
+struct Handshake {
+  static constexpr uint16_t kMagic = 0x4852;  // "RH"
+  static constexpr uint8_t kVersion = 1;
+  uint16_t magic = kMagic;
+  uint8_t version = kVersion;
+  uint8_t reserved = 0;
+  uint32_t credits = 0;    // frames the sender of this handshake accepts unacked
+  uint32_t slot_size = 0;  // largest frame the sender of this handshake receives
+  uint32_t reserved2 = 0;
+};
+static_assert(sizeof(Handshake) == 16, "handshake fits any rdma_cm private data");
+
+class RdmaConnection : public Connection, public std::enable_shared_from_this<RdmaConnection> {
+ public:
+  // wr_id kinds (top 4 bits of a non-RECV wr_id).
+  enum : uint64_t { kWrSend = 1, kWrRead = 2 };
+
+  RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string peer, uint32_t serial,
+                 const TransportOptions& options, const Handshake& peer_handshake,
+                 uint32_t local_credits, uint32_t rd_atom);
+  ~RdmaConnection() override;
+
+  // Creates the QP on the endpoint's PD/CQ/SRQ and the send slots.
+  absl::Status CreateQp();
+  void set_observer(ConnectionObserver* observer) { observer_ = observer; }
+
+  absl::Status Send(OutboundMessage msg) override;
+  absl::StatusOr<Buffer> AllocatePayload(size_t size) override;
+  void Close() override;
+  const std::string& peer() const override { return peer_; }
+
+  uint32_t serial() const { return serial_; }
+  Endpoint* endpoint() const { return endpoint_; }
+  // Destroys the QP and gives up the rdma_cm id (its owner destroys it);
+  // for a connection refused during setup.
+  void ReleaseId();
+  uint32_t qp_num() const { return qp_num_; }
+  rdma_cm_id* id() const { return id_; }
+
+  // Poller thread.
+  void OnRecv(uint32_t slot, const char* data, uint32_t length);
+  void OnCompletion(const ibv_wc& wc);
+  // Ends the connection: observer->OnClosed, then waits for the QP to drain
+  // and frees everything. Idempotent.
+  void Teardown(absl::Status why);
+  bool torn_down() const { return torn_down_; }
+  // Frees the QP and buffers once the QP has drained (or after a bound);
+  // true when done. Called by the endpoint's poller.
+  bool FinishTeardown();
+  // Client side: the server's handshake, once ESTABLISHED.
+  void SetPeer(const Handshake& peer);
+  // Called (poller thread) when the connection is fully gone.
+  void set_on_freed(std::function<void(RdmaConnection*)> f) { on_freed_ = std::move(f); }
+
+ private:
+  struct Pending {  // a frame waiting for credit, a send slot or SQ room
+    Header header;
+    std::string metadata;
+    Buffer payload;  // inline payload only
+  };
+  struct Posted {
+    uint32_t seq;
+    int slot;  // send slot to free on completion, or -1
+  };
+  struct ReadOp {
+    InboundMessage msg;
+    RegisteredPool::Block* block = nullptr;
+    uint64_t remote_addr = 0;
+    uint32_t rkey = 0;
+    size_t next = 0;  // next offset to post
+    int in_flight = 0;
+    absl::Time expiry = absl::InfiniteFuture();
+  };
+
+  absl::Status SendLocked(Header header, std::string metadata, Buffer payload);
+  bool CanPostLocked(const Header& h) const;
+  absl::Status PostFrameLocked(Pending& p);
+  void FlushBacklogLocked();
+  void ReleaseAdvertisedLocked(uint64_t token);
+  void SendControl(MessageKind kind, uint64_t token);
+  void StartReads();
+  void Fail(absl::Status why);
+  void DeliverRead(uint32_t op_id);
+
+  Endpoint* const endpoint_;
+  rdma_cm_id* id_;
+  const std::string peer_;
+  const uint32_t serial_;
+  const TransportOptions options_;
+  size_t frame_limit_;            // min(our slot, the peer's slot)
+  const uint32_t credit_window_;  // what we granted the peer
+  const uint32_t rd_atom_;
+  size_t read_threshold_ = 0;
+  size_t read_chunk_ = 0;  // the port's max_msg_sz: one READ never exceeds it
+  uint32_t qp_num_ = 0;
+  uint32_t max_inline_ = 0;
+  ConnectionObserver* observer_ = nullptr;
+
+  std::mutex mu_;  // send side
+  bool closed_ = false;                 // guarded by mu_
+  uint32_t credits_ = 0;                // guarded by mu_
+  std::deque<Pending> backlog_;         // guarded by mu_
+  char* send_slots_ = nullptr;
+  ibv_mr* send_mr_ = nullptr;
+  std::vector<int> free_send_slots_;    // guarded by mu_
+  std::deque<Posted> posted_;           // guarded by mu_
+  uint32_t next_seq_ = 0;               // guarded by mu_
+  uint32_t unsignaled_ = 0;             // guarded by mu_
+  uint32_t sq_used_ = 0;                // guarded by mu_
+  uint32_t signaled_outstanding_ = 0;   // guarded by mu_
+  uint32_t sq_depth_ = 0;
+  uint64_t next_token_ = 1;             // guarded by mu_
+  std::unordered_map<uint64_t, Buffer> advertised_;          // token -> payload, mu_
+  std::unordered_multimap<uint64_t, uint64_t> request_tokens_;  // call id -> token, mu_
+  std::atomic<uint32_t> owed_{0};       // credits owed to the peer
+
+  // Poller thread.
+  std::map<uint32_t, ReadOp> reads_;    // op id -> op
+  std::deque<uint32_t> read_queue_;     // ops waiting for a READ slot
+  uint32_t next_read_op_ = 1;
+  int reads_in_flight_ = 0;
+  bool torn_down_ = false;
+  absl::Time teardown_started_;
+  std::shared_ptr<RdmaConnection> keep_alive_;  // held from Teardown until freed
+  std::function<void(RdmaConnection*)> on_freed_;
+  bool freed_ = false;
+};
+
+}  // namespace rdmarpc::transport::rdma
+
+#endif  // RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_H_

@@ -1,0 +1,63 @@
+// RdmaOptions: every tunable of the RDMA transport, in one place.
+//
+// Defaults suit a small VM and a real NIC alike; each can be overridden from
+// code or, for experiments, from the environment (RdmaOptionsFromEnv).
+//
+// Sizing rule of thumb: receive memory of an endpoint is
+//   (receive slots posted + slots held by the runtime) x slot_size,
+// independent of how many connections share the SRQ. A payload that does not
+// fit in a slot next to the header and metadata goes by RDMA READ.
+#ifndef RDMARPC_TRANSPORT_RDMA_RDMA_OPTIONS_H_
+#define RDMARPC_TRANSPORT_RDMA_RDMA_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace rdmarpc::transport::rdma {
+
+enum class PollMode {
+  kAdaptive,  // spin on the CQ for spin_us after activity, then sleep on events
+  kBusy,      // always spin: lowest latency, one core per transport
+  kEvent,     // always sleep on the completion channel: no spinning at all
+};
+
+struct RdmaOptions {
+  // Bytes of one receive (and send) slot: header + metadata + inline payload.
+  size_t slot_size = 8192;
+  // Receive slots kept posted on the SRQ of a listening transport and of a
+  // connecting one (a client endpoint needs far fewer).
+  size_t server_receive_slots = 512;
+  size_t client_receive_slots = 64;
+  // Receive slots that may be out of the SRQ at once (held by the runtime
+  // until it is done with a message); beyond it the SRQ runs short.
+  size_t max_held_slots = 4096;
+  // Frames a peer may send us on one connection before we return credit.
+  uint32_t credits = 32;
+  // Send slots per connection (for SENDs too large to go inline).
+  uint32_t send_slots = 64;
+  // Request a completion for every n-th unsignaled SEND.
+  uint32_t signal_every = 16;
+  // Payloads above this many bytes go by READ; 0 derives it from slot_size.
+  size_t read_threshold = 0;
+  // Bound on all registered memory of the transport (slots and payload pools).
+  size_t max_registered_bytes = size_t{1} << 30;
+  PollMode poll_mode = PollMode::kAdaptive;
+  // Adaptive mode: how long to keep spinning after the last completion. One
+  // completion-channel wake-up costs ~140 us on Soft-RoCE, a polled round
+  // trip ~27 us: spinning a little longer than a round trip wins.
+  uint32_t spin_us = 300;
+  // Require this device (e.g. "mlx5_0", "rxe0"); "" accepts what rdma_cm picks
+  // for the address.
+  std::string device;
+  uint32_t connect_timeout_ms = 10000;
+};
+
+// Defaults overridden by RDMARPC_RDMA_POLL (adaptive|busy|event),
+// RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE, RDMARPC_RDMA_SLOT_SIZE,
+// RDMARPC_RDMA_CREDITS, RDMARPC_RDMA_READ_THRESHOLD.
+RdmaOptions RdmaOptionsFromEnv();
+
+}  // namespace rdmarpc::transport::rdma
+
+#endif  // RDMARPC_TRANSPORT_RDMA_RDMA_OPTIONS_H_

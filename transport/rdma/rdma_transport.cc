@@ -1,0 +1,607 @@
+#include "transport/rdma/rdma_transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "transport/rdma/counters.h"
+
+namespace rdmarpc::transport::rdma {
+namespace {
+
+std::string GidToString(const ibv_gid& gid) {
+  char buf[INET6_ADDRSTRLEN];
+  inet_ntop(AF_INET6, gid.raw, buf, sizeof buf);
+  return buf;
+}
+
+std::string SockaddrString(const sockaddr* sa) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    return absl::StrCat(host, ":", ntohs(in->sin_port));
+  }
+  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+  return absl::StrCat("[", host, "]:", ntohs(in6->sin6_port));
+}
+
+absl::StatusOr<sockaddr_storage> Resolve(const Address& addr) {
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string port = std::to_string(addr.port);
+  const int rc = getaddrinfo(addr.host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", addr.ToString(), ": ", gai_strerror(rc)));
+  }
+  sockaddr_storage ss{};
+  memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  return ss;
+}
+
+const char* kTry =
+    "Try: `rdma link` and `ibv_devinfo` to see devices and ports; make sure the address "
+    "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
+    "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
+
+}  // namespace
+
+std::string DescribeDevices() {
+  int n = 0;
+  errno = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list == nullptr || n == 0) {
+    const int err = errno;
+    if (list) ibv_free_device_list(list);
+    return absl::StrCat("no RDMA devices (ibv_get_device_list: ",
+                        err ? strerror(err) : "empty", ")");
+  }
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    absl::StrAppend(&out, i ? "; " : "", ibv_get_device_name(list[i]));
+    ibv_context* ctx = ibv_open_device(list[i]);
+    if (!ctx) continue;
+    ibv_device_attr attr{};
+    ibv_query_device(ctx, &attr);
+    for (int p = 1; p <= attr.phys_port_cnt; ++p) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx, p, &pa) != 0) continue;
+      absl::StrAppend(&out, " port ", p, " ", ibv_port_state_str(pa.state), " mtu ",
+                      128 << pa.active_mtu);
+      for (int g = 0; g < std::min(pa.gid_tbl_len, 4); ++g) {
+        ibv_gid gid{};
+        if (ibv_query_gid(ctx, p, g, &gid) == 0 && gid.global.interface_id) {
+          absl::StrAppend(&out, " gid[", g, "]=", GidToString(gid));
+        }
+      }
+    }
+    ibv_close_device(ctx);
+  }
+  ibv_free_device_list(list);
+  return out;
+}
+
+bool RdmaUsable() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  bool usable = false;
+  for (int i = 0; i < n && !usable; ++i) {
+    ibv_context* ctx = ibv_open_device(list[i]);
+    if (!ctx) continue;
+    ibv_device_attr attr{};
+    ibv_query_device(ctx, &attr);
+    for (int p = 1; p <= attr.phys_port_cnt; ++p) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx, p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) usable = true;
+    }
+    ibv_close_device(ctx);
+  }
+  if (list) ibv_free_device_list(list);
+  return usable;
+}
+
+// ------------------------------------------------------------------ pieces
+
+struct RdmaTransport::Attempt {
+  rdma_cm_id* id = nullptr;
+  std::string target;
+  ConnectionObserver* observer = nullptr;
+  std::shared_ptr<RdmaConnection> conn;
+  std::promise<absl::Status> done;
+  bool finished = false;
+
+  void Finish(absl::Status s) {
+    if (finished) return;
+    finished = true;
+    done.set_value(std::move(s));
+  }
+};
+
+class RdmaTransport::RdmaListener : public Listener {
+ public:
+  RdmaListener(RdmaTransport* t, rdma_cm_id* id, Address bound, AcceptCallback cb)
+      : transport_(t), id_(id), bound_(std::move(bound)), on_accept_(std::move(cb)) {}
+  ~RdmaListener() override {
+    transport_->RunOnCmAndWait([this] {
+      transport_->cm_targets_.erase(id_);
+      rdma_destroy_id(id_);
+    });
+  }
+  const Address& address() const override { return bound_; }
+  AcceptCallback& on_accept() { return on_accept_; }
+
+ private:
+  RdmaTransport* const transport_;
+  rdma_cm_id* const id_;
+  const Address bound_;
+  AcceptCallback on_accept_;
+};
+
+// --------------------------------------------------------------- transport
+
+RdmaTransport::RdmaTransport(TransportOptions options, RdmaOptions rdma, bool server)
+    : options_(std::move(options)), rdma_(std::move(rdma)), server_(server) {
+  channel_ = rdma_create_event_channel();
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (channel_) {
+    fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
+    cm_thread_ = std::thread([this] { CmLoop(); });
+  }
+}
+
+RdmaTransport::~RdmaTransport() {
+  Shutdown();
+  if (channel_) rdma_destroy_event_channel(channel_);
+  close(wake_fd_);
+}
+
+size_t RdmaTransport::receive_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t total = 0;
+  for (const auto& [ctx, ep] : endpoints_) total += ep->receive_bytes();
+  return total;
+}
+
+void RdmaTransport::RunOnCm(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    tasks_.push_back(std::move(task));
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof one);
+}
+
+void RdmaTransport::RunOnCmAndWait(std::function<void()> task) {
+  if (std::this_thread::get_id() == cm_thread_.get_id() || !cm_thread_.joinable()) return task();
+  std::promise<void> done;
+  RunOnCm([&] {
+    task();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+void RdmaTransport::CmLoop() {
+  while (!stop_.load()) {
+    pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    poll(fds, 2, 1000);
+    if (fds[1].revents & POLLIN) {
+      uint64_t v;
+      (void)!read(wake_fd_, &v, sizeof v);
+    }
+    std::vector<std::function<void()>> tasks;
+    {
+      std::lock_guard<std::mutex> lock(tasks_mu_);
+      tasks.swap(tasks_);
+    }
+    for (auto& t : tasks) t();
+    rdma_cm_event* ev = nullptr;
+    while (rdma_get_cm_event(channel_, &ev) == 0) HandleEvent(ev);
+  }
+  std::vector<std::function<void()>> tasks;
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    tasks.swap(tasks_);
+  }
+  for (auto& t : tasks) t();
+}
+
+std::string RdmaTransport::PeerOf(rdma_cm_id* id) const {
+  return absl::StrCat("rdma://", SockaddrString(rdma_get_peer_addr(id)));
+}
+
+absl::StatusOr<Endpoint*> RdmaTransport::EndpointFor(rdma_cm_id* id) {
+  if (id->verbs == nullptr) {
+    return absl::UnavailableError(absl::StrCat("rdma_cm found no RDMA device for ",
+                                               SockaddrString(rdma_get_local_addr(id)),
+                                               ". Devices: ", DescribeDevices(), ". ", kTry));
+  }
+  const std::string name = ibv_get_device_name(id->verbs->device);
+  if (!rdma_.device.empty() && rdma_.device != name) {
+    return absl::UnavailableError(absl::StrCat(
+        "rdma_cm chose device ", name, " for ", SockaddrString(rdma_get_local_addr(id)),
+        " but RdmaOptions::device (RDMARPC_RDMA_DEVICE) asks for ", rdma_.device,
+        ". Devices: ", DescribeDevices(), ". Use an address on ", rdma_.device, "'s interface."));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& ep = endpoints_[id->verbs];
+  if (!ep) {
+    auto made = Endpoint::Create(id->verbs, rdma_,
+                                 server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots,
+                                 options_.name);
+    if (!made.ok()) {
+      endpoints_.erase(id->verbs);
+      return made.status();
+    }
+    ep = std::move(*made);
+    ibv_port_attr port{};
+    ibv_query_port(id->verbs, id->port_num, &port);
+    int gid_index = -1;
+    for (int i = 0; i < port.gid_tbl_len; ++i) {
+      ibv_gid gid{};
+      if (ibv_query_gid(id->verbs, id->port_num, i, &gid) == 0 &&
+          memcmp(&gid, &id->route.addr.addr.ibaddr.sgid, sizeof gid) == 0) {
+        gid_index = i;
+        break;
+      }
+    }
+    fprintf(stderr,
+            "rdmarpc[%s]: RDMA device %s port %d gid_index %d (%s) active_mtu %d, %zu receive "
+            "slots of %zu bytes on one SRQ\n",
+            options_.name.c_str(), name.c_str(), id->port_num, gid_index,
+            GidToString(id->route.addr.addr.ibaddr.sgid).c_str(), 128 << port.active_mtu,
+            server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots, rdma_.slot_size);
+  }
+  return ep.get();
+}
+
+void RdmaTransport::Track(const std::shared_ptr<RdmaConnection>& conn) {
+  MutableCounters().connections_opened.fetch_add(1);
+  rdma_cm_id* id = conn->id();
+  conn->set_on_freed([this, id](RdmaConnection* c) {
+    RunOnCm([this, id] {
+      auto it = cm_targets_.find(id);
+      if (it != cm_targets_.end() && !it->second.attempt && !it->second.listener &&
+          it->second.conn.expired()) {
+        cm_targets_.erase(it);
+      }
+    });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conns_.erase(c);
+    }
+    cv_.notify_all();
+  });
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_[conn.get()] = conn;
+}
+
+uint32_t RdmaTransport::LocalCredits() const {
+  const size_t slots = server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots;
+  return static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(rdma_.credits, slots / 2)));
+}
+
+Handshake RdmaTransport::LocalHandshake() const {
+  Handshake hs;
+  hs.credits = LocalCredits();
+  hs.slot_size = static_cast<uint32_t>(rdma_.slot_size);
+  return hs;
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address& addr,
+                                                                   ConnectionObserver* observer,
+                                                                   absl::Time deadline) {
+  if (!channel_) {
+    return absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
+                                               strerror(errno), ". Devices: ", DescribeDevices(),
+                                               ". ", kTry));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return absl::FailedPreconditionError("transport is shut down");
+  }
+  auto dst = Resolve(addr);
+  if (!dst.ok()) return dst.status();
+  auto at = std::make_shared<Attempt>();
+  at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&*dst)));
+  at->observer = observer;
+  auto result = at->done.get_future();
+  const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(deadline - absl::Now()), 1, rdma_.connect_timeout_ms));
+  RunOnCmAndWait([&] {
+    if (rdma_create_id(channel_, &at->id, nullptr, RDMA_PS_TCP) != 0) {
+      return at->Finish(absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno))));
+    }
+    cm_targets_[at->id] = CmTarget{at, nullptr, {}};
+    if (rdma_resolve_addr(at->id, nullptr, reinterpret_cast<sockaddr*>(&*dst), timeout_ms) != 0) {
+      cm_targets_.erase(at->id);
+      rdma_destroy_id(at->id);
+      at->Finish(absl::UnavailableError(absl::StrCat("rdma_resolve_addr ", at->target, ": ",
+                                                     strerror(errno), ". ", kTry)));
+    }
+  });
+  if (result.wait_until(absl::ToChronoTime(deadline)) != std::future_status::ready) {
+    RunOnCmAndWait([&] {
+      if (at->finished) return;
+      at->Finish(absl::DeadlineExceededError(absl::StrCat("connecting to ", at->target,
+                                                          " timed out")));
+      AbandonAttempt(at.get());
+    });
+  }
+  absl::Status s = result.get();
+  if (!s.ok()) return s;
+  return std::shared_ptr<Connection>(at->conn);
+}
+
+void RdmaTransport::AbandonAttempt(Attempt* at) {
+  // CM thread. The id is either still the attempt's or owned by at->conn.
+  cm_targets_.erase(at->id);
+  if (at->conn) {
+    auto conn = std::move(at->conn);
+    conn->set_observer(nullptr);
+    conn->endpoint()->RunOnPoller([conn] {
+      conn->Teardown(absl::UnavailableError("connect abandoned"));
+    });
+  } else {
+    destroy_after_ack_ = at->id;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& addr,
+                                                                AcceptCallback on_accept) {
+  if (!channel_) {
+    return absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
+                                               strerror(errno), ". Devices: ", DescribeDevices(),
+                                               ". ", kTry));
+  }
+  auto local = Resolve(addr);
+  if (!local.ok()) return local.status();
+  absl::Status status;
+  std::unique_ptr<RdmaListener> listener;
+  RunOnCmAndWait([&] {
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_id(channel_, &id, nullptr, RDMA_PS_TCP) != 0) {
+      status = absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno)));
+      return;
+    }
+    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&*local)) != 0 ||
+        rdma_listen(id, 1024) != 0) {
+      status = absl::UnavailableError(absl::StrCat(
+          "listen on ", addr.ToString(), ": ", strerror(errno), ". Devices: ", DescribeDevices(),
+          ". ", kTry));
+      rdma_destroy_id(id);
+      return;
+    }
+    Address bound = addr;
+    bound.scheme = "rdma";
+    bound.port = ntohs(rdma_get_src_port(id));
+    listener = std::make_unique<RdmaListener>(this, id, bound, std::move(on_accept));
+    cm_targets_[id] = CmTarget{nullptr, listener.get(), {}};
+  });
+  if (!status.ok()) return status;
+  return std::unique_ptr<Listener>(std::move(listener));
+}
+
+void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
+  // Everything that may touch ev->id happens before the ack: until then
+  // rdma_destroy_id on that id (from a poller) waits.
+  const rdma_cm_event_type type = ev->event;
+  rdma_cm_id* id = ev->id;
+  auto it = cm_targets_.find(type == RDMA_CM_EVENT_CONNECT_REQUEST ? ev->listen_id : id);
+  if (it == cm_targets_.end()) {
+    if (type == RDMA_CM_EVENT_CONNECT_REQUEST) rdma_reject(id, nullptr, 0);
+    rdma_ack_cm_event(ev);
+    return;
+  }
+  CmTarget target = it->second;
+  if (target.listener) {
+    if (type == RDMA_CM_EVENT_CONNECT_REQUEST) OnConnectRequest(ev, target.listener);
+    rdma_ack_cm_event(ev);
+    return;
+  }
+  if (auto conn = target.conn.lock()) {
+    switch (type) {
+      case RDMA_CM_EVENT_DISCONNECTED:
+      case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      case RDMA_CM_EVENT_REJECTED:
+      case RDMA_CM_EVENT_UNREACHABLE:
+      case RDMA_CM_EVENT_CONNECT_ERROR:
+        rdma_disconnect(id);  // answers the peer's DREQ at once
+        conn->endpoint()->RunOnPoller([conn, type] {
+          conn->Teardown(absl::UnavailableError(absl::StrCat(
+              "connection to ", conn->peer(), " lost (", rdma_event_str(type), ")")));
+        });
+        break;
+      default:
+        break;
+    }
+    rdma_ack_cm_event(ev);
+    return;
+  }
+  if (!target.attempt) {
+    rdma_ack_cm_event(ev);
+    return;
+  }
+  Attempt* at = target.attempt.get();
+  const int status = ev->status;
+  auto fail = [&](const std::string& what) {
+    at->Finish(absl::UnavailableError(absl::StrCat(
+        "rdma_cm could not connect to ", at->target, ": ", what, " (", rdma_event_str(type),
+        ", status ", status, "). Devices: ", DescribeDevices(), ". ", kTry)));
+    AbandonAttempt(at);
+  };
+  switch (type) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (rdma_resolve_route(id, static_cast<int>(rdma_.connect_timeout_ms)) != 0) {
+        fail(absl::StrCat("rdma_resolve_route: ", strerror(errno)));
+      }
+      break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+      auto ep = EndpointFor(id);
+      if (!ep.ok()) {
+        fail(std::string(ep.status().message()));
+        break;
+      }
+      const ibv_device_attr& dev = (*ep)->device_attr();
+      const uint32_t rd_atom = std::min(16, dev.max_qp_init_rd_atom);
+      auto conn = std::make_shared<RdmaConnection>(*ep, id, at->target, next_serial_++, options_,
+                                                   Handshake{}, LocalCredits(), rd_atom);
+      at->conn = conn;
+      if (absl::Status s = conn->CreateQp(); !s.ok()) {
+        fail(std::string(s.message()));
+        break;
+      }
+      conn->set_observer(at->observer);
+      (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });
+      const Handshake hs = LocalHandshake();
+      rdma_conn_param param{};
+      param.private_data = &hs;
+      param.private_data_len = sizeof hs;
+      param.responder_resources = static_cast<uint8_t>(std::min(255, dev.max_qp_rd_atom));
+      param.initiator_depth = static_cast<uint8_t>(rd_atom);
+      param.retry_count = 7;
+      param.rnr_retry_count = 7;  // infinite: the safety net behind credits
+      if (rdma_connect(id, &param) != 0) fail(absl::StrCat("rdma_connect: ", strerror(errno)));
+      break;
+    }
+    case RDMA_CM_EVENT_ESTABLISHED: {
+      Handshake hs;
+      const auto* pd = static_cast<const uint8_t*>(ev->param.conn.private_data);
+      if (pd == nullptr || ev->param.conn.private_data_len < sizeof hs) {
+        fail("the server sent no rdmarpc handshake (not an rdmarpc server?)");
+        break;
+      }
+      memcpy(&hs, pd, sizeof hs);
+      if (hs.magic != Handshake::kMagic || hs.version != Handshake::kVersion) {
+        fail(absl::StrCat("unsupported handshake version ", hs.version));
+        break;
+      }
+      auto conn = at->conn;
+      conn->SetPeer(hs);
+      Track(conn);
+      cm_targets_[id] = CmTarget{nullptr, nullptr, conn};
+      at->Finish(absl::OkStatus());
+      break;
+    }
+    default:
+      fail(type == RDMA_CM_EVENT_REJECTED ? "rejected (no rdmarpc server listens there?)"
+                                          : "connection setup failed");
+      break;
+  }
+  rdma_ack_cm_event(ev);
+  if (destroy_after_ack_) {
+    rdma_destroy_id(destroy_after_ack_);
+    destroy_after_ack_ = nullptr;
+  }
+}
+
+void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) {
+  rdma_cm_id* child = ev->id;
+  const std::string peer = PeerOf(child);
+  auto refuse = [&](const std::string& why) {
+    fprintf(stderr, "rdmarpc[%s]: refusing connection from %s: %s\n", options_.name.c_str(),
+            peer.c_str(), why.c_str());
+    rdma_reject(child, nullptr, 0);
+    destroy_after_ack_ = child;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return refuse("shutting down");
+  }
+  Handshake hs;
+  if (ev->param.conn.private_data == nullptr || ev->param.conn.private_data_len < sizeof hs) {
+    return refuse("no rdmarpc handshake in the private data");
+  }
+  memcpy(&hs, ev->param.conn.private_data, sizeof hs);
+  if (hs.magic != Handshake::kMagic || hs.version != Handshake::kVersion) {
+    return refuse(absl::StrCat("unsupported handshake (magic ", hs.magic, ", version ",
+                               hs.version, ")"));
+  }
+  if (hs.slot_size < kHeaderSize + 64) return refuse("peer's slot size is too small");
+  auto ep = EndpointFor(child);
+  if (!ep.ok()) return refuse(std::string(ep.status().message()));
+  const ibv_device_attr& dev = (*ep)->device_attr();
+  const uint32_t rd_atom =
+      std::max(1, std::min<int>(ev->param.conn.responder_resources, dev.max_qp_init_rd_atom));
+  auto conn = std::make_shared<RdmaConnection>(*ep, child, peer, next_serial_++, options_, hs,
+                                               LocalCredits(), rd_atom);
+  if (absl::Status s = conn->CreateQp(); !s.ok()) {
+    conn->ReleaseId();  // the id goes after the ack instead
+    return refuse(std::string(s.message()));
+  }
+  ConnectionObserver* observer = listener->on_accept()(conn);
+  if (observer == nullptr) {
+    conn->ReleaseId();
+    return refuse("the server refused it");
+  }
+  conn->set_observer(observer);
+  (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });
+  Track(conn);
+  cm_targets_[child] = CmTarget{nullptr, nullptr, conn};
+  const Handshake ours = LocalHandshake();
+  rdma_conn_param param{};
+  param.private_data = &ours;
+  param.private_data_len = sizeof ours;
+  param.responder_resources =
+      static_cast<uint8_t>(std::min<int>(ev->param.conn.initiator_depth, dev.max_qp_rd_atom));
+  param.initiator_depth = static_cast<uint8_t>(rd_atom);
+  param.rnr_retry_count = 7;
+  if (rdma_accept(child, &param) != 0) {
+    const std::string why = absl::StrCat("rdma_accept: ", strerror(errno));
+    (*ep)->RunOnPoller([conn, why] { conn->Teardown(absl::UnavailableError(why)); });
+  }
+}
+
+void RdmaTransport::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (!channel_) return;
+  std::vector<std::shared_ptr<RdmaConnection>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [raw, conn] : conns_) all.push_back(conn);
+  }
+  for (auto& conn : all) {
+    conn->endpoint()->RunOnPoller([conn] {
+      conn->Teardown(absl::UnavailableError("transport shutting down"));
+    });
+  }
+  all.clear();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(10), [this] { return conns_.empty(); });
+  }
+  RunOnCmAndWait([this] {
+    for (auto& [id, target] : cm_targets_) {
+      if (target.attempt && !target.attempt->finished) {
+        target.attempt->Finish(absl::UnavailableError("transport shutting down"));
+      }
+    }
+  });
+  stop_.store(true);
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof one);
+  cm_thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  endpoints_.clear();
+}
+
+}  // namespace rdmarpc::transport::rdma

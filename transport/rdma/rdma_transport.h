@@ -1,0 +1,106 @@
+// RdmaTransport: the transport interface over RDMA verbs.
+//
+//   RdmaTransport t(TransportOptions{}, RdmaOptionsFromEnv(), /*server=*/true);
+//   auto listener = t.Listen(*ParseAddress("rdma://10.0.0.1:7471"), on_accept);
+//
+// Connections are RC queue pairs set up by librdmacm (rdma_cm): the device,
+// port and GID follow from the address (rdma_cm resolves the route; on RoCE it
+// picks the v2 GID of the interface's IP), or RdmaOptions::device insists on
+// one device. The first connection on a device logs one line naming device,
+// port, GID index and active MTU. Frames travel as described in
+// rdma_connection.h; all connections of the transport on one device share one
+// SRQ, one CQ and one poller thread (endpoint.h).
+//
+// Threads: one rdma_cm event thread per transport, one poller per device.
+// Observer callbacks run on the poller.
+#ifndef RDMARPC_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
+#define RDMARPC_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
+
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/rdma/endpoint.h"
+#include "transport/rdma/rdma_connection.h"
+#include "transport/rdma/rdma_options.h"
+#include "transport/transport.h"
+
+namespace rdmarpc::transport::rdma {
+
+// A line per device with its ports, states and GIDs, or why there is none;
+// for error messages and `ListDevices` in examples.
+std::string DescribeDevices();
+// True when at least one device has an active port.
+bool RdmaUsable();
+
+class RdmaTransport : public Transport {
+ public:
+  RdmaTransport(TransportOptions options, RdmaOptions rdma, bool server);
+  ~RdmaTransport() override;
+
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
+                                                      ConnectionObserver* observer,
+                                                      absl::Time deadline) override;
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
+                                                   AcceptCallback on_accept) override;
+  void Shutdown() override;
+
+  // Receive memory registered by this transport (all devices): stays flat as
+  // connections come and go.
+  size_t receive_bytes() const;
+
+ private:
+  class RdmaListener;
+  struct Attempt;
+  // What an rdma_cm_id stands for; exactly one member is set.
+  struct CmTarget {
+    std::shared_ptr<Attempt> attempt;   // a Connect() in progress
+    RdmaListener* listener;             // a listening id
+    std::weak_ptr<RdmaConnection> conn;  // an established connection
+  };
+
+  void CmLoop();
+  void RunOnCm(std::function<void()> task);
+  void RunOnCmAndWait(std::function<void()> task);
+  void HandleEvent(rdma_cm_event* ev);
+  void OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener);
+  void AbandonAttempt(Attempt* at);
+  absl::StatusOr<Endpoint*> EndpointFor(rdma_cm_id* id);
+  void Track(const std::shared_ptr<RdmaConnection>& conn);
+  std::string PeerOf(rdma_cm_id* id) const;
+  uint32_t LocalCredits() const;
+  Handshake LocalHandshake() const;
+
+  const TransportOptions options_;
+  const RdmaOptions rdma_;
+  const bool server_;
+  rdma_event_channel* channel_ = nullptr;
+  int wake_fd_ = -1;
+  std::thread cm_thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint32_t> next_serial_{1};
+
+  std::mutex tasks_mu_;
+  std::vector<std::function<void()>> tasks_;
+  std::unordered_map<rdma_cm_id*, CmTarget> cm_targets_;  // CM thread
+  rdma_cm_id* destroy_after_ack_ = nullptr;                // CM thread
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool shut_down_ = false;                                                  // mu_
+  std::map<ibv_context*, std::unique_ptr<Endpoint>> endpoints_;             // mu_
+  std::unordered_map<RdmaConnection*, std::shared_ptr<RdmaConnection>> conns_;  // mu_
+};
+
+}  // namespace rdmarpc::transport::rdma
+
+#endif  // RDMARPC_TRANSPORT_RDMA_RDMA_TRANSPORT_H_

@@ -1,0 +1,89 @@
+#include "transport/rdma/registered_pool.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "absl/strings/str_cat.h"
+#include "transport/rdma/counters.h"
+
+namespace rdmarpc::transport::rdma {
+
+RegisteredPool::RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device)
+    : pd_(pd), max_bytes_(max_bytes), device_(std::move(device)) {}
+
+RegisteredPool::~RegisteredPool() {
+  for (Block* b : all_) {
+    ibv_dereg_mr(b->mr);
+    free(b->data);
+    MutableCounters().registered_bytes.fetch_sub(b->capacity);
+    delete b;
+  }
+}
+
+absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool remote_read) {
+  int cls = 0;
+  while (cls < kClasses && (kMinBlock << cls) < size) ++cls;
+  if (cls == kClasses) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("buffer of ", size, " bytes exceeds the largest pool class (1 GiB)"));
+  }
+  const size_t capacity = kMinBlock << cls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& list = free_[remote_read][cls];
+    if (!list.empty()) {
+      Block* b = list.back();
+      list.pop_back();
+      return b;
+    }
+    if (registered_ + capacity > max_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "registered memory on ", device_, " would exceed its bound of ", max_bytes_,
+          " bytes (RdmaOptions::max_registered_bytes; ", registered_,
+          " registered now, ", capacity, " more needed)"));
+    }
+    registered_ += capacity;  // reserved; undone below on failure
+  }
+  void* mem = nullptr;
+  if (posix_memalign(&mem, 4096, capacity) != 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_ -= capacity;
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory for ", capacity, " bytes"));
+  }
+  const int access = IBV_ACCESS_LOCAL_WRITE | (remote_read ? IBV_ACCESS_REMOTE_READ : 0);
+  ibv_mr* mr = ibv_reg_mr(pd_, mem, capacity, access);
+  if (mr == nullptr) {
+    const int err = errno;
+    free(mem);
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_ -= capacity;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "ibv_reg_mr of ", capacity, " bytes on ", device_, " failed: ", strerror(err),
+        " (check `ulimit -l`, the locked-memory limit)"));
+  }
+  MutableCounters().registered_bytes.fetch_add(capacity);
+  auto* b = new Block{static_cast<char*>(mem), capacity, mr, cls, remote_read};
+  std::lock_guard<std::mutex> lock(mu_);
+  all_.push_back(b);
+  by_data_[b->data] = b;
+  return b;
+}
+
+void RegisteredPool::Put(Block* block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_[block->remote_read][block->size_class].push_back(block);
+}
+
+RegisteredPool::Block* RegisteredPool::Find(const char* data) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_data_.find(data);
+  return it == by_data_.end() ? nullptr : it->second;
+}
+
+size_t RegisteredPool::registered_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registered_;
+}
+
+}  // namespace rdmarpc::transport::rdma
