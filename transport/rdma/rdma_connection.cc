@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/fault_injection.h"
 
 namespace rdmarpc::transport::rdma {
 namespace {
@@ -154,6 +155,7 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
     const uint64_t token = next_token_++;
     h.flags |= kFlagRemotePayload;
     h.remote = RemoteDescriptor{reinterpret_cast<uintptr_t>(payload.data()), b->mr->rkey, token};
+    if (FaultInjection::TakeCorruptRkey()) h.remote.rkey ^= 0x5a5a5a;
     advertised_.emplace(token, std::move(payload));
     if (h.kind == MessageKind::kRequest) request_tokens_.emplace(h.call_id, token);
     MutableCounters().payloads_advertised.fetch_add(1);

@@ -1,0 +1,386 @@
+// The RDMA transport on real verbs (Soft-RoCE in the VM, or a device): sizes
+// around every threshold, one SRQ for hundreds of connections, a bad rkey on
+// purpose, a client killed in the middle of a READ, and connect/disconnect
+// cycles that must not leak.
+#include "transport/rdma/rdma_transport.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "transport/rdma/counters.h"
+#include "transport/rdma/fault_injection.h"
+#include "transport/rdma/testing/rdma_test_env.h"
+
+extern char** environ;
+
+namespace rdmarpc::transport::rdma {
+namespace {
+
+uint8_t Pattern(size_t i, uint64_t seed) { return static_cast<uint8_t>((i * 131 + seed * 7) & 0xff); }
+
+Buffer Filled(Connection& conn, size_t size, uint64_t seed) {
+  auto b = conn.AllocatePayload(size);
+  EXPECT_TRUE(b.ok()) << b.status();
+  for (size_t i = 0; i < size; ++i) b->data()[i] = static_cast<char>(Pattern(i, seed));
+  return std::move(*b);
+}
+
+bool Matches(const Buffer& b, size_t size, uint64_t seed) {
+  if (b.size() != size) return false;
+  for (size_t i = 0; i < size; ++i)
+    if (static_cast<uint8_t>(b.data()[i]) != Pattern(i, seed)) return false;
+  return true;
+}
+
+// Server side: answers every request with its own payload, byte for byte.
+class EchoObserver : public ConnectionObserver {
+ public:
+  void OnMessage(Connection& conn, InboundMessage msg) override {
+    if (msg.header.kind != MessageKind::kRequest) return;
+    OutboundMessage r;
+    r.header.kind = MessageKind::kResponse;
+    r.header.call_id = msg.header.call_id;
+    if (!msg.payload_status.ok()) {
+      r.header.status = static_cast<uint16_t>(msg.payload_status.code());
+    } else {
+      auto b = conn.AllocatePayload(msg.payload.size());
+      if (!b.ok()) return;
+      memcpy(b->data(), msg.payload.data(), msg.payload.size());
+      r.payload = std::move(*b);
+    }
+    requests.fetch_add(1);
+    conn.Send(std::move(r)).IgnoreError();
+  }
+  void OnClosed(Connection&, const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu);
+    closed.push_back(why);
+  }
+  std::atomic<int> requests{0};
+  std::mutex mu;
+  std::vector<absl::Status> closed;
+};
+
+// Client side: waits for responses by call id.
+class Waiter : public ConnectionObserver {
+ public:
+  std::future<InboundMessage> Expect(uint64_t call_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return waiting_[call_id].get_future();
+  }
+  void OnMessage(Connection&, InboundMessage msg) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = waiting_.find(msg.header.call_id);
+    if (it == waiting_.end()) return;
+    it->second.set_value(std::move(msg));
+    waiting_.erase(it);
+  }
+  void OnClosed(Connection&, const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_status = why;
+    for (auto& [id, p] : waiting_) {
+      InboundMessage m;
+      m.header.call_id = id;
+      m.payload_status = why;
+      p.set_value(std::move(m));
+    }
+    waiting_.clear();
+    closed = true;
+  }
+  std::atomic<bool> closed{false};
+  absl::Status closed_status;
+
+ private:
+  std::mutex mu_;
+  std::map<uint64_t, std::promise<InboundMessage>> waiting_;
+};
+
+struct Fixture {
+  std::string ip;
+  EchoObserver echo;
+  std::unique_ptr<RdmaTransport> server;
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<RdmaTransport> client;
+  Address addr;
+
+  bool Start(RdmaOptions server_opts = RdmaOptions(), RdmaOptions client_opts = RdmaOptions()) {
+    ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
+    if (ip.empty()) return false;
+    TransportOptions so;
+    so.name = "test-server";
+    so.listening = true;
+    so.max_message_size = 128u << 20;
+    server = std::make_unique<RdmaTransport>(so, server_opts, true);
+    auto l = server->Listen(*ParseAddress("rdma://" + ip + ":0"),
+                            [this](std::shared_ptr<Connection>) { return &echo; });
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (!l.ok()) return false;
+    listener = std::move(*l);
+    addr = listener->address();
+    TransportOptions co;
+    co.name = "test-client";
+    co.max_message_size = 128u << 20;
+    client = std::make_unique<RdmaTransport>(co, client_opts, false);
+    return true;
+  }
+};
+
+absl::StatusOr<InboundMessage> Call(Connection& conn, Waiter& w, uint64_t id, Buffer payload) {
+  auto f = w.Expect(id);
+  OutboundMessage m;
+  m.header.kind = MessageKind::kRequest;
+  m.header.call_id = id;
+  m.payload = std::move(payload);
+  if (absl::Status s = conn.Send(std::move(m)); !s.ok()) return s;
+  if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    return absl::DeadlineExceededError("no response in 120 s");
+  }
+  InboundMessage r = f.get();
+  if (!r.payload_status.ok()) return r.payload_status;
+  return r;
+}
+
+TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
+  Waiter waiter;  // outlives the transports, which call it until shut down
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  auto conn = fx.client->Connect(fx.addr, &waiter, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const size_t slot = RdmaOptions().slot_size;
+  const size_t threshold = slot - kHeaderSize;  // largest payload that goes by SEND
+  const size_t max_msg = size_t{8} << 20;      // rxe's max_msg_sz: READs split there
+  struct Case {
+    size_t size;
+    bool by_read;
+  } cases[] = {{0, false},
+               {1, false},
+               {threshold - 1, false},
+               {threshold, false},
+               {threshold + 1, true},
+               {slot - 1, true},
+               {slot, true},
+               {slot + 1, true},
+               {max_msg - 1, true},
+               {max_msg, true},
+               {max_msg + 1, true},
+               {size_t{64} << 20, true}};
+  uint64_t id = 1;
+  for (const Case& c : cases) {
+    const uint64_t reads_before = Counters().reads.load();
+    const uint64_t consumed_before = Counters().srq_slots_consumed.load();
+    auto r = Call(**conn, waiter, id, Filled(**conn, c.size, id));
+    ASSERT_TRUE(r.ok()) << c.size << ": " << r.status();
+    EXPECT_TRUE(Matches(r->payload, c.size, id)) << "bytes differ at size " << c.size;
+    const uint64_t reads = Counters().reads.load() - reads_before;
+    // Request and response each arrived in an SRQ slot.
+    EXPECT_GE(Counters().srq_slots_consumed.load() - consumed_before, 2u) << c.size;
+    if (c.by_read) {
+      // Request and response each pulled; a payload over max_msg_sz in parts.
+      const uint64_t parts = (c.size + max_msg - 1) / max_msg;
+      EXPECT_GE(reads, 2 * parts) << "size " << c.size << " should travel by READ";
+    } else {
+      EXPECT_EQ(reads, 0u) << "size " << c.size << " should travel inside the SEND";
+    }
+    ++id;
+  }
+  printf("counters: %s\n", Counters().ToString().c_str());
+  (*conn)->Close();
+}
+
+TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
+  std::vector<std::unique_ptr<Waiter>> waiters;
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  std::vector<std::shared_ptr<Connection>> conns;
+  size_t receive_with_one = 0;
+  for (int i = 0; i < 200; ++i) {
+    waiters.push_back(std::make_unique<Waiter>());
+    auto c = fx.client->Connect(fx.addr, waiters.back().get(), absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(c.ok()) << "connection " << i << ": " << c.status();
+    conns.push_back(*c);
+    auto r = Call(*conns.back(), *waiters.back(), 1, Filled(*conns.back(), 100, i));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(Matches(r->payload, 100, i));
+    if (i == 0) receive_with_one = fx.server->receive_bytes();
+  }
+  // All 200 at once, then again: the shared SRQ serves them all.
+  std::vector<std::future<InboundMessage>> pending;
+  for (int i = 0; i < 200; ++i) {
+    pending.push_back(waiters[i]->Expect(2));
+    OutboundMessage m;
+    m.header.kind = MessageKind::kRequest;
+    m.header.call_id = 2;
+    m.payload = Filled(*conns[i], 1000, i);
+    ASSERT_TRUE(conns[i]->Send(std::move(m)).ok());
+  }
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(pending[i].wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    InboundMessage r = pending[i].get();
+    EXPECT_TRUE(r.payload_status.ok()) << r.payload_status;
+    EXPECT_TRUE(Matches(r.payload, 1000, i));
+  }
+  const size_t receive_with_200 = fx.server->receive_bytes();
+  printf("server receive memory: %zu bytes with 1 connection, %zu with 200\n", receive_with_one,
+         receive_with_200);
+  EXPECT_EQ(receive_with_200, receive_with_one) << "receive memory grew with connections";
+  for (auto& c : conns) c->Close();
+}
+
+TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
+  Waiter bad_waiter, good_waiter;
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  auto bad = fx.client->Connect(fx.addr, &bad_waiter, absl::Now() + absl::Seconds(30));
+  auto good = fx.client->Connect(fx.addr, &good_waiter, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(bad.ok() && good.ok());
+  FaultInjection::CorruptRkeys().store(1);
+  auto r = Call(**bad, bad_waiter, 1, Filled(**bad, 100000, 1));
+  ASSERT_FALSE(r.ok()) << "a READ with a wrong rkey cannot succeed";
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("rdma://"), absl::string_view::npos)
+      << "the error names the peer: " << r.status();
+  EXPECT_TRUE(bad_waiter.closed.load());
+  {
+    std::lock_guard<std::mutex> lock(fx.echo.mu);
+    ASSERT_FALSE(fx.echo.closed.empty());
+    EXPECT_NE(fx.echo.closed[0].message().find("remote access error"), std::string::npos)
+        << fx.echo.closed[0];
+  }
+  auto ok = Call(**good, good_waiter, 1, Filled(**good, 100000, 2));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(Matches(ok->payload, 100000, 2));
+  (*good)->Close();
+}
+
+int OpenFds() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (d && readdir(d)) ++n;
+  if (d) closedir(d);
+  return n;
+}
+
+TEST(RdmaTransport, ThousandConnectDisconnectCyclesDoNotLeak) {
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  auto cycle = [&](int i) {
+    Waiter w;
+    auto c = fx.client->Connect(fx.addr, &w, absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(c.ok()) << "cycle " << i << ": " << c.status();
+    auto r = Call(**c, w, 1, Filled(**c, i % 2 ? 64 : 20000, i));
+    ASSERT_TRUE(r.ok()) << "cycle " << i << ": " << r.status();
+    (*c)->Close();
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (!w.closed.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_TRUE(w.closed.load());
+  };
+  for (int i = 0; i < 20; ++i) cycle(i);  // warm the pools
+  absl::SleepFor(absl::Milliseconds(500));
+  const int fds = OpenFds();
+  const uint64_t registered = Counters().registered_bytes.load();
+  const uint64_t opened = Counters().connections_opened.load();
+  for (int i = 0; i < 1000; ++i) {
+    cycle(i);
+    if (HasFatalFailure()) return;
+    if (i % 200 == 0) printf("cycle %d: %d fds, %llu registered bytes\n", i, OpenFds(),
+                             static_cast<unsigned long long>(Counters().registered_bytes.load()));
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(Counters().connections_opened.load() - opened, 2000u);  // both ends
+  EXPECT_LE(OpenFds(), fds + 2) << "file descriptors leak";
+  EXPECT_EQ(Counters().registered_bytes.load(), registered) << "registered memory grows";
+}
+
+// A client process that advertises a large request and is killed while the
+// server READs it. The server drops that call and keeps serving.
+TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
+  Waiter w;
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  const std::string target = absl::StrCat("RDMARPC_DOOMED_CLIENT_TARGET=", fx.ip, ":", fx.addr.port);
+  std::vector<std::string> env_store = {target};
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) envp.push_back(*e);
+  envp.push_back(env_store[0].data());
+  envp.push_back(nullptr);
+  char self[] = "/proc/self/exe";
+  char* argv[] = {self, nullptr};
+  pid_t pid;
+  ASSERT_EQ(posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, envp.data()), 0);
+  close(out[1]);
+  char buf[16] = {};
+  ASSERT_GT(read(out[0], buf, sizeof buf - 1), 0) << "the doomed client never sent";
+  const uint64_t reads_before = Counters().reads.load();
+  // Let the server get into its READ, then kill the client.
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (Counters().reads.load() == reads_before && absl::Now() < until) {
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(out[0]);
+  printf("doomed client killed after %llu READ(s) were posted\n",
+         static_cast<unsigned long long>(Counters().reads.load() - reads_before));
+  // Its connection ends on the server...
+  const absl::Time closed_by = absl::Now() + absl::Seconds(60);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(fx.echo.mu);
+      if (!fx.echo.closed.empty()) break;
+    }
+    ASSERT_LT(absl::Now(), closed_by) << "the server never noticed the dead client";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // ...and the server still serves others, large payloads included.
+  auto c = fx.client->Connect(fx.addr, &w, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto r = Call(**c, w, 1, Filled(**c, 1 << 20, 9));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, 1 << 20, 9));
+  (*c)->Close();
+}
+
+int DoomedClient(const std::string& target) {
+  TransportOptions o;
+  o.name = "doomed-client";
+  RdmaTransport t(o, RdmaOptions(), false);
+  Waiter w;
+  auto c = t.Connect(*ParseAddress("rdma://" + target), &w, absl::Now() + absl::Seconds(30));
+  if (!c.ok()) return 2;
+  OutboundMessage m;
+  m.header.kind = MessageKind::kRequest;
+  m.header.call_id = 1;
+  m.payload = Filled(**c, 32u << 20, 1);
+  if (!(*c)->Send(std::move(m)).ok()) return 3;
+  (void)!write(1, "sent\n", 5);
+  pause();  // until killed
+  return 0;
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport::rdma
+
+int main(int argc, char** argv) {
+  if (const char* target = getenv("RDMARPC_DOOMED_CLIENT_TARGET")) {
+    return rdmarpc::transport::rdma::DoomedClient(target);
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
