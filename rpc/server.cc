@@ -92,7 +92,9 @@ class ServerCallImpl : public ServerCall {
 };
 
 Server::Server(int workers, size_t max_message_size)
-    : max_message_size_(max_message_size), workers_(workers) {}
+    : max_message_size_(max_message_size),
+      inline_handlers_(workers == 0),
+      workers_(std::max(workers, 1)) {}
 
 Server::~Server() { Shutdown(); }
 
@@ -157,6 +159,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage msg) {
     }
   }
   call->self_ = call;
+  if (inline_handlers_) return call->Run();
   if (!workers_.Post([call] { call->Run(); })) {
     call->Finish(Status(StatusCode::kUnavailable, "server is shutting down"), nullptr);
   }
@@ -261,7 +264,7 @@ ServerBuilder& ServerBuilder::SetMaxMessageSize(size_t bytes) {
 StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   if (ports_.empty()) return Status(StatusCode::kInvalidArgument, "no listening port added");
   const int workers =
-      workers_ > 0 ? workers_ : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+      workers_ >= 0 ? workers_ : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   std::unique_ptr<Server> server(new Server(workers, max_message_size_));
   for (const Service* service : services_) {
     for (const Service::Method& m : service->methods()) {

@@ -12,8 +12,10 @@
 //
 // Thread model: each transport has its own I/O thread(s), which parse frames
 // and hand each request to the worker pool (SetWorkerThreads; default: the
-// number of cores). Handlers run on workers, never on an I/O thread; an
-// asynchronous handler may finish from any thread. A request whose deadline
+// number of cores). Handlers run on workers; an asynchronous handler may
+// finish from any thread. SetWorkerThreads(0) runs handlers inline on the I/O
+// thread instead: the lowest latency (no thread hop), for handlers that never
+// block, since a blocked handler stalls every connection of that transport. A request whose deadline
 // passed while it waited in the queue is answered DEADLINE_EXCEEDED without
 // running its handler.
 //
@@ -75,6 +77,7 @@ class Server : private transport::ConnectionObserver {
   void CallFinished(const CallKey& key);
 
   const size_t max_message_size_;
+  const bool inline_handlers_;
   std::unordered_map<uint32_t, const Service::Method*> methods_;
   std::map<std::string, std::unique_ptr<transport::Transport>> transports_;  // by scheme
   std::vector<std::unique_ptr<transport::Listener>> listeners_;
@@ -96,6 +99,7 @@ class ServerBuilder {
   ServerBuilder& AddListeningPort(std::string address, int* selected_port = nullptr);
   // The service must outlive the server.
   ServerBuilder& RegisterService(Service* service);
+  // 0: run handlers inline on the I/O thread (see the thread model above).
   ServerBuilder& SetWorkerThreads(int n);
   ServerBuilder& SetMaxMessageSize(size_t bytes);
   // Fails (naming the cause) on an unusable address, a method registered
@@ -105,7 +109,7 @@ class ServerBuilder {
  private:
   std::vector<std::pair<std::string, int*>> ports_;
   std::vector<Service*> services_;
-  int workers_ = 0;
+  int workers_ = -1;  // the number of cores
   size_t max_message_size_ = 64u << 20;
 };
 

@@ -245,8 +245,14 @@ void Endpoint::PollLoop() {
       last_activity = now;
       continue;
     }
-    if (options_.poll_mode == PollMode::kBusy) continue;
-    if (options_.poll_mode == PollMode::kAdaptive && now - last_activity < spin) continue;
+    // While spinning, let other runnable threads (handlers, callers) have the
+    // CPU: on a machine with few cores a spinning poller otherwise delays the
+    // very work it waits for.
+    if (options_.poll_mode == PollMode::kBusy ||
+        (options_.poll_mode == PollMode::kAdaptive && now - last_activity < spin)) {
+      std::this_thread::yield();
+      continue;
+    }
     // Sleep: arm, re-poll to close the race, then wait for an event or a wake.
     ibv_req_notify_cq(cq_, 0);
     const int m = ibv_poll_cq(cq_, kPollBatch, wcs);
