@@ -440,14 +440,20 @@ void RdmaConnection::Close() {
     if (closed_) return;
     closed_ = true;
   }
-  rdma_disconnect(id_);
-  auto self = weak_from_this().lock();
-  if (self) {
+  // Teardown disconnects, on the poller: the only thread that touches the QP
+  // after setup, so a disconnect never races with its destruction.
+  if (auto self = weak_from_this().lock()) {
     endpoint_->RunOnPoller([self] {
       self->Teardown(absl::UnavailableError(absl::StrCat("connection to ", self->peer_,
                                                          " closed locally")));
     });
   }
+}
+
+void RdmaConnection::OnPeerGone(absl::Status why) {
+  if (freed_) return;
+  rdma_disconnect(id_);
+  Teardown(std::move(why));
 }
 
 void RdmaConnection::Fail(absl::Status why) {

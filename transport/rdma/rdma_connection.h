@@ -102,6 +102,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // Ends the connection: observer->OnClosed, then waits for the QP to drain
   // and frees everything. Idempotent.
   void Teardown(absl::Status why);
+  // The peer disconnected (rdma_cm event): answer its DREQ at once, then
+  // tear down. Poller thread.
+  void OnPeerGone(absl::Status why);
   bool torn_down() const { return torn_down_; }
   // Frees the QP and buffers once the QP has drained (or after a bound);
   // true when done. Called by the endpoint's poller.

@@ -421,9 +421,10 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       case RDMA_CM_EVENT_REJECTED:
       case RDMA_CM_EVENT_UNREACHABLE:
       case RDMA_CM_EVENT_CONNECT_ERROR:
-        rdma_disconnect(id);  // answers the peer's DREQ at once
+        // On the poller, which alone destroys the QP: rdma_disconnect here
+        // could race with that.
         conn->endpoint()->RunOnPoller([conn, type] {
-          conn->Teardown(absl::UnavailableError(absl::StrCat(
+          conn->OnPeerGone(absl::UnavailableError(absl::StrCat(
               "connection to ", conn->peer(), " lost (", rdma_event_str(type), ")")));
         });
         break;

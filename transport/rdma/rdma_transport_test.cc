@@ -251,6 +251,13 @@ TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
   EXPECT_NE(r.status().message().find("rdma://"), absl::string_view::npos)
       << "the error names the peer: " << r.status();
   EXPECT_TRUE(bad_waiter.closed.load());
+  // The server's side of it ends too (its observer may hear of it a little
+  // after the client does).
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  for (;;) {
+    std::lock_guard<std::mutex> lock(fx.echo.mu);
+    if (!fx.echo.closed.empty() || absl::Now() > until) break;
+  }
   {
     std::lock_guard<std::mutex> lock(fx.echo.mu);
     ASSERT_FALSE(fx.echo.closed.empty());
