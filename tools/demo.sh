@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RDMARPC_VM_DIR=${RDMARPC_VM_DIR:-$PWD/.cache/vm}
-bazel build //examples:echo_demo
+bazel build -c opt //examples:echo_demo
 tools/vm/run.sh bazel-bin/examples/echo_demo "$@"

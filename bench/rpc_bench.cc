@@ -1,0 +1,113 @@
+// RPC benchmark: small-call round trip and large-request bandwidth, server
+// and client in one process over rdma:// (run it with bench/run_bench.sh,
+// which measures perftest in the same VM boot and prints the ratios).
+//
+// Output lines (machine-readable):
+//   rpc_small_rtt_p50_us <value>
+//   rpc_pull_1mib_mib_per_s <value>
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/time/clock.h"
+#include "bench/bench.rdmarpc.pb.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "transport/rdma/counters.h"
+
+ABSL_FLAG(std::string, address, "", "server address; default rdma://$RDMARPC_TEST_ADDR:0");
+ABSL_FLAG(int, pings, 5000, "small calls");
+ABSL_FLAG(int, pulls, 100, "1 MiB requests");
+ABSL_FLAG(int, in_flight, 4, "1 MiB requests in flight at once");
+
+namespace {
+
+class BenchImpl : public rdmarpc::bench::Bench::Service {
+ public:
+  rdmarpc::Status Ping(rdmarpc::ServerContext*, const rdmarpc::bench::Blob* req,
+                       rdmarpc::bench::Blob* resp) override {
+    resp->set_data(req->data());
+    return rdmarpc::Status();
+  }
+  rdmarpc::Status Pull(rdmarpc::ServerContext*, const rdmarpc::bench::Blob* req,
+                       rdmarpc::bench::Ack* resp) override {
+    resp->set_bytes(req->data().size());
+    return rdmarpc::Status();
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::string address = absl::GetFlag(FLAGS_address);
+  if (address.empty()) {
+    const char* ip = getenv("RDMARPC_TEST_ADDR");
+    if (!ip) {
+      fprintf(stderr, "set --address or RDMARPC_TEST_ADDR (bench/run_bench.sh does)\n");
+      return 2;
+    }
+    address = std::string("rdma://") + ip + ":0";
+  }
+  BenchImpl service;
+  auto server = rdmarpc::ServerBuilder()
+                    .AddListeningPort(address)
+                    .RegisterService(&service)
+                    .SetWorkerThreads(0)
+                    .BuildAndStart();
+  if (!server.ok()) {
+    fprintf(stderr, "%s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  auto channel = rdmarpc::Channel::Create((*server)->addresses()[0]);
+  if (!channel.ok()) return 1;
+  auto stub = rdmarpc::bench::Bench::NewStub(*channel);
+
+  rdmarpc::bench::Blob small;
+  small.set_data(std::string(64, 's'));
+  std::vector<double> rtt;
+  for (int i = 0; i < absl::GetFlag(FLAGS_pings) + 100; ++i) {
+    rdmarpc::ClientContext ctx;
+    rdmarpc::bench::Blob out;
+    const absl::Time t0 = absl::Now();
+    if (!stub->Ping(&ctx, small, &out).ok()) return 1;
+    if (i >= 100) rtt.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));  // after warm-up
+  }
+  std::sort(rtt.begin(), rtt.end());
+  printf("rpc_small_rtt_p50_us %.2f\n", rtt[rtt.size() / 2]);
+  printf("rpc_small_rtt_p99_us %.2f\n", rtt[rtt.size() * 99 / 100]);
+
+  rdmarpc::bench::Blob big;
+  big.set_data(std::string(1 << 20, 'b'));
+  const int pulls = absl::GetFlag(FLAGS_pulls);
+  std::atomic<int> started{0}, done{0}, failed{0};
+  struct Slot {
+    rdmarpc::ClientContext ctx;
+    rdmarpc::bench::Ack ack;
+  };
+  // Each completion issues the next call, keeping in_flight calls going.
+  std::function<void()> issue = [&] {
+    if (started.fetch_add(1) >= pulls) return;
+    auto slot = std::make_shared<Slot>();
+    stub->AsyncPull(&slot->ctx, big, &slot->ack, [&, slot](rdmarpc::Status s) {
+      if (!s.ok()) failed.fetch_add(1);
+      done.fetch_add(1);
+      issue();
+    });
+  };
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < absl::GetFlag(FLAGS_in_flight); ++i) issue();
+  while (done.load() < pulls) absl::SleepFor(absl::Microseconds(200));
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  printf("rpc_pull_1mib_mib_per_s %.2f\n", pulls / secs);
+  printf("rpc_failed %d\n", failed.load());
+  printf("counters %s\n", rdmarpc::transport::rdma::Counters().ToString().c_str());
+  (*server)->Shutdown(absl::Seconds(1));
+  return failed.load() == 0 ? 0 : 1;
+}
