@@ -183,13 +183,13 @@ void Server::Reply(const std::shared_ptr<Connection>& conn, uint64_t call_id,
 
 void Server::CallFinished(const CallKey& key) {
   std::shared_ptr<ServerCallImpl> done;  // destroyed after the lock is released
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = inflight_.find(key);
-    if (it == inflight_.end()) return;
-    done = std::move(it->second);
-    inflight_.erase(it);
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = inflight_.find(key);
+  if (it == inflight_.end()) return;
+  done = std::move(it->second);
+  inflight_.erase(it);
+  // Under the lock: once Shutdown sees no call in flight, the Server may be
+  // destroyed, and with it cv_.
   cv_.notify_all();
 }
 
@@ -229,10 +229,8 @@ void Server::Shutdown(absl::Duration grace) {
   }
   for (auto& [scheme, t] : transports_) t->Shutdown();
   workers_.Stop();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    shut_down_ = true;
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  shut_down_ = true;
   cv_.notify_all();
 }
 
