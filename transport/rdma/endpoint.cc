@@ -56,7 +56,16 @@ absl::Status Endpoint::Init() {
   sa.attr.max_wr = static_cast<uint32_t>(std::min<size_t>(target_, device_attr_.max_srq_wr));
   sa.attr.max_sge = 1;
   if (!(srq_ = ibv_create_srq(pd_, &sa))) return Errno("ibv_create_srq", device_name_);
-  pool_ = std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_);
+  const bool windows = device_attr_.device_cap_flags &
+                       (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B);
+  if (!windows) {
+    fprintf(stderr,
+            "rdmarpc[%s]: %s has no type-2 memory windows: advertised payloads are exposed "
+            "through per-block registrations (whole block, until deregistered)\n",
+            owner_.c_str(), device_name_.c_str());
+  }
+  pool_ = std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_,
+                                           windows);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   while (slot_count_.load() < target_) {
     if (absl::Status s = GrowSlots(); !s.ok()) return s;

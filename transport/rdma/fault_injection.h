@@ -15,8 +15,18 @@ struct FaultInjection {
     static std::atomic<int> n{0};
     return n;
   }
-  static bool TakeCorruptRkey() {
-    auto& n = CorruptRkeys();
+  static bool TakeCorruptRkey() { return Take(CorruptRkeys()); }
+
+  // The next N payload fetches READ the previous advertisement on their
+  // connection instead, as a peer replaying an old (addr, rkey) would.
+  static std::atomic<int>& StaleReads() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static bool TakeStaleRead() { return Take(StaleReads()); }
+
+ private:
+  static bool Take(std::atomic<int>& n) {
     int v = n.load(std::memory_order_relaxed);
     while (v > 0 && !n.compare_exchange_weak(v, v - 1)) {
     }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "transport/rdma/counters.h"
@@ -155,8 +156,22 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
     const uint64_t token = next_token_++;
     h.flags |= kFlagRemotePayload;
     h.remote = RemoteDescriptor{reinterpret_cast<uintptr_t>(payload.data()), b->mr->rkey, token};
-    if (FaultInjection::TakeCorruptRkey()) h.remote.rkey ^= 0x5a5a5a;
-    advertised_.emplace(token, std::move(payload));
+    Advertised adv;
+    adv.block = b;
+    if (pool.memory_windows()) {
+      if (free_mws_.empty()) {
+        ibv_mw* mw = ibv_alloc_mw(endpoint_->pd(), IBV_MW_TYPE_2);
+        if (mw == nullptr) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "ibv_alloc_mw on ", endpoint_->device_name(), ": ", strerror(errno)));
+        }
+        free_mws_.push_back(mw);
+      }
+      adv.mw = free_mws_.back();
+      free_mws_.pop_back();
+    }
+    adv.payload = std::move(payload);
+    advertised_.emplace(token, std::move(adv));
     if (h.kind == MessageKind::kRequest) request_tokens_.emplace(h.call_id, token);
     MutableCounters().payloads_advertised.fetch_add(1);
   } else {
@@ -174,7 +189,9 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
 
 bool RdmaConnection::CanPostLocked(const Header& h) const {
   if (h.kind != MessageKind::kCredit && credits_ == 0) return false;
-  if (sq_used_ + rd_atom_ + 1 > sq_depth_) return false;
+  // A frame that advertises a window needs a second entry for the bind.
+  const uint32_t entries = h.remote_payload() ? 2 : 1;
+  if (sq_used_ + rd_atom_ + entries > sq_depth_) return false;
   const size_t frame = kHeaderSize + h.metadata_len + (h.remote_payload() ? 0 : h.payload_len);
   return frame <= max_inline_ || !free_send_slots_.empty();
 }
@@ -194,6 +211,12 @@ absl::Status RdmaConnection::PostFrameLocked(Pending& p) {
   EncodeHeader(p.header, dst);
   memcpy(dst + kHeaderSize, p.metadata.data(), p.metadata.size());
   if (!p.payload.empty()) memcpy(dst + kHeaderSize + p.metadata.size(), p.payload.data(), p.payload.size());
+  // With a window to bind, the bind takes one sequence number and the SEND
+  // the next, so completions free them in order.
+  const bool binds = p.header.remote_payload() &&
+                     advertised_.count(p.header.remote.token) &&
+                     advertised_[p.header.remote.token].mw != nullptr;
+  const uint32_t bind_seq = binds ? next_seq_++ : 0;
   const uint32_t seq = next_seq_++;
   const bool signaled = ++unsignaled_ >= endpoint_->options().signal_every ||
                         (!inl && free_send_slots_.empty()) ||
@@ -207,12 +230,43 @@ absl::Status RdmaConnection::PostFrameLocked(Pending& p) {
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = (inl ? IBV_SEND_INLINE : 0) | (signaled ? IBV_SEND_SIGNALED : 0);
+  // An advertised payload is exposed only now, through a type-2 window bound
+  // to this QP over exactly its bytes; the bind is posted just before the
+  // SEND, and the SQ runs in order, so the window exists before the peer
+  // can learn of it.
+  ibv_send_wr bind{};
+  ibv_send_wr* first = &wr;
+  Advertised* adv = binds ? &advertised_[p.header.remote.token] : nullptr;
+  if (adv != nullptr) {
+    const uint32_t rkey = ibv_inc_rkey(adv->mw->rkey);
+    bind.wr_id = WrId(kWrBind, serial_, bind_seq, false);
+    bind.opcode = IBV_WR_BIND_MW;
+    bind.bind_mw.mw = adv->mw;
+    bind.bind_mw.rkey = rkey;
+    bind.bind_mw.bind_info.mr = adv->block->mr;
+    bind.bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(adv->payload.data());
+    bind.bind_mw.bind_info.length = adv->payload.size();
+    bind.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+    bind.next = &wr;
+    first = &bind;
+    p.header.remote.rkey = rkey;
+    if (FaultInjection::TakeCorruptRkey()) p.header.remote.rkey ^= 0x5a5a5a;
+    EncodeHeader(p.header, dst);
+  } else if (p.header.remote_payload() && FaultInjection::TakeCorruptRkey()) {
+    p.header.remote.rkey ^= 0x5a5a5a;
+    EncodeHeader(p.header, dst);
+  }
   ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
+  if (ibv_post_send(id_->qp, first, &bad) != 0) {
     if (slot >= 0) free_send_slots_.push_back(slot);
     closed_ = true;
     return absl::UnavailableError(
         absl::StrCat("ibv_post_send to ", peer_, " failed: ", strerror(errno)));
+  }
+  if (adv != nullptr) {
+    adv->mw->rkey = bind.bind_mw.rkey;
+    posted_.push_back(Posted{bind_seq, -1});
+    ++sq_used_;
   }
   posted_.push_back(Posted{seq, slot});
   ++sq_used_;
@@ -230,7 +284,50 @@ void RdmaConnection::FlushBacklogLocked() {
   }
 }
 
-void RdmaConnection::ReleaseAdvertisedLocked(uint64_t token) { advertised_.erase(token); }
+void RdmaConnection::ReleaseAdvertisedLocked(uint64_t token) {
+  auto it = advertised_.find(token);
+  if (it == advertised_.end()) return;
+  if (it->second.mw == nullptr) {
+    advertised_.erase(it);  // the block goes back to the pool
+    return;
+  }
+  // The window still grants the peer access: the block returns to the pool
+  // only once a LOCAL_INV has revoked it.
+  to_invalidate_.push_back(std::move(it->second));
+  advertised_.erase(it);
+  FlushInvalidationsLocked();
+}
+
+void RdmaConnection::FlushInvalidationsLocked() {
+  while (!to_invalidate_.empty() && !closed_ && sq_used_ + rd_atom_ + 1 <= sq_depth_) {
+    Advertised& adv = to_invalidate_.front();
+    const uint32_t index = next_invalidation_++;
+    ibv_send_wr wr{};
+    wr.wr_id = WrId(kWrInvalidate, serial_, index, true);
+    wr.opcode = IBV_WR_LOCAL_INV;
+    wr.invalidate_rkey = adv.mw->rkey;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(id_->qp, &wr, &bad) != 0) return;  // teardown frees it
+    ++sq_used_;
+    ++signaled_outstanding_;
+    invalidating_.emplace(index, std::move(adv));
+    to_invalidate_.pop_front();
+  }
+}
+
+void RdmaConnection::FreeWindowsLocked() {
+  // Only with the QP out of RTS: nothing can READ through the windows then.
+  for (auto& [token, adv] : advertised_)
+    if (adv.mw) ibv_dealloc_mw(adv.mw);
+  for (auto& adv : to_invalidate_) ibv_dealloc_mw(adv.mw);
+  for (auto& [index, adv] : invalidating_) ibv_dealloc_mw(adv.mw);
+  for (ibv_mw* mw : free_mws_) ibv_dealloc_mw(mw);
+  advertised_.clear();
+  to_invalidate_.clear();
+  invalidating_.clear();
+  free_mws_.clear();
+}
 
 void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -296,6 +393,11 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       ReadOp& op = reads_[op_id];
       op.remote_addr = h->remote.addr;
       op.rkey = h->remote.rkey;
+      if (FaultInjection::TakeStaleRead() && last_remote_.second != 0) {
+        op.remote_addr = last_remote_.first;  // test only: replay the previous one
+        op.rkey = last_remote_.second;
+      }
+      last_remote_ = {h->remote.addr, h->remote.rkey};
       if (h->kind == MessageKind::kRequest && h->timeout_us) {
         op.expiry = absl::Now() + absl::Microseconds(h->timeout_us);
       }
@@ -403,7 +505,24 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
       posted_.pop_front();
       --sq_used_;
     }
-    if (wc.status == IBV_WC_SUCCESS) FlushBacklogLocked();
+    if (wc.status == IBV_WC_SUCCESS) {
+      FlushInvalidationsLocked();
+      FlushBacklogLocked();
+    }
+  } else if (kind == kWrInvalidate) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --sq_used_;
+    auto node = invalidating_.extract(index);
+    if (!node.empty() && wc.status == IBV_WC_SUCCESS) {
+      free_mws_.push_back(node.mapped().mw);
+      node.mapped().mw = nullptr;  // its block returns to the pool with the node
+    } else if (!node.empty()) {
+      invalidating_.insert(std::move(node));  // freed with the QP at teardown
+    }
+    if (wc.status == IBV_WC_SUCCESS) {
+      FlushInvalidationsLocked();
+      FlushBacklogLocked();
+    }
   } else if (kind == kWrRead) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -422,7 +541,10 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
   }
   if (wc.status != IBV_WC_SUCCESS && !torn_down_) {
     if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) MutableCounters().rnr_events.fetch_add(1);
-    const char* what = kind == kWrRead ? "RDMA READ from" : "SEND to";
+    const char* what = kind == kWrRead         ? "RDMA READ from"
+                       : kind == kWrBind       ? "memory-window bind for"
+                       : kind == kWrInvalidate ? "memory-window invalidation for"
+                                               : "SEND to";
     std::string hint;
     if (wc.status == IBV_WC_REM_ACCESS_ERR) {
       hint = " (the peer advertised a bad rkey, address or length, or released the buffer)";
@@ -491,27 +613,33 @@ bool RdmaConnection::FinishTeardown() {
   }
   if (!drained && absl::Now() - teardown_started_ < kDrainBound) return false;
   endpoint_->RemoveConnection(this);
+  {
+    // Windows first: rxe holds a QP reference per bound window, so destroying
+    // the QP before them would block. The QP is in the error state already,
+    // so no READ can use them.
+    std::lock_guard<std::mutex> lock(mu_);
+    FreeWindowsLocked();
+    request_tokens_.clear();
+    posted_.clear();
+  }
   if (id_->qp) rdma_destroy_qp(id_);
   for (auto& [op_id, op] : reads_) {
     // A READ that never drained might still write: leak its block, never reuse it.
     if (op.block && (drained || op.in_flight == 0)) endpoint_->pool().Put(op.block);
   }
   reads_.clear();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    advertised_.clear();  // the QP is gone: nothing can be READ any more
-    request_tokens_.clear();
-    posted_.clear();
-  }
   if (send_mr_) ibv_dereg_mr(send_mr_);
   send_mr_ = nullptr;
   free(send_slots_);
   send_slots_ = nullptr;
-  rdma_destroy_id(id_);
-  id_ = nullptr;
+  rdma_cm_id* id = std::exchange(id_, nullptr);
   freed_ = true;
   auto self = std::move(keep_alive_);
-  if (on_freed_) on_freed_(this);
+  if (on_freed_) {
+    on_freed_(this, id);
+  } else {
+    rdma_destroy_id(id);
+  }
   return true;
 }
 

@@ -18,17 +18,25 @@
 // order (counted as credit_stalls). RNR retry (rnr_retry_count 7) is only the
 // safety net when the shared SRQ runs short.
 //
-// Buffer lifetime (the rule that makes remote memory safe). A payload
-// advertised to the peer stays registered, untouched and out of the pool until
+// Buffer lifetime (the rule that makes remote memory safe). A payload is
+// exposed to the peer only through a type-2 memory window, bound to this
+// connection's QP (no other QP can use its rkey) over exactly the payload's
+// bytes, by a bind posted just before the SEND that advertises it. It stays
+// bound, untouched and out of the pool until
 //   - for a request: the response to that call id arrives on this connection
 //     (even when the caller already gave up: cancel and timeout do not free it);
 //   - for a response: the peer's kRelease for its token (sent when its READ
 //     is done or when it decided not to READ);
-//   - or the connection is torn down and its QP has left RTS, so no READ can
-//     be served any more.
-// Only the advertised block is exposed (one registration per block), and
-// each READ targets a local block that is reused only after the READ
-// completed or was flushed.
+//   - or the connection is torn down and its QP has left RTS.
+// Then a LOCAL_INV revokes the window, and only when that has completed does
+// the block return to the pool; a replayed (addr, rkey) is refused by the NIC.
+// Each READ targets a local block that is reused only after the READ
+// completed or was flushed. Caveat seen on Soft-RoCE (Linux 6.1): rxe checks
+// a READ through a window against the underlying block's registration, not
+// the window's range, so there the peer of that one QP could read the rest of
+// the block while the window is bound; hardware NICs enforce the window.
+// Devices without type-2 windows fall back to a REMOTE_READ registration per
+// block, which is neither QP-bound nor revocable (logged at start).
 //
 // Threading: Send/AllocatePayload/Close from any thread (a mutex guards the
 // send side and is held across ibv_post_send so posts keep their order);
@@ -48,6 +56,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -72,7 +81,7 @@ static_assert(sizeof(Handshake) == 16, "handshake fits any rdma_cm private data"
 class RdmaConnection : public Connection, public std::enable_shared_from_this<RdmaConnection> {
  public:
   // wr_id kinds (top 4 bits of a non-RECV wr_id).
-  enum : uint64_t { kWrSend = 1, kWrRead = 2 };
+  enum : uint64_t { kWrSend = 1, kWrRead = 2, kWrBind = 3, kWrInvalidate = 4 };
 
   RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string peer, uint32_t serial,
                  const TransportOptions& options, const Handshake& peer_handshake,
@@ -111,14 +120,22 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   bool FinishTeardown();
   // Client side: the server's handshake, once ESTABLISHED.
   void SetPeer(const Handshake& peer);
-  // Called (poller thread) when the connection is fully gone.
-  void set_on_freed(std::function<void(RdmaConnection*)> f) { on_freed_ = std::move(f); }
+  // Called (poller thread) when the connection is fully gone, with its
+  // rdma_cm id for the owner to destroy; without it the id is destroyed here.
+  void set_on_freed(std::function<void(RdmaConnection*, rdma_cm_id*)> f) {
+    on_freed_ = std::move(f);
+  }
 
  private:
   struct Pending {  // a frame waiting for credit, a send slot or SQ room
     Header header;
     std::string metadata;
     Buffer payload;  // inline payload only
+  };
+  struct Advertised {  // a payload the peer may READ
+    Buffer payload;
+    RegisteredPool::Block* block = nullptr;
+    ibv_mw* mw = nullptr;  // bound when its frame is posted; null without windows
   };
   struct Posted {
     uint32_t seq;
@@ -139,6 +156,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   absl::Status PostFrameLocked(Pending& p);
   void FlushBacklogLocked();
   void ReleaseAdvertisedLocked(uint64_t token);
+  void FlushInvalidationsLocked();
+  void FreeWindowsLocked();
   void SendControl(MessageKind kind, uint64_t token);
   void StartReads();
   void Fail(absl::Status why);
@@ -172,7 +191,11 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t signaled_outstanding_ = 0;   // guarded by mu_
   uint32_t sq_depth_ = 0;
   uint64_t next_token_ = 1;             // guarded by mu_
-  std::unordered_map<uint64_t, Buffer> advertised_;          // token -> payload, mu_
+  std::unordered_map<uint64_t, Advertised> advertised_;      // token -> payload, mu_
+  std::vector<ibv_mw*> free_mws_;                             // mu_
+  std::deque<Advertised> to_invalidate_;                      // released, window still bound; mu_
+  std::unordered_map<uint32_t, Advertised> invalidating_;     // LOCAL_INV posted; mu_
+  uint32_t next_invalidation_ = 1;                            // mu_
   std::unordered_multimap<uint64_t, uint64_t> request_tokens_;  // call id -> token, mu_
   std::atomic<uint32_t> owed_{0};       // credits owed to the peer
 
@@ -180,11 +203,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::map<uint32_t, ReadOp> reads_;    // op id -> op
   std::deque<uint32_t> read_queue_;     // ops waiting for a READ slot
   uint32_t next_read_op_ = 1;
+  std::pair<uint64_t, uint32_t> last_remote_{0, 0};  // for FaultInjection::StaleReads
   int reads_in_flight_ = 0;
   bool torn_down_ = false;
   absl::Time teardown_started_;
   std::shared_ptr<RdmaConnection> keep_alive_;  // held from Teardown until freed
-  std::function<void(RdmaConnection*)> on_freed_;
+  std::function<void(RdmaConnection*, rdma_cm_id*)> on_freed_;
   bool freed_ = false;
 };
 

@@ -272,14 +272,12 @@ absl::StatusOr<Endpoint*> RdmaTransport::EndpointFor(rdma_cm_id* id) {
 
 void RdmaTransport::Track(const std::shared_ptr<RdmaConnection>& conn) {
   MutableCounters().connections_opened.fetch_add(1);
-  rdma_cm_id* id = conn->id();
-  conn->set_on_freed([this, id](RdmaConnection* c) {
+  conn->set_on_freed([this](RdmaConnection* c, rdma_cm_id* id) {
+    // The CM thread owns the ids: a poller that destroyed one would wait for
+    // the CM thread's acks while the CM thread may wait for the poller.
     RunOnCm([this, id] {
-      auto it = cm_targets_.find(id);
-      if (it != cm_targets_.end() && !it->second.attempt && !it->second.listener &&
-          it->second.conn.expired()) {
-        cm_targets_.erase(it);
-      }
+      cm_targets_.erase(id);
+      rdma_destroy_id(id);
     });
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -468,6 +466,7 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         break;
       }
       conn->set_observer(at->observer);
+      Track(conn);
       (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });
       const Handshake hs = LocalHandshake();
       rdma_conn_param param{};
@@ -494,7 +493,6 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       }
       auto conn = at->conn;
       conn->SetPeer(hs);
-      Track(conn);
       cm_targets_[id] = CmTarget{nullptr, nullptr, conn};
       at->Finish(absl::OkStatus());
       break;

@@ -270,6 +270,29 @@ TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
   (*good)->Close();
 }
 
+// An advertisement is revoked once its call is answered: a peer that READs
+// an old (addr, rkey) again is refused by the NIC, even though the block is
+// still registered (the memory window was invalidated).
+TEST(RdmaTransport, ReplayedOldAdvertisementIsRefused) {
+  Waiter waiter, good_waiter;
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  auto conn = fx.client->Connect(fx.addr, &waiter, absl::Now() + absl::Seconds(30));
+  auto good = fx.client->Connect(fx.addr, &good_waiter, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(conn.ok() && good.ok());
+  auto first = Call(**conn, waiter, 1, Filled(**conn, 20000, 3));
+  ASSERT_TRUE(first.ok()) << first.status();
+  FaultInjection::StaleReads().store(1);
+  auto replayed = Call(**conn, waiter, 2, Filled(**conn, 20000, 4));
+  FaultInjection::StaleReads().store(0);
+  ASSERT_FALSE(replayed.ok()) << "a released advertisement must not be readable";
+  EXPECT_EQ(replayed.status().code(), absl::StatusCode::kUnavailable) << replayed.status();
+  auto ok = Call(**good, good_waiter, 1, Filled(**good, 20000, 5));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(Matches(ok->payload, 20000, 5));
+  (*good)->Close();
+}
+
 int OpenFds() {
   int n = 0;
   DIR* d = opendir("/proc/self/fd");

@@ -9,8 +9,9 @@
 
 namespace rdmarpc::transport::rdma {
 
-RegisteredPool::RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device)
-    : pd_(pd), max_bytes_(max_bytes), device_(std::move(device)) {}
+RegisteredPool::RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device,
+                               bool memory_windows)
+    : pd_(pd), max_bytes_(max_bytes), device_(std::move(device)), memory_windows_(memory_windows) {}
 
 RegisteredPool::~RegisteredPool() {
   for (Block* b : all_) {
@@ -51,7 +52,8 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
     registered_ -= capacity;
     return absl::ResourceExhaustedError(absl::StrCat("out of memory for ", capacity, " bytes"));
   }
-  const int access = IBV_ACCESS_LOCAL_WRITE | (remote_read ? IBV_ACCESS_REMOTE_READ : 0);
+  const int remote = memory_windows_ ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ;
+  const int access = IBV_ACCESS_LOCAL_WRITE | (remote_read ? remote : 0);
   ibv_mr* mr = ibv_reg_mr(pd_, mem, capacity, access);
   if (mr == nullptr) {
     const int err = errno;

@@ -6,13 +6,16 @@
 // bounded by max_bytes: past it Get() fails with RESOURCE_EXHAUSTED naming
 // the bound, instead of the allocator deciding for us.
 //
-// Each block has a registration of its own, so an rkey handed to a peer for
-// one block never covers a neighbouring block. Remote-readable blocks
-// (IBV_ACCESS_REMOTE_READ) and local-only ones are kept apart.
+// Each block has a registration of its own. Blocks meant for advertising are
+// registered for memory-window binding (IBV_ACCESS_MW_BIND) and carry no
+// remote access themselves: a peer only ever gets the rkey of a type-2
+// memory window bound to its own QP over exactly the advertised bytes, which
+// is invalidated before the block is reused (rdma_connection.h). On a device
+// without type-2 windows they fall back to IBV_ACCESS_REMOTE_READ on the
+// block, which exposes the whole block for as long as it is registered.
 //
-// What not to rely on: a block keeps its rkey for its whole life; once put
-// back it may carry someone else's bytes. Callers must not Put() a block a
-// peer may still READ (see the buffer-lifetime rule in rdma_connection.h).
+// What not to rely on: once put back a block may carry someone else's bytes;
+// callers must not Put() a block a peer may still READ.
 // Memory is never returned to the system before the pool is destroyed.
 #ifndef RDMARPC_TRANSPORT_RDMA_REGISTERED_POOL_H_
 #define RDMARPC_TRANSPORT_RDMA_REGISTERED_POOL_H_
@@ -43,7 +46,7 @@ class RegisteredPool {
   static constexpr int kClasses = 17;  // 16 KiB .. 1 GiB
   static_assert((kMinBlock << (kClasses - 1)) == (size_t{1} << 30), "classes reach 1 GiB");
 
-  RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device);
+  RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device, bool memory_windows);
   ~RegisteredPool();
   RegisteredPool(const RegisteredPool&) = delete;
   RegisteredPool& operator=(const RegisteredPool&) = delete;
@@ -54,11 +57,13 @@ class RegisteredPool {
   Block* Find(const char* data) const;
 
   size_t registered_bytes() const;
+  bool memory_windows() const { return memory_windows_; }
 
  private:
   ibv_pd* const pd_;
   const size_t max_bytes_;
   const std::string device_;
+  const bool memory_windows_;
   mutable std::mutex mu_;
   size_t registered_ = 0;                        // guarded by mu_
   std::vector<Block*> free_[2][kClasses];        // [remote_read][class], guarded by mu_
