@@ -3,10 +3,12 @@
 // which measures perftest in the same VM boot and prints the ratios).
 //
 // Output lines (machine-readable):
+//   transport_rtt_p50_us <value>   (raw frames, no runtime: the transport's share)
 //   rpc_small_rtt_p50_us <value>
 //   rpc_pull_1mib_mib_per_s <value>
 #include <algorithm>
 #include <functional>
+#include <thread>
 #include <memory>
 #include <atomic>
 #include <cstdio>
@@ -20,11 +22,13 @@
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/rdma_transport.h"
 
 ABSL_FLAG(std::string, address, "", "server address; default rdma://$RDMARPC_TEST_ADDR:0");
 ABSL_FLAG(int, pings, 5000, "small calls");
 ABSL_FLAG(int, pulls, 100, "1 MiB requests");
-ABSL_FLAG(int, in_flight, 4, "1 MiB requests in flight at once");
+ABSL_FLAG(int, in_flight, 8, "1 MiB requests in flight at once");
+ABSL_FLAG(int, workers, 0, "server worker threads (0: handlers inline on the poller)");
 
 namespace {
 
@@ -42,6 +46,57 @@ class BenchImpl : public rdmarpc::bench::Bench::Service {
   }
 };
 
+// Frame ping-pong straight on the transport: what the runtime adds is the
+// difference to the RPC figure.
+class Bouncer : public rdmarpc::transport::ConnectionObserver {
+ public:
+  void OnMessage(rdmarpc::transport::Connection& conn,
+                 rdmarpc::transport::InboundMessage msg) override {
+    if (msg.header.kind == rdmarpc::transport::MessageKind::kRequest) {
+      rdmarpc::transport::OutboundMessage r;
+      r.header.kind = rdmarpc::transport::MessageKind::kResponse;
+      r.header.call_id = msg.header.call_id;
+      r.payload = std::move(msg.payload);
+      conn.Send(std::move(r)).IgnoreError();
+    } else {
+      got.store(msg.header.call_id, std::memory_order_release);
+    }
+  }
+  void OnClosed(rdmarpc::transport::Connection&, const absl::Status&) override {}
+  std::atomic<uint64_t> got{0};
+};
+
+double TransportRttP50(const std::string& address, int n) {
+  using namespace rdmarpc::transport;
+  Bouncer server_side, client_side;
+  TransportOptions so;
+  so.listening = true;
+  rdma::RdmaTransport server(so, rdma::RdmaOptionsFromEnv(), true);
+  auto listener = server.Listen(*ParseAddress(address),
+                                [&](std::shared_ptr<Connection>) { return &server_side; });
+  if (!listener.ok()) return -1;
+  rdma::RdmaTransport client(TransportOptions{}, rdma::RdmaOptionsFromEnv(), false);
+  auto conn = client.Connect((*listener)->address(), &client_side,
+                             absl::Now() + absl::Seconds(10));
+  if (!conn.ok()) return -1;
+  std::vector<double> us;
+  for (int i = 1; i <= n + 100; ++i) {
+    OutboundMessage m;
+    m.header.kind = MessageKind::kRequest;
+    m.header.call_id = i;
+    m.payload = Buffer::Allocate(64);
+    const absl::Time t0 = absl::Now();
+    if (!(*conn)->Send(std::move(m)).ok()) return -1;
+    while (client_side.got.load(std::memory_order_acquire) != static_cast<uint64_t>(i)) {
+      std::this_thread::yield();
+    }
+    if (i > 100) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  (*conn)->Close();
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,11 +110,12 @@ int main(int argc, char** argv) {
     }
     address = std::string("rdma://") + ip + ":0";
   }
+  printf("transport_rtt_p50_us %.2f\n", TransportRttP50(address, absl::GetFlag(FLAGS_pings)));
   BenchImpl service;
   auto server = rdmarpc::ServerBuilder()
                     .AddListeningPort(address)
                     .RegisterService(&service)
-                    .SetWorkerThreads(0)
+                    .SetWorkerThreads(absl::GetFlag(FLAGS_workers))
                     .BuildAndStart();
   if (!server.ok()) {
     fprintf(stderr, "%s\n", server.status().ToString().c_str());
