@@ -1,5 +1,8 @@
 #include "transport/address.h"
 
+#include <netdb.h>
+#include <string.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -40,6 +43,24 @@ absl::StatusOr<Address> ParseAddress(absl::string_view text) {
   if (!absl::SimpleAtoi(port, &p) || p > 65535) return fail("bad port");
   a.port = static_cast<uint16_t>(p);
   return a;
+}
+
+absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string port = std::to_string(addr.port);
+  const int rc = getaddrinfo(addr.host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", addr.ToString(), ": ", gai_strerror(rc)));
+  }
+  sockaddr_storage ss{};
+  memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  if (len) *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return ss;
 }
 
 }  // namespace rdmarpc::transport

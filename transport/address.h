@@ -5,6 +5,8 @@
 #ifndef RDMARPC_TRANSPORT_ADDRESS_H_
 #define RDMARPC_TRANSPORT_ADDRESS_H_
 
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <string>
 
@@ -22,6 +24,11 @@ struct Address {
 };
 
 absl::StatusOr<Address> ParseAddress(absl::string_view text);
+
+// The socket address of host:port (first result of getaddrinfo), with its
+// length in *len when len is not null. UNAVAILABLE naming the address if it
+// does not resolve.
+absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* len = nullptr);
 
 }  // namespace rdmarpc::transport
 

@@ -38,22 +38,6 @@ std::string SockaddrString(const sockaddr* sa) {
   return absl::StrCat("[", host, "]:", ntohs(in6->sin6_port));
 }
 
-absl::StatusOr<sockaddr_storage> Resolve(const Address& addr) {
-  addrinfo hints{};
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(addr.port);
-  const int rc = getaddrinfo(addr.host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve ", addr.ToString(), ": ", gai_strerror(rc)));
-  }
-  sockaddr_storage ss{};
-  memcpy(&ss, res->ai_addr, res->ai_addrlen);
-  freeaddrinfo(res);
-  return ss;
-}
-
 const char* kTry =
     "Try: `rdma link` and `ibv_devinfo` to see devices and ports; make sure the address "
     "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
@@ -313,7 +297,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return absl::FailedPreconditionError("transport is shut down");
   }
-  auto dst = Resolve(addr);
+  auto dst = ResolveAddress(addr);
   if (!dst.ok()) return dst.status();
   auto at = std::make_shared<Attempt>();
   at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&*dst)));
@@ -367,7 +351,7 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
                                                strerror(errno), ". Devices: ", DescribeDevices(),
                                                ". ", kTry));
   }
-  auto local = Resolve(addr);
+  auto local = ResolveAddress(addr);
   if (!local.ok()) return local.status();
   absl::Status status;
   std::unique_ptr<RdmaListener> listener;

@@ -44,24 +44,6 @@ std::string SockaddrToString(const sockaddr_storage& ss) {
   return absl::StrCat("tcp://[", host, "]:", port);
 }
 
-absl::StatusOr<sockaddr_storage> Resolve(const Address& addr, socklen_t* len) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(addr.port);
-  const int rc = getaddrinfo(addr.host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve ", addr.ToString(), ": ", gai_strerror(rc)));
-  }
-  sockaddr_storage ss{};
-  memcpy(&ss, res->ai_addr, res->ai_addrlen);
-  *len = res->ai_addrlen;
-  freeaddrinfo(res);
-  return ss;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- connection
@@ -174,7 +156,12 @@ absl::Status TcpConnection::FlushLocked() {
         iov[n++] = {it->payload.data() + off, it->payload.size() - off};
       }
     }
-    const ssize_t w = writev(fd_, iov, n);
+    msghdr mh{};
+    mh.msg_iov = iov;
+    mh.msg_iovlen = n;
+    // MSG_NOSIGNAL: a peer that vanished must cost this connection, not the
+    // process (SIGPIPE).
+    const ssize_t w = sendmsg(fd_, &mh, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -469,7 +456,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
                                                                   absl::Time deadline) {
   if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
   socklen_t len = 0;
-  auto ss = Resolve(addr, &len);
+  auto ss = ResolveAddress(addr, &len);
   if (!ss.ok()) return ss.status();
   const int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
@@ -512,7 +499,7 @@ absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::Listen(const Address& ad
                                                                AcceptCallback on_accept) {
   if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
   socklen_t len = 0;
-  auto ss = Resolve(addr, &len);
+  auto ss = ResolveAddress(addr, &len);
   if (!ss.ok()) return ss.status();
   const int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));

@@ -3,7 +3,7 @@
 // The fallback for peers without RDMA, and the transport the runtime's tests
 // run on first. One I/O thread per TcpTransport runs epoll over all its
 // connections and listeners; observer callbacks run on that thread. Frames are
-// the wire format's (transport/wire_format.h), written with writev straight
+// the wire format's (transport/wire_format.h), written with sendmsg straight
 // from the caller's buffers.
 //
 //   TcpTransport t(TransportOptions{});
