@@ -27,11 +27,11 @@ absl::Status Errno(const std::string& what, const std::string& device) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
+absl::StatusOr<std::shared_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
                                                            const RdmaOptions& options,
                                                            size_t receive_slots,
                                                            const std::string& owner) {
-  std::unique_ptr<Endpoint> ep(new Endpoint(verbs, options, receive_slots, owner));
+  std::shared_ptr<Endpoint> ep(new Endpoint(verbs, options, receive_slots, owner));
   if (absl::Status s = ep->Init(); !s.ok()) return s;
   return ep;
 }
@@ -75,12 +75,16 @@ absl::Status Endpoint::Init() {
   return absl::OkStatus();
 }
 
-Endpoint::~Endpoint() {
+void Endpoint::Stop() {
   if (poller_.joinable()) {
     stop_.store(true);
     Wake();
     poller_.join();
   }
+}
+
+Endpoint::~Endpoint() {
+  Stop();
   if (srq_) ibv_destroy_srq(srq_);
   for (const Region& r : regions_) {
     MutableCounters().registered_bytes.fetch_sub(r.mr->length);
@@ -165,7 +169,13 @@ void Endpoint::ReleaseSlot(uint32_t slot) {
 Buffer Endpoint::SlotBuffer(uint32_t slot, size_t offset, size_t length) {
   const Region& r = regions_[slot / kSlotsPerRegion];
   char* data = r.base + (slot % kSlotsPerRegion) * options_.slot_size + offset;
-  return Buffer(data, length, [this, slot](char*, size_t) { ReleaseSlot(slot); });
+  return Buffer(data, length,
+                [self = shared_from_this(), slot](char*, size_t) { self->ReleaseSlot(slot); });
+}
+
+Buffer Endpoint::BlockBuffer(RegisteredPool::Block* block, size_t size) {
+  return Buffer(block->data, size,
+                [self = shared_from_this(), block](char*, size_t) { self->pool_->Put(block); });
 }
 
 void Endpoint::Wake() {

@@ -14,6 +14,11 @@
 // runs posted tasks, refills the SRQ, and calls connections (and through them
 // the runtime's observers). Its sleep policy is RdmaOptions::poll_mode.
 //
+// Lifetime: buffers handed to the runtime (receive slots, payload blocks)
+// hold a reference to their Endpoint, so its registered memory outlives every
+// message the runtime still holds. Stop() ends the poller; the last reference
+// frees the verbs resources.
+//
 // Work-request ids: RECV wr_id is the slot index; every other wr_id is
 // (connection serial << 32 | per-connection index), looked up in a map, so a
 // completion that arrives for a connection already gone is simply dropped.
@@ -40,13 +45,16 @@ namespace rdmarpc::transport::rdma {
 
 class RdmaConnection;
 
-class Endpoint {
+class Endpoint : public std::enable_shared_from_this<Endpoint> {
  public:
-  static absl::StatusOr<std::unique_ptr<Endpoint>> Create(ibv_context* verbs,
+  static absl::StatusOr<std::shared_ptr<Endpoint>> Create(ibv_context* verbs,
                                                           const RdmaOptions& options,
                                                           size_t receive_slots,
                                                           const std::string& owner);
-  ~Endpoint();  // stops the poller; connections must be gone
+  ~Endpoint();
+  // Stops the poller thread (joins it); connections must be gone. Idempotent;
+  // never from the poller thread itself.
+  void Stop();
 
   ibv_context* verbs() const { return verbs_; }
   ibv_pd* pd() const { return pd_; }
@@ -74,6 +82,8 @@ class Endpoint {
 
   // A receive slot's bytes as a Buffer: releasing it makes the slot a spare.
   Buffer SlotBuffer(uint32_t slot, size_t offset, size_t length);
+  // `size` bytes of a pool block as a Buffer: releasing it returns the block.
+  Buffer BlockBuffer(RegisteredPool::Block* block, size_t size);
 
  private:
   Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target, std::string owner);

@@ -111,11 +111,9 @@ absl::Status RdmaConnection::CreateQp() {
 
 absl::StatusOr<Buffer> RdmaConnection::AllocatePayload(size_t size) {
   if (size <= read_threshold_) return Buffer::Allocate(size);  // copied into the SEND anyway
-  RegisteredPool& pool = endpoint_->pool();
-  auto block = pool.Get(size, /*remote_read=*/true);
+  auto block = endpoint_->pool().Get(size, /*remote_read=*/true);
   if (!block.ok()) return block.status();
-  RegisteredPool::Block* b = *block;
-  return Buffer(b->data, size, [&pool, b](char*, size_t) { pool.Put(b); });
+  return endpoint_->BlockBuffer(*block, size);
 }
 
 absl::Status RdmaConnection::Send(OutboundMessage msg) {
@@ -151,7 +149,7 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
       b = *got;
       memcpy(b->data, payload.data(), payload.size());
       const size_t size = payload.size();
-      payload = Buffer(b->data, size, [&pool, b](char*, size_t) { pool.Put(b); });
+      payload = endpoint_->BlockBuffer(b, size);
     }
     const uint64_t token = next_token_++;
     h.flags |= kFlagRemotePayload;
@@ -478,10 +476,7 @@ void RdmaConnection::DeliverRead(uint32_t op_id) {
   const bool is_response = op.msg.header.kind == MessageKind::kResponse;
   const uint64_t token = op.msg.header.remote.token;
   if (op.block != nullptr && op.msg.payload_status.ok()) {
-    RegisteredPool& pool = endpoint_->pool();
-    RegisteredPool::Block* b = op.block;
-    op.msg.payload = Buffer(b->data, op.msg.header.payload_len,
-                            [&pool, b](char*, size_t) { pool.Put(b); });
+    op.msg.payload = endpoint_->BlockBuffer(op.block, op.msg.header.payload_len);
     MutableCounters().bytes_read.fetch_add(op.msg.header.payload_len);
   } else if (op.block != nullptr) {
     endpoint_->pool().Put(op.block);

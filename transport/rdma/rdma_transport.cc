@@ -584,7 +584,8 @@ void RdmaTransport::Shutdown() {
   (void)!write(wake_fd_, &one, sizeof one);
   cm_thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
-  endpoints_.clear();
+  for (auto& [ctx, ep] : endpoints_) ep->Stop();
+  endpoints_.clear();  // each goes once the runtime has released its buffers
 }
 
 }  // namespace rdmarpc::transport::rdma

@@ -97,7 +97,7 @@ class RdmaTransport : public Transport {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool shut_down_ = false;                                                  // mu_
-  std::map<ibv_context*, std::unique_ptr<Endpoint>> endpoints_;             // mu_
+  std::map<ibv_context*, std::shared_ptr<Endpoint>> endpoints_;             // mu_
   std::unordered_map<RdmaConnection*, std::shared_ptr<RdmaConnection>> conns_;  // mu_
 };
 

@@ -353,6 +353,7 @@ TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
   char* argv[] = {self, nullptr};
   pid_t pid;
   ASSERT_EQ(posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, envp.data()), 0);
+  posix_spawn_file_actions_destroy(&fa);
   close(out[1]);
   char buf[16] = {};
   ASSERT_GT(read(out[0], buf, sizeof buf - 1), 0) << "the doomed client never sent";
