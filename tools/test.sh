@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test: the host tests with Bazel, then the RDMA tests under
-# tools/vm/run.sh (this machine's RDMA device, or Soft-RoCE VMs). Extra
-# arguments go to every `bazel test` (e.g. --config=asan).
-# Ends with one line: "N passed, N failed" (counting Bazel test targets).
+# tools/vm/run.sh (this machine's RDMA device, or Soft-RoCE VMs), then again
+# under the sanitizers: host tests with ASan and TSan, RDMA tests with ASan
+# (TSan cannot see the NIC's writes as synchronization). Extra arguments go to
+# every `bazel test`. RDMARPC_TEST_SANITIZERS=0 skips the sanitizer rounds.
+# Ends with one line: "N passed, N failed" (counting Bazel test runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +26,11 @@ run() {
 run //... --test_tag_filters=-rdma,-rdma_two_vms
 run //... --test_tag_filters=rdma --test_output=all --run_under=//tools/vm:run
 run //... --test_tag_filters=rdma_two_vms --test_output=all "--run_under=//tools/vm:run --vms 2"
+if [ "${RDMARPC_TEST_SANITIZERS:-1}" != 0 ]; then
+  run --config=asan //... --test_tag_filters=-rdma,-rdma_two_vms
+  run --config=tsan //... --test_tag_filters=-rdma,-rdma_two_vms
+  run --config=asan //... --test_tag_filters=rdma --run_under=//tools/vm:run
+fi
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)' "$log")
