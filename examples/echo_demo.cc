@@ -97,6 +97,9 @@ int main(int argc, char** argv) {
   const bool ok = run(absl::GetFlag(FLAGS_small_calls), 64, "small") &&
                   run(absl::GetFlag(FLAGS_large_calls), 1 << 20, "large");
   printf("rdma counters: %s\n", rdmarpc::transport::rdma::Counters().ToString().c_str());
+  for (const auto& [method, calls] : (*server)->MethodCallCounts()) {
+    printf("server calls: %s %llu\n", method.c_str(), static_cast<unsigned long long>(calls));
+  }
   (*server)->Shutdown(absl::Seconds(1));
   return ok ? 0 : 1;
 }

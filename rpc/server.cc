@@ -126,16 +126,18 @@ void Server::HandleRequest(Connection& conn, InboundMessage msg) {
   const auto reply_error = [&](StatusCode code, const std::string& text) {
     Reply(shared, call_id, Status(code, text), Buffer(), {});
   };
-  if (!msg.payload_status.ok()) {
-    return reply_error(msg.payload_status.code(), std::string(msg.payload_status.message()));
-  }
   auto m = methods_.find(msg.header.method_id);
   if (m == methods_.end()) {
     return reply_error(StatusCode::kUnimplemented,
                        absl::StrCat("unknown method id 0x", absl::Hex(msg.header.method_id),
                                     ": no registered service has it"));
   }
-  const Service::Method* method = m->second;
+  const Service::Method* method = m->second.method;
+  m->second.calls->fetch_add(1, std::memory_order_relaxed);
+  if (!msg.payload_status.ok()) {
+    return reply_error(msg.payload_status.code(),
+                       absl::StrCat(method->full_name, ": ", msg.payload_status.message()));
+  }
   auto md = transport::DecodeMetadata(msg.metadata);
   if (!md.ok()) {
     return reply_error(StatusCode::kInvalidArgument,
@@ -234,6 +236,12 @@ void Server::Shutdown(absl::Duration grace) {
   cv_.notify_all();
 }
 
+std::map<std::string, uint64_t> Server::MethodCallCounts() const {
+  std::map<std::string, uint64_t> counts;
+  for (const auto& [id, entry] : methods_) counts[entry.method->full_name] = entry.calls->load();
+  return counts;
+}
+
 void Server::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return shut_down_; });
@@ -266,12 +274,14 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   std::unique_ptr<Server> server(new Server(workers, max_message_size_));
   for (const Service* service : services_) {
     for (const Service::Method& m : service->methods()) {
-      auto [it, added] = server->methods_.emplace(m.id, &m);
+      auto [it, added] = server->methods_.emplace(
+          m.id, Server::MethodEntry{&m, std::make_unique<std::atomic<uint64_t>>(0)});
       if (added) continue;
+      const std::string& other = it->second.method->full_name;
       return Status(StatusCode::kAlreadyExists,
-                    it->second->full_name == m.full_name
+                    other == m.full_name
                         ? absl::StrCat("method ", m.full_name, " registered twice")
-                        : absl::StrCat("methods ", it->second->full_name, " and ", m.full_name,
+                        : absl::StrCat("methods ", other, " and ", m.full_name,
                                        " have the same id 0x", absl::Hex(m.id),
                                        " (rename one; see rpc/method_id.h)"));
     }

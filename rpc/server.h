@@ -63,6 +63,10 @@ class Server : private transport::ConnectionObserver {
   // Bound addresses, in the order added (ports resolved).
   const std::vector<std::string>& addresses() const { return addresses_; }
 
+  // Requests received per method ("/pkg.Service/Method" -> count), including
+  // those answered with an error.
+  std::map<std::string, uint64_t> MethodCallCounts() const;
+
  private:
   friend class ServerBuilder;
   friend class ServerCallImpl;
@@ -78,7 +82,11 @@ class Server : private transport::ConnectionObserver {
 
   const size_t max_message_size_;
   const bool inline_handlers_;
-  std::unordered_map<uint32_t, const Service::Method*> methods_;
+  struct MethodEntry {
+    const Service::Method* method;
+    std::unique_ptr<std::atomic<uint64_t>> calls;
+  };
+  std::unordered_map<uint32_t, MethodEntry> methods_;
   std::map<std::string, std::unique_ptr<transport::Transport>> transports_;  // by scheme
   std::vector<std::unique_ptr<transport::Listener>> listeners_;
   std::vector<std::string> addresses_;

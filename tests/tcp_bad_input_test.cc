@@ -40,7 +40,9 @@ class RawClient {
   void SendBytes(const std::string& bytes) {
     // The server may already have hung up on us: no SIGPIPE for the test.
     const ssize_t n = send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    if (n >= 0) ASSERT_EQ(n, static_cast<ssize_t>(bytes.size()));
+    if (n >= 0) {
+      ASSERT_EQ(n, static_cast<ssize_t>(bytes.size()));
+    }
   }
   void SendFrame(Header h, const std::string& metadata, const std::string& payload,
                  std::optional<uint32_t> claimed_payload_len = std::nullopt) {
