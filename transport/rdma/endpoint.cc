@@ -213,7 +213,10 @@ void Endpoint::RemoveConnection(RdmaConnection* conn) {
 }
 
 void Endpoint::HandleCompletion(const ibv_wc& wc) {
-  if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS) {
+  // wc.opcode is undefined for a failed completion; the wr_id tells: only
+  // RECVs have no kind in the top bits.
+  const bool recv = (wc.wr_id >> 60) == 0;
+  if (recv && wc.status == IBV_WC_SUCCESS) {
     const uint32_t slot = static_cast<uint32_t>(wc.wr_id);
     --posted_;
     MutableCounters().srq_slots_consumed.fetch_add(1);
@@ -226,7 +229,7 @@ void Endpoint::HandleCompletion(const ibv_wc& wc) {
     it->second->OnRecv(slot, r.base + (slot % kSlotsPerRegion) * options_.slot_size, wc.byte_len);
     return;
   }
-  if ((wc.opcode & IBV_WC_RECV) && wc.status != IBV_WC_SUCCESS) {
+  if (recv) {
     // An SRQ receive flushed (the SRQ is being destroyed): the slot is gone.
     --posted_;
     return;
