@@ -515,6 +515,7 @@ absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::Listen(const Address& ad
   socklen_t blen = sizeof bound;
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &blen);
   Address bound_addr = addr;
+  bound_addr.scheme = "tcp";  // also when asked for auto://
   bound_addr.port = ntohs(bound.ss_family == AF_INET
                               ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
                               : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);

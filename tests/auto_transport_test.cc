@@ -1,0 +1,53 @@
+// auto:// picks RDMA where a usable device exists and falls back to TCP
+// otherwise; RDMARPC_NO_TCP_FALLBACK=1 turns the fallback into an error.
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+#include "tests/echo_service.h"
+#include "transport/rdma/rdma_transport.h"
+
+namespace rdmarpc::testing {
+namespace {
+
+TEST(AutoTransport, FallsBackToTcpOnlyWithoutRdma) {
+  unsetenv("RDMARPC_NO_TCP_FALLBACK");
+  if (transport::rdma::RdmaUsable()) {
+    // With a device, auto means RDMA: whatever happens, no silent TCP.
+    EchoService service;
+    auto server = ServerBuilder()
+                      .AddListeningPort("auto://127.0.0.1:0")
+                      .RegisterService(&service)
+                      .BuildAndStart();
+    if (server.ok()) EXPECT_EQ((*server)->addresses()[0].rfind("rdma://", 0), 0u);
+    return;
+  }
+  TestServer ts("auto://127.0.0.1:0");
+  ASSERT_TRUE(ts.server);
+  EXPECT_EQ(ts.address.rfind("tcp://", 0), 0u) << ts.address;
+  auto ch = Channel::Create("auto://" + ts.address.substr(6));
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  ClientContext ctx;
+  EchoRequest req;
+  req.set_data("over the fallback");
+  EchoResponse resp;
+  Status s = (*ch)->Call(kEcho, &ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(resp.data(), "over the fallback");
+}
+
+TEST(AutoTransport, FallbackCanBeForbidden) {
+  setenv("RDMARPC_NO_TCP_FALLBACK", "1", 1);
+  auto ch = Channel::Create("auto://127.0.0.1:1");
+  unsetenv("RDMARPC_NO_TCP_FALLBACK");
+  if (transport::rdma::RdmaUsable()) {
+    EXPECT_TRUE(ch.ok()) << ch.status();
+  } else {
+    ASSERT_FALSE(ch.ok());
+    EXPECT_EQ(ch.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(ch.status().message().find("RDMARPC_NO_TCP_FALLBACK"), absl::string_view::npos)
+        << ch.status();
+  }
+}
+
+}  // namespace
+}  // namespace rdmarpc::testing
