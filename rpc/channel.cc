@@ -225,11 +225,11 @@ void Channel::OnMessage(transport::Connection& conn, InboundMessage msg) {
   }
   const auto code = static_cast<StatusCode>(msg.header.status);
   if (!msg.payload_status.ok()) {
-    Complete(msg.header.call_id, msg.payload_status, nullptr, false);
+    Complete(msg.header.call_id, std::move(msg.payload_status), nullptr, false);
   } else if (code != StatusCode::kOk) {
-    const Status s(code, absl::string_view(msg.payload.data(), msg.payload.size()));
+    Status s(code, absl::string_view(msg.payload.data(), msg.payload.size()));
     msg.payload.Reset();
-    Complete(msg.header.call_id, s, &msg, false);
+    Complete(msg.header.call_id, std::move(s), &msg, false);
   } else {
     Complete(msg.header.call_id, Status(), &msg, false);
   }

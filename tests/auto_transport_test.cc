@@ -18,7 +18,9 @@ TEST(AutoTransport, FallsBackToTcpOnlyWithoutRdma) {
                       .AddListeningPort("auto://127.0.0.1:0")
                       .RegisterService(&service)
                       .BuildAndStart();
-    if (server.ok()) EXPECT_EQ((*server)->addresses()[0].rfind("rdma://", 0), 0u);
+    if (server.ok()) {
+      EXPECT_EQ((*server)->addresses()[0].rfind("rdma://", 0), 0u);
+    }
     return;
   }
   TestServer ts("auto://127.0.0.1:0");
