@@ -1,6 +1,7 @@
 #include "rpc/channel.h"
 
-#include <future>
+#include <atomic>
+#include <condition_variable>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -61,11 +62,30 @@ Channel::~Channel() {
 Status Channel::Call(const MethodInfo& method, ClientContext* ctx,
                      const google::protobuf::MessageLite& request,
                      google::protobuf::MessageLite* response) {
-  std::promise<Status> result;
-  auto future = result.get_future();
-  Start(method, ctx, request, response,
-        [&result](Status s) { result.set_value(std::move(s)); }, /*inline_done=*/true);
-  return future.get();
+  // Shared with the completion, which may still be unlocking when the
+  // caller sees `done` and returns.
+  struct Result {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::atomic<bool> done{false};
+    Status status;
+  };
+  auto result = std::make_shared<Result>();
+  auto conn = Start(method, ctx, request, response,
+                    [result](Status s) {
+                      std::lock_guard<std::mutex> lock(result->mu);
+                      result->status = std::move(s);
+                      result->done.store(true, std::memory_order_release);
+                      result->cv.notify_one();
+                    },
+                    /*inline_done=*/true);
+  const auto done = [&result] { return result->done.load(std::memory_order_acquire); };
+  // Run-to-completion where the transport offers it: the response is picked
+  // up on this thread instead of being handed over by the I/O thread.
+  if (conn && !done()) conn->Drive(done);
+  std::unique_lock<std::mutex> lock(result->mu);
+  result->cv.wait(lock, done);
+  return std::move(result->status);
 }
 
 void Channel::CallAsync(const MethodInfo& method, ClientContext* ctx,
@@ -74,10 +94,9 @@ void Channel::CallAsync(const MethodInfo& method, ClientContext* ctx,
   Start(method, ctx, request, response, std::move(done), /*inline_done=*/false);
 }
 
-void Channel::Start(const MethodInfo& method, ClientContext* ctx,
-                    const google::protobuf::MessageLite& request,
-                    google::protobuf::MessageLite* response, CallCallback done,
-                    bool inline_done) {
+std::shared_ptr<transport::Connection> Channel::Start(
+    const MethodInfo& method, ClientContext* ctx, const google::protobuf::MessageLite& request,
+    google::protobuf::MessageLite* response, CallCallback done, bool inline_done) {
   auto p = std::make_unique<Pending>();
   p->method = method.full_name;
   p->ctx = ctx;
@@ -86,6 +105,7 @@ void Channel::Start(const MethodInfo& method, ClientContext* ctx,
   p->inline_done = inline_done;
   const auto fail = [&](StatusCode code, const std::string& msg) {
     Deliver(std::move(p), Status(code, absl::StrCat(method.full_name, ": ", msg)));
+    return nullptr;
   };
 
   const absl::Time deadline = ctx->deadline();
@@ -136,11 +156,13 @@ void Channel::Start(const MethodInfo& method, ClientContext* ctx,
   });
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (pending_.count(id) == 0) return;  // cancelled or timed out already
+    if (pending_.count(id) == 0) return nullptr;  // cancelled or timed out already
   }
   if (Status s = (*conn)->Send(std::move(msg)); !s.ok()) {
     Complete(id, s, nullptr, false);
+    return nullptr;
   }
+  return std::move(*conn);
 }
 
 StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::Time deadline) {

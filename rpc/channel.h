@@ -13,7 +13,9 @@
 // calls may be in flight at once from any threads over the one connection;
 // each has its own call id.
 //
-// Threading: blocking calls wait on the calling thread. Asynchronous callbacks
+// Threading: blocking calls wait on the calling thread; over RDMA in busy or
+// adaptive poll mode the caller does the connection's I/O itself while it
+// waits (run-to-completion, transport::Connection::Drive). Asynchronous callbacks
 // run on the channel's callback threads (ChannelOptions::callback_threads),
 // never on the transport's I/O thread, so they may block briefly or start new
 // calls. The channel must outlive its pending calls' callbacks; destroying it
@@ -79,9 +81,12 @@ class Channel : private transport::ConnectionObserver {
 
   Channel(std::string target, transport::Address addr, ChannelOptions options,
           std::unique_ptr<transport::Transport> transport);
-  void Start(const MethodInfo& method, ClientContext* ctx,
-             const google::protobuf::MessageLite& request,
-             google::protobuf::MessageLite* response, CallCallback done, bool inline_done);
+  // Returns the connection the request went on, or null when the call
+  // already ended.
+  std::shared_ptr<transport::Connection> Start(const MethodInfo& method, ClientContext* ctx,
+                                               const google::protobuf::MessageLite& request,
+                                               google::protobuf::MessageLite* response,
+                                               CallCallback done, bool inline_done);
   StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected(absl::Time deadline);
   // Ends call `id` with `status` unless it already ended; `msg` is the
   // response, if one came. Sends kCancel to the server when asked.

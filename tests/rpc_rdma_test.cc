@@ -43,4 +43,42 @@ TEST(RdmaCounters, SmallCallsBySendLargeCallsByRead) {
   printf("%s\n", c.ToString().c_str());
 }
 
+// Run-to-completion: in busy (and adaptive) poll mode a blocking caller picks
+// up its own response from the completion queue; in event mode the poller
+// thread does, as it must (no thread may spin there).
+size_t CallerCompletionsFor(const char* poll_mode, int calls) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  setenv("RDMARPC_RDMA_POLL", poll_mode, 1);
+  TestServer ts("rdma://" + ip + ":0");
+  auto ch = Channel::Create(ts.address);  // the transports read the mode now
+  unsetenv("RDMARPC_RDMA_POLL");
+  EXPECT_TRUE(ts.server && ch.ok());
+  if (!ts.server || !ch.ok()) return 0;
+  const auto& c = transport::rdma::Counters();
+  EchoRequest req;
+  req.set_data("run to completion");
+  EchoResponse resp;
+  {
+    ClientContext ctx;
+    EXPECT_TRUE((*ch)->Call(kEcho, &ctx, req, &resp).ok());  // connects
+  }
+  const uint64_t before = c.caller_completions.load();
+  for (int i = 0; i < calls; ++i) {
+    ClientContext ctx;
+    Status s = (*ch)->Call(kEcho, &ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), req.data());
+  }
+  return c.caller_completions.load() - before;
+}
+
+TEST(RdmaRunToCompletion, BusyModeCallersPollTheirOwnResponses) {
+  const int calls = 200;
+  EXPECT_GE(CallerCompletionsFor("busy", calls), static_cast<size_t>(calls));
+}
+
+TEST(RdmaRunToCompletion, EventModeLeavesPollingToThePoller) {
+  EXPECT_EQ(CallerCompletionsFor("event", 50), 0u);
+}
+
 }  // namespace rdmarpc::testing

@@ -30,6 +30,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
@@ -81,6 +82,16 @@ class Connection {
   virtual void Close() = 0;
   // "tcp://1.2.3.4:5678" or similar, for errors and logs.
   virtual const std::string& peer() const = 0;
+  // Run-to-completion: a thread about to block until done() lends itself to
+  // the transport, which does this connection's I/O on it (observer callbacks
+  // included) until done() is true — so the result needs no hand-off from
+  // the I/O thread. Returns true when done() became true; false when the
+  // transport does not drive now (not supported, poll mode, idle too long,
+  // shutting down) and the caller should wait as usual.
+  virtual bool Drive(absl::FunctionRef<bool()> done) {
+    (void)done;
+    return false;
+  }
 };
 
 class Listener {

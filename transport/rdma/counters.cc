@@ -19,7 +19,8 @@ std::string RdmaCounters::ToString() const {
       " srq_short=", srq_short.load(), " rnr=", rnr_events.load(),
       " credit_stalls=", credit_stalls.load(), " credit_msgs=", credit_messages.load(),
       " conns_opened=", connections_opened.load(), " conns_closed=", connections_closed.load(),
-      " registered_bytes=", registered_bytes.load(), " poller_sleeps=", poller_sleeps.load());
+      " registered_bytes=", registered_bytes.load(), " poller_sleeps=", poller_sleeps.load(),
+      " caller_completions=", caller_completions.load());
 }
 
 }  // namespace rdmarpc::transport::rdma

@@ -31,6 +31,9 @@ struct RdmaCounters {
   std::atomic<uint64_t> connections_closed{0};
   std::atomic<uint64_t> registered_bytes{0};   // currently registered
   std::atomic<uint64_t> poller_sleeps{0};      // adaptive/event poller went to sleep
+  // Completions picked up by a blocked caller's own thread (run-to-completion,
+  // Endpoint::Drive) instead of the poller thread.
+  std::atomic<uint64_t> caller_completions{0};
 
   std::string ToString() const;
 };

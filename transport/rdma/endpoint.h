@@ -10,9 +10,17 @@
 // spare again. Slots are fixed-size pieces of a few registered regions that
 // grow (by 64 slots) up to target + max_held_slots.
 //
-// The poller thread is the one I/O thread of the endpoint: it polls the CQ,
-// runs posted tasks, refills the SRQ, and calls connections (and through them
-// the runtime's observers). Its sleep policy is RdmaOptions::poll_mode.
+// I/O context: one thread at a time polls the CQ, runs posted tasks, refills
+// the SRQ, and calls connections (and through them the runtime's observers).
+// That is the poller thread, whose sleep policy is RdmaOptions::poll_mode —
+// or, run-to-completion, a caller blocked on a response (Drive): it polls the
+// CQ itself, so the response needs no hand-off between threads (on Soft-RoCE
+// with two cores that hand-off was most of a small call's round trip). While
+// a caller drives, and for kDriveGrace after, the poller thread sleeps so it
+// does not compete for the core; completions that arrive in that gap, with
+// no caller driving, wait up to kDriveGrace (plus a wake-up) for the poller.
+// Whoever owns the I/O context is "the poller" below; code that runs there
+// must not assume which thread it is.
 //
 // Lifetime: buffers handed to the runtime (receive slots, payload blocks)
 // hold a reference to their Endpoint, so its registered memory outlives every
@@ -28,6 +36,7 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -36,6 +45,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "transport/buffer.h"
 #include "transport/rdma/rdma_options.h"
@@ -70,7 +80,16 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
 
   void RunOnPoller(std::function<void()> task);
   void RunOnPollerAndWait(std::function<void()> task);
-  bool OnPollerThread() const { return std::this_thread::get_id() == poller_id_.load(); }
+  // True on the thread that owns the I/O context right now.
+  bool OwnsIo() const {
+    return io_thread_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  }
+  // Run-to-completion: the calling thread takes turns owning the I/O context
+  // until done() (true) or, in adaptive mode, spin_us without a completion,
+  // or the endpoint stops (false). False at once in event mode or when called
+  // from the I/O context. done() must become true through I/O or another
+  // thread, never by itself blocking.
+  bool Drive(absl::FunctionRef<bool()> done);
 
   // Poller thread only.
   void AddConnection(std::shared_ptr<RdmaConnection> conn);
@@ -90,6 +109,13 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   absl::Status Init();
   absl::Status GrowSlots();  // poller thread or Init
   void PollLoop();
+  bool TryOwnIo();
+  void ReleaseIo();
+  // One round of I/O work; true when there was any. I/O context only.
+  bool PollOnce(int* completions = nullptr);
+  bool DrivenRecently() const;
+  void SleepUntilWoken(int timeout_ms);
+  void DrainWakeups();
   void HandleCompletion(const ibv_wc& wc);
   void RefillSrq();
   void Wake();
@@ -120,11 +146,19 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::vector<uint32_t> spare_;   // guarded by spare_mu_
   std::atomic<bool> short_{false};
 
+  // How long the poller thread stays off the CQ after a Drive finished.
+  static constexpr int kDriveGraceMs = 1;
+  static constexpr std::chrono::milliseconds kDriveGrace{kDriveGraceMs};
+
   std::thread poller_;
-  std::atomic<std::thread::id> poller_id_{};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> io_owned_{false};
+  std::atomic<std::thread::id> io_thread_{};
+  std::atomic<int> drivers_{0};
+  std::atomic<int64_t> last_driven_ns_{0};  // steady_clock; 0: no grace
   std::mutex tasks_mu_;
   std::vector<std::function<void()>> tasks_;  // guarded by tasks_mu_
+  std::atomic<bool> has_tasks_{false};
   std::unordered_map<uint32_t, std::shared_ptr<RdmaConnection>> by_qp_;   // poller thread
   std::unordered_map<uint32_t, RdmaConnection*> by_serial_;               // poller thread
   std::vector<RdmaConnection*> draining_;                                 // poller thread

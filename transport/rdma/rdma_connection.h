@@ -40,7 +40,8 @@
 //
 // Threading: Send/AllocatePayload/Close from any thread (a mutex guards the
 // send side and is held across ibv_post_send so posts keep their order);
-// everything else runs on the endpoint's poller thread.
+// everything else runs in the endpoint's I/O context (its poller thread or a
+// caller driving it, one at a time; see endpoint.h).
 #ifndef RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_H_
 #define RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_H_
 
@@ -96,6 +97,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   absl::StatusOr<Buffer> AllocatePayload(size_t size) override;
   void Close() override;
   const std::string& peer() const override { return peer_; }
+  bool Drive(absl::FunctionRef<bool()> done) override { return endpoint_->Drive(done); }
 
   uint32_t serial() const { return serial_; }
   Endpoint* endpoint() const { return endpoint_; }
@@ -105,14 +107,14 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t qp_num() const { return qp_num_; }
   rdma_cm_id* id() const { return id_; }
 
-  // Poller thread.
+  // I/O context (endpoint.h).
   void OnRecv(uint32_t slot, const char* data, uint32_t length);
   void OnCompletion(const ibv_wc& wc);
   // Ends the connection: observer->OnClosed, then waits for the QP to drain
   // and frees everything. Idempotent.
   void Teardown(absl::Status why);
   // The peer disconnected (rdma_cm event): answer its DREQ at once, then
-  // tear down. Poller thread.
+  // tear down. I/O context.
   void OnPeerGone(absl::Status why);
   bool torn_down() const { return torn_down_; }
   // Frees the QP and buffers once the QP has drained (or after a bound);
@@ -120,7 +122,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   bool FinishTeardown();
   // Client side: the server's handshake, once ESTABLISHED.
   void SetPeer(const Handshake& peer);
-  // Called (poller thread) when the connection is fully gone, with its
+  // Called (I/O context) when the connection is fully gone, with its
   // rdma_cm id for the owner to destroy; without it the id is destroyed here.
   void set_on_freed(std::function<void(RdmaConnection*, rdma_cm_id*)> f) {
     on_freed_ = std::move(f);
@@ -199,7 +201,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::unordered_multimap<uint64_t, uint64_t> request_tokens_;  // call id -> token, mu_
   std::atomic<uint32_t> owed_{0};       // credits owed to the peer
 
-  // Poller thread.
+  // I/O context (endpoint.h).
   std::map<uint32_t, ReadOp> reads_;    // op id -> op
   std::deque<uint32_t> read_queue_;     // ops waiting for a READ slot
   uint32_t next_read_op_ = 1;
