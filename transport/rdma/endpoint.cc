@@ -307,7 +307,9 @@ bool Endpoint::Drive(absl::FunctionRef<bool()> done) {
       ReleaseIo();
       if (completions > 0) MutableCounters().caller_completions.fetch_add(completions);
       if (active) {
-        last_activity = std::chrono::steady_clock::now();
+        if (options_.poll_mode == PollMode::kAdaptive) {
+          last_activity = std::chrono::steady_clock::now();
+        }
         continue;
       }
     }
@@ -329,8 +331,9 @@ bool Endpoint::Drive(absl::FunctionRef<bool()> done) {
 
 bool Endpoint::DrivenRecently() const {
   if (drivers_.load(std::memory_order_acquire) > 0) return true;
-  const auto last = std::chrono::steady_clock::time_point(
-      std::chrono::steady_clock::duration(last_driven_ns_.load(std::memory_order_relaxed)));
+  const int64_t last_ns = last_driven_ns_.load(std::memory_order_relaxed);
+  if (last_ns == 0) return false;
+  const auto last = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_ns));
   return std::chrono::steady_clock::now() - last < kDriveGrace;
 }
 
@@ -371,13 +374,17 @@ void Endpoint::PollLoop() {
     }
     const bool active = PollOnce();
     ReleaseIo();
+    if (options_.poll_mode == PollMode::kBusy) {
+      // No clock reads here: in a VM they can cost more than the poll.
+      if (!active) IdleSpin(idle_polls);
+      continue;
+    }
     const auto now = std::chrono::steady_clock::now();
     if (active) {
       last_activity = now;
       continue;
     }
-    if (options_.poll_mode == PollMode::kBusy ||
-        (options_.poll_mode == PollMode::kAdaptive && now - last_activity < spin)) {
+    if (options_.poll_mode == PollMode::kAdaptive && now - last_activity < spin) {
       IdleSpin(idle_polls);
       continue;
     }
