@@ -252,18 +252,12 @@ void Endpoint::HandleCompletion(const ibv_wc& wc) {
 }
 
 bool Endpoint::TryOwnIo() {
-  bool expected = false;
-  if (!io_owned_.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
-    return false;
-  }
-  io_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-  return true;
+  std::thread::id none;
+  return io_thread_.compare_exchange_strong(none, std::this_thread::get_id(),
+                                            std::memory_order_acquire);
 }
 
-void Endpoint::ReleaseIo() {
-  io_thread_.store(std::thread::id(), std::memory_order_relaxed);
-  io_owned_.store(false, std::memory_order_release);
-}
+void Endpoint::ReleaseIo() { io_thread_.store(std::thread::id(), std::memory_order_release); }
 
 bool Endpoint::PollOnce(int* completions) {
   ibv_wc wcs[kPollBatch];
@@ -364,7 +358,7 @@ void Endpoint::PollLoop() {
   while (!stop_.load()) {
     // A caller drives the CQ (run-to-completion): stay off the CPU it needs.
     if (DrivenRecently()) {
-      SleepUntilWoken(kDriveGraceMs);
+      SleepUntilWoken(static_cast<int>(kDriveGrace.count()));
       last_activity = std::chrono::steady_clock::now();
       continue;
     }

@@ -147,13 +147,11 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::atomic<bool> short_{false};
 
   // How long the poller thread stays off the CQ after a Drive finished.
-  static constexpr int kDriveGraceMs = 1;
-  static constexpr std::chrono::milliseconds kDriveGrace{kDriveGraceMs};
+  static constexpr std::chrono::milliseconds kDriveGrace{1};
 
   std::thread poller_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> io_owned_{false};
-  std::atomic<std::thread::id> io_thread_{};
+  std::atomic<std::thread::id> io_thread_{};  // owner of the I/O context; none: free
   std::atomic<int> drivers_{0};
   std::atomic<int64_t> last_driven_ns_{0};  // steady_clock; 0: no grace
   std::mutex tasks_mu_;
