@@ -13,16 +13,6 @@ using transport::InboundMessage;
 using transport::MessageKind;
 using transport::OutboundMessage;
 
-struct Channel::Pending {
-  uint64_t id = 0;
-  std::string method;  // full name, for error messages
-  ClientContext* ctx = nullptr;
-  google::protobuf::MessageLite* response = nullptr;
-  CallCallback done;
-  bool inline_done = false;
-  uint64_t timer = 0;
-  transport::Connection* conn = nullptr;  // the connection the request went on
-};
 
 StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
                                                    ChannelOptions options) {
@@ -46,14 +36,14 @@ Channel::Channel(std::string target, transport::Address addr, ChannelOptions opt
 
 Channel::~Channel() {
   transport_->Shutdown();  // pending calls end in OnClosed
-  std::vector<std::unique_ptr<Pending>> rest;
+  std::vector<Pending> rest;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, p] : pending_) rest.push_back(std::move(p));
     pending_.clear();
   }
   for (auto& p : rest) {
-    timers_.Cancel(p->timer);
+    timers_.Cancel(p.timer);
     Deliver(std::move(p), Status(StatusCode::kUnavailable, "channel destroyed"));
   }
   callbacks_.Stop();
@@ -62,30 +52,31 @@ Channel::~Channel() {
 Status Channel::Call(const MethodInfo& method, ClientContext* ctx,
                      const google::protobuf::MessageLite& request,
                      google::protobuf::MessageLite* response) {
-  // Shared with the completion, which may still be unlocking when the
-  // caller sees `done` and returns.
+  // On the stack: the completion does all its work, notify included, under
+  // `mu`, and this thread takes `mu` before returning, so the completion is
+  // done with `result` by then (POSIX allows destroying an unlocked mutex and
+  // a condition variable nobody waits on).
   struct Result {
     std::mutex mu;
     std::condition_variable cv;
     std::atomic<bool> done{false};
     Status status;
-  };
-  auto result = std::make_shared<Result>();
+  } result;
   auto conn = Start(method, ctx, request, response,
-                    [result](Status s) {
-                      std::lock_guard<std::mutex> lock(result->mu);
-                      result->status = std::move(s);
-                      result->done.store(true, std::memory_order_release);
-                      result->cv.notify_one();
+                    [r = &result](Status s) {
+                      std::lock_guard<std::mutex> lock(r->mu);
+                      r->status = std::move(s);
+                      r->done.store(true, std::memory_order_release);
+                      r->cv.notify_one();
                     },
                     /*inline_done=*/true);
-  const auto done = [&result] { return result->done.load(std::memory_order_acquire); };
+  const auto done = [&result] { return result.done.load(std::memory_order_acquire); };
   // Run-to-completion where the transport offers it: the response is picked
   // up on this thread instead of being handed over by the I/O thread.
   if (conn && !done()) conn->Drive(done);
-  std::unique_lock<std::mutex> lock(result->mu);
-  result->cv.wait(lock, done);
-  return std::move(result->status);
+  std::unique_lock<std::mutex> lock(result.mu);
+  result.cv.wait(lock, done);
+  return std::move(result.status);
 }
 
 void Channel::CallAsync(const MethodInfo& method, ClientContext* ctx,
@@ -97,12 +88,12 @@ void Channel::CallAsync(const MethodInfo& method, ClientContext* ctx,
 std::shared_ptr<transport::Connection> Channel::Start(
     const MethodInfo& method, ClientContext* ctx, const google::protobuf::MessageLite& request,
     google::protobuf::MessageLite* response, CallCallback done, bool inline_done) {
-  auto p = std::make_unique<Pending>();
-  p->method = method.full_name;
-  p->ctx = ctx;
-  p->response = response;
-  p->done = std::move(done);
-  p->inline_done = inline_done;
+  Pending p;
+  p.method = method.full_name;
+  p.ctx = ctx;
+  p.response = response;
+  p.done = std::move(done);
+  p.inline_done = inline_done;
   const auto fail = [&](StatusCode code, const std::string& msg) {
     Deliver(std::move(p), Status(code, absl::StrCat(method.full_name, ": ", msg)));
     return nullptr;
@@ -141,10 +132,10 @@ std::shared_ptr<transport::Connection> Channel::Start(
   {
     std::lock_guard<std::mutex> lock(mu_);
     id = next_call_id_++;
-    p->id = id;
-    p->conn = conn->get();
+    p.id = id;
+    p.conn = conn->get();
     if (deadline != absl::InfiniteFuture()) {
-      p->timer = timers_.Schedule(deadline, [this, id] {
+      p.timer = timers_.Schedule(deadline, [this, id] {
         Complete(id, Status(StatusCode::kDeadlineExceeded, "deadline exceeded"), nullptr, true);
       });
     }
@@ -186,7 +177,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::
 }
 
 void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tell_server) {
-  std::unique_ptr<Pending> p;
+  Pending p;
   std::shared_ptr<transport::Connection> conn;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -194,9 +185,9 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     if (it == pending_.end()) return;  // already ended (late response, timer, cancel)
     p = std::move(it->second);
     pending_.erase(it);
-    if (conn_ && conn_.get() == p->conn) conn = conn_;
+    if (conn_ && conn_.get() == p.conn) conn = conn_;
   }
-  timers_.Cancel(p->timer);
+  timers_.Cancel(p.timer);
   if (tell_server && conn) {
     OutboundMessage cancel;
     cancel.header.kind = MessageKind::kCancel;
@@ -209,11 +200,11 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
       status = Status(StatusCode::kInternal, absl::StrCat("bad response metadata from ", target_,
                                                           ": ", md.status().message()));
     } else {
-      p->ctx->server_metadata_ = std::move(*md);
-      if (status.ok() && !p->response->ParseFromArray(msg->payload.data(),
+      p.ctx->server_metadata_ = std::move(*md);
+      if (status.ok() && !p.response->ParseFromArray(msg->payload.data(),
                                        static_cast<int>(msg->payload.size()))) {
         status = Status(StatusCode::kInternal,
-                        absl::StrCat("response does not parse as ", p->response->GetTypeName()));
+                        absl::StrCat("response does not parse as ", p.response->GetTypeName()));
       }
     }
   }
@@ -221,20 +212,20 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   // the caller unchanged. UNIMPLEMENTED is the server runtime's, which knows
   // only the method id.
   const bool decorate = msg == nullptr || status.code() == StatusCode::kUnimplemented;
-  if (!status.ok() && decorate && status.message().find(p->method) == absl::string_view::npos) {
-    status = Status(status.code(), absl::StrCat(p->method, ": ", status.message()));
+  if (!status.ok() && decorate && status.message().find(p.method) == absl::string_view::npos) {
+    status = Status(status.code(), absl::StrCat(p.method, ": ", status.message()));
   }
   Deliver(std::move(p), std::move(status));
 }
 
-void Channel::Deliver(std::unique_ptr<Pending> p, Status status) {
-  p->ctx->ClearCancelHook();
-  if (p->inline_done) {
-    std::move(p->done)(std::move(status));
+void Channel::Deliver(Pending p, Status status) {
+  p.ctx->ClearCancelHook();
+  if (p.inline_done) {
+    std::move(p.done)(std::move(status));
     return;
   }
-  auto run = [p = std::move(p), status = std::move(status)]() mutable {
-    std::move(p->done)(std::move(status));
+  auto run = [done = std::move(p.done), status = std::move(status)]() mutable {
+    std::move(done)(std::move(status));
   };
   callbacks_.Post(std::move(run));
 }
@@ -263,7 +254,7 @@ void Channel::OnClosed(transport::Connection& conn, const absl::Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     if (conn_.get() == &conn) conn_.reset();
     for (auto& [id, p] : pending_)
-      if (p->conn == &conn) lost.push_back(id);
+      if (p.conn == &conn) lost.push_back(id);
   }
   for (uint64_t id : lost) {
     Complete(id,

@@ -28,8 +28,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/client_context.h"
@@ -48,7 +48,8 @@ struct ChannelOptions {
   int callback_threads = 2;
 };
 
-// What a stub passes per method; generated code has one per rpc.
+// What a stub passes per method; generated code has one per rpc (constexpr).
+// The name must outlive every call made with it: calls keep the pointer.
 struct MethodInfo {
   const char* full_name;  // "/package.Service/Method"
   uint32_t id;            // MethodId(full_name)
@@ -77,7 +78,16 @@ class Channel : private transport::ConnectionObserver {
   const std::string& target() const { return target_; }
 
  private:
-  struct Pending;
+  struct Pending {
+    uint64_t id = 0;
+    const char* method = nullptr;  // full name (static), for error messages
+    ClientContext* ctx = nullptr;
+    google::protobuf::MessageLite* response = nullptr;
+    CallCallback done;
+    bool inline_done = false;
+    uint64_t timer = 0;
+    transport::Connection* conn = nullptr;  // the connection the request went on
+  };
 
   Channel(std::string target, transport::Address addr, ChannelOptions options,
           std::unique_ptr<transport::Transport> transport);
@@ -91,7 +101,7 @@ class Channel : private transport::ConnectionObserver {
   // Ends call `id` with `status` unless it already ended; `msg` is the
   // response, if one came. Sends kCancel to the server when asked.
   void Complete(uint64_t id, Status status, transport::InboundMessage* msg, bool tell_server);
-  void Deliver(std::unique_ptr<Pending> p, Status status);
+  void Deliver(Pending p, Status status);
 
   void OnMessage(transport::Connection& conn, transport::InboundMessage msg) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
@@ -103,7 +113,8 @@ class Channel : private transport::ConnectionObserver {
   std::mutex connect_mu_;  // serializes (re)connecting
   std::mutex mu_;
   std::shared_ptr<transport::Connection> conn_;                 // guarded by mu_
-  std::unordered_map<uint64_t, std::unique_ptr<Pending>> pending_;  // guarded by mu_
+  // Pending calls by id, stored in place: no allocation per call.
+  absl::flat_hash_map<uint64_t, Pending> pending_;              // guarded by mu_
   uint64_t next_call_id_ = 1;                                   // guarded by mu_
 
   internal::ThreadPool callbacks_;

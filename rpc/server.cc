@@ -23,14 +23,14 @@ constexpr size_t kMaxErrorMessage = 16 * 1024;
 class ServerCallImpl : public ServerCall {
  public:
   ServerCallImpl(Server* server, std::shared_ptr<Connection> conn, const Service::Method* method,
-                 InboundMessage msg, std::shared_ptr<ServerContext> ctx)
+                 InboundMessage msg, absl::Time deadline, Metadata client_md)
       : server_(server),
         conn_(std::move(conn)),
         method_(method),
         msg_(std::move(msg)),
-        ctx_(std::move(ctx)) {}
+        ctx_(method->full_name, conn_->peer(), deadline, std::move(client_md)) {}
 
-  ServerContext* context() override { return ctx_.get(); }
+  ServerContext* context() override { return &ctx_; }
   absl::string_view request() const override {
     return absl::string_view(msg_.payload.data(), msg_.payload.size());
   }
@@ -59,19 +59,19 @@ class ServerCallImpl : public ServerCall {
     }
     // Past the deadline the client is no longer waiting for a result, and
     // whatever the handler made of its cancellation, the cause is the deadline.
-    if (absl::Now() >= ctx_->deadline()) {
+    if (absl::Now() >= ctx_.deadline()) {
       payload.Reset();
       status = Status(StatusCode::kDeadlineExceeded, "deadline exceeded on the server");
     }
     server_->Reply(conn_, key().second, status, std::move(payload),
-                   ctx_->TakeResponseMetadata());
+                   ctx_.TakeResponseMetadata());
     server_->CallFinished(key());
   }
 
   Server::CallKey key() const { return {conn_.get(), msg_.header.call_id}; }
   void Run() {
-    if (ctx_->IsCancelled()) {
-      const bool expired = absl::Now() >= ctx_->deadline();
+    if (ctx_.IsCancelled()) {
+      const bool expired = absl::Now() >= ctx_.deadline();
       return Finish(expired ? Status(StatusCode::kDeadlineExceeded,
                                      "deadline passed before the handler started")
                             : Status(StatusCode::kCancelled, "cancelled before it started"),
@@ -87,7 +87,7 @@ class ServerCallImpl : public ServerCall {
   const std::shared_ptr<Connection> conn_;
   const Service::Method* const method_;
   InboundMessage msg_;
-  const std::shared_ptr<ServerContext> ctx_;
+  ServerContext ctx_;
   std::atomic<bool> responded_{false};
 };
 
@@ -146,9 +146,8 @@ void Server::HandleRequest(Connection& conn, InboundMessage msg) {
   const absl::Time deadline = msg.header.timeout_us == 0
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + absl::Microseconds(msg.header.timeout_us);
-  auto ctx = std::make_shared<ServerContext>(method->full_name, conn.peer(), deadline,
-                                             std::move(*md));
-  auto call = std::make_shared<ServerCallImpl>(this, shared, method, std::move(msg), ctx);
+  auto call = std::make_shared<ServerCallImpl>(this, shared, method, std::move(msg), deadline,
+                                               std::move(*md));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) {
@@ -198,9 +197,8 @@ void Server::CallFinished(const CallKey& key) {
 void Server::OnClosed(Connection& conn, const absl::Status&) {
   std::shared_ptr<Connection> keep;  // released outside the lock
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = inflight_.lower_bound({&conn, 0});
-       it != inflight_.end() && it->first.first == &conn; ++it) {
-    it->second->context()->MarkCancelled();
+  for (auto& [key, call] : inflight_) {
+    if (key.first == &conn) call->context()->MarkCancelled();
   }
   auto it = conns_.find(&conn);
   if (it != conns_.end()) {

@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/internal/thread_pool.h"
@@ -97,7 +98,7 @@ class Server : private transport::ConnectionObserver {
   bool shutting_down_ = false;  // guarded by mu_
   bool shut_down_ = false;      // guarded by mu_
   std::map<transport::Connection*, std::shared_ptr<transport::Connection>> conns_;  // mu_
-  std::map<CallKey, std::shared_ptr<ServerCallImpl>> inflight_;                  // mu_
+  absl::flat_hash_map<CallKey, std::shared_ptr<ServerCallImpl>> inflight_;       // mu_
 };
 
 class ServerBuilder {

@@ -27,9 +27,13 @@ using Metadata = transport::Metadata;
 
 class ServerContext {
  public:
-  ServerContext(std::string method, std::string peer, absl::Time deadline, Metadata client_md)
-      : method_(std::move(method)),
-        peer_(std::move(peer)),
+  // `method` and `peer` are referenced, not copied: the runtime passes the
+  // method table's name and the connection's address, both of which outlive
+  // the call (a copy of each was a heap allocation per call).
+  ServerContext(const std::string& method, const std::string& peer, absl::Time deadline,
+                Metadata client_md)
+      : method_(method),
+        peer_(peer),
         deadline_(deadline),
         client_metadata_(std::move(client_md)) {}
 
@@ -53,8 +57,8 @@ class ServerContext {
   void MarkCancelled() { cancelled_.store(true); }
 
  private:
-  const std::string method_;
-  const std::string peer_;
+  const std::string& method_;
+  const std::string& peer_;
   const absl::Time deadline_;
   const Metadata client_metadata_;
   std::atomic<bool> cancelled_{false};

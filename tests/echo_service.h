@@ -69,9 +69,10 @@ class EchoService : public Service {
     }
     if (req.response_size() > 0) {
       resp->mutable_data()->assign(static_cast<size_t>(req.response_size()), 'r');
-    } else {
+    } else if (!req.data().empty()) {  // setting even "" allocates
       resp->set_data(req.data());
     }
+    resp->set_tag(req.tag());
     return Status();
   }
 

@@ -78,6 +78,9 @@ absl::Status Endpoint::Init() {
   pool_ = std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_,
                                            windows);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  // Final capacity now: SlotOf reads regions_ from other threads while the
+  // poller may append, which is safe only if the vector never reallocates.
+  regions_.reserve((target_ + options_.max_held_slots) / kSlotsPerRegion + 1);
   while (slot_count_.load() < target_) {
     if (absl::Status s = GrowSlots(); !s.ok()) return s;
   }
@@ -137,32 +140,46 @@ absl::Status Endpoint::GrowSlots() {
 }
 
 void Endpoint::RefillSrq() {
-  std::vector<uint32_t> take;
-  {
-    std::lock_guard<std::mutex> lock(spare_mu_);
-    while (posted_ + take.size() < target_ && !spare_.empty()) {
-      take.push_back(spare_.back());
-      spare_.pop_back();
+  // Usually one slot per call (one was just consumed); spares are taken in
+  // bounded batches so the receive path makes no heap allocation.
+  constexpr size_t kRefillBatch = 64;
+  uint32_t take[kRefillBatch];
+  bool failed = false;
+  while (posted_ < target_ && !failed) {
+    size_t taken = 0;
+    {
+      std::lock_guard<std::mutex> lock(spare_mu_);
+      while (posted_ + taken < target_ && taken < kRefillBatch && !spare_.empty()) {
+        take[taken++] = spare_.back();
+        spare_.pop_back();
+      }
     }
-  }
-  if (posted_ + take.size() < target_ && GrowSlots().ok()) return RefillSrq();
-  for (uint32_t slot : take) {
-    const Region& r = regions_[slot / kSlotsPerRegion];
-    ibv_sge sge{reinterpret_cast<uintptr_t>(r.base + (slot % kSlotsPerRegion) * options_.slot_size),
-                static_cast<uint32_t>(options_.slot_size), r.mr->lkey};
-    ibv_recv_wr wr{};
-    wr.wr_id = slot;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    if (ibv_post_srq_recv(srq_, &wr, &bad) != 0) {
-      fprintf(stderr, "rdmarpc[%s]: ibv_post_srq_recv on %s failed: %s\n", owner_.c_str(),
-              device_name_.c_str(), strerror(errno));
-      ReleaseSlot(slot);
-      break;
+    if (taken == 0 && !GrowSlots().ok()) break;
+    for (size_t i = 0; i < taken; ++i) {
+      const uint32_t slot = take[i];
+      if (failed) {
+        ReleaseSlot(slot);
+        continue;
+      }
+      const Region& r = regions_[slot / kSlotsPerRegion];
+      ibv_sge sge{
+          reinterpret_cast<uintptr_t>(r.base + (slot % kSlotsPerRegion) * options_.slot_size),
+          static_cast<uint32_t>(options_.slot_size), r.mr->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = slot;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      if (ibv_post_srq_recv(srq_, &wr, &bad) != 0) {
+        fprintf(stderr, "rdmarpc[%s]: ibv_post_srq_recv on %s failed: %s\n", owner_.c_str(),
+                device_name_.c_str(), strerror(errno));
+        ReleaseSlot(slot);
+        failed = true;
+        continue;
+      }
+      ++posted_;
+      MutableCounters().srq_slots_posted.fetch_add(1);
     }
-    ++posted_;
-    MutableCounters().srq_slots_posted.fetch_add(1);
   }
   const bool short_now = posted_ < target_;
   if (short_now && !short_.load()) MutableCounters().srq_short.fetch_add(1);
@@ -180,8 +197,26 @@ void Endpoint::ReleaseSlot(uint32_t slot) {
 Buffer Endpoint::SlotBuffer(uint32_t slot, size_t offset, size_t length) {
   const Region& r = regions_[slot / kSlotsPerRegion];
   char* data = r.base + (slot % kSlotsPerRegion) * options_.slot_size + offset;
+  // The releaser finds the slot again from the data pointer: capturing only
+  // the Endpoint keeps it within Buffer's inline storage (no allocation).
   return Buffer(data, length,
-                [self = shared_from_this(), slot](char*, size_t) { self->ReleaseSlot(slot); });
+                [self = shared_from_this()](char* d, size_t) { self->ReleaseSlot(self->SlotOf(d)); });
+}
+
+uint32_t Endpoint::SlotOf(const char* p) const {
+  // Any thread. Regions below slot_count_ are complete and never move
+  // (regions_ has its final capacity from Init).
+  const uint32_t regions = slot_count_.load(std::memory_order_acquire) / kSlotsPerRegion;
+  const size_t region_bytes = size_t{kSlotsPerRegion} * options_.slot_size;
+  for (uint32_t i = 0; i < regions; ++i) {
+    const Region& r = regions_.data()[i];
+    if (p >= r.base && p < r.base + region_bytes) {
+      return i * kSlotsPerRegion + static_cast<uint32_t>((p - r.base) / options_.slot_size);
+    }
+  }
+  fprintf(stderr, "rdmarpc[%s]: released memory is in no receive slot of %s\n", owner_.c_str(),
+          device_name_.c_str());
+  abort();
 }
 
 Buffer Endpoint::BlockBuffer(RegisteredPool::Block* block, size_t size) {

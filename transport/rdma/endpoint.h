@@ -98,6 +98,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // retries it every loop until RdmaConnection::FinishTeardown says done.
   void AddDraining(RdmaConnection* conn) { draining_.push_back(conn); }
   void ReleaseSlot(uint32_t slot);
+  // The slot whose memory holds `p`; any thread.
+  uint32_t SlotOf(const char* p) const;
 
   // A receive slot's bytes as a Buffer: releasing it makes the slot a spare.
   Buffer SlotBuffer(uint32_t slot, size_t offset, size_t length);
@@ -139,7 +141,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
     ibv_mr* mr;
   };
   static constexpr uint32_t kSlotsPerRegion = 64;
-  std::vector<Region> regions_;   // poller thread after Init
+  std::vector<Region> regions_;   // appended by the poller thread; see SlotOf
   std::atomic<uint32_t> slot_count_{0};
   size_t posted_ = 0;             // poller thread
   std::mutex spare_mu_;
