@@ -1,11 +1,15 @@
 // Fault injection for the RDMA transport's tests, off unless a test arms it.
 //
-// Production code only reads these counters (one relaxed atomic load on the
-// large-payload path); tests arm them to make a peer misbehave on purpose.
+// Production code only reads these (one relaxed atomic load on the
+// large-payload path and per batch of posts); tests arm them to make a peer
+// misbehave, or a thread stop at a chosen point, on purpose.
 #ifndef RDMARPC_TRANSPORT_RDMA_FAULT_INJECTION_H_
 #define RDMARPC_TRANSPORT_RDMA_FAULT_INJECTION_H_
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 namespace rdmarpc::transport::rdma {
 
@@ -25,7 +29,53 @@ struct FaultInjection {
   }
   static bool TakeStaleRead() { return Take(StaleReads()); }
 
+  // Armed by a test thread: that thread's next batch of work requests waits
+  // just before ibv_post_send (holding the connection's post token, and no
+  // lock) until ReleaseHeldPost.
+  static void HoldNextPostOfThisThread() {
+    Hold& h = HoldState();
+    std::lock_guard<std::mutex> lock(h.mu);
+    h.who = std::this_thread::get_id();
+    h.held = h.released = false;
+    h.armed.store(true);
+  }
+  static void WaitUntilPostHeld() {
+    Hold& h = HoldState();
+    std::unique_lock<std::mutex> lock(h.mu);
+    h.cv.wait(lock, [&] { return h.held; });
+  }
+  static void ReleaseHeldPost() {
+    Hold& h = HoldState();
+    std::lock_guard<std::mutex> lock(h.mu);
+    h.released = true;
+    h.cv.notify_all();
+  }
+  // The poster, just before ibv_post_send.
+  static void MaybeHoldPost() {
+    Hold& h = HoldState();
+    if (!h.armed.load(std::memory_order_relaxed)) return;
+    std::unique_lock<std::mutex> lock(h.mu);
+    if (!h.armed.load() || h.who != std::this_thread::get_id()) return;
+    h.armed.store(false);
+    h.held = true;
+    h.cv.notify_all();
+    h.cv.wait(lock, [&] { return h.released; });
+  }
+
  private:
+  struct Hold {
+    std::atomic<bool> armed{false};
+    std::mutex mu;
+    std::condition_variable cv;
+    std::thread::id who;  // guarded by mu
+    bool held = false;      // guarded by mu
+    bool released = false;  // guarded by mu
+  };
+  static Hold& HoldState() {
+    static Hold h;
+    return h;
+  }
+
   static bool Take(std::atomic<int>& n) {
     int v = n.load(std::memory_order_relaxed);
     while (v > 0 && !n.compare_exchange_weak(v, v - 1)) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,8 +16,6 @@
 namespace rdmarpc::transport::rdma {
 namespace {
 
-// Inline sends are built on the stack; larger inline limits are not used.
-constexpr uint32_t kMaxInlineUsed = 512;
 // A torn-down QP that has not drained by then is freed anyway; blocks that a
 // READ might still write into are leaked rather than reused.
 constexpr absl::Duration kDrainBound = absl::Seconds(5);
@@ -117,8 +116,13 @@ absl::StatusOr<Buffer> RdmaConnection::AllocatePayload(size_t size) {
 }
 
 absl::Status RdmaConnection::Send(OutboundMessage msg) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return SendLocked(msg.header, std::move(msg.metadata), std::move(msg.payload));
+  absl::Status queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queued = SendLocked(msg.header, std::move(msg.metadata), std::move(msg.payload));
+  }
+  absl::Status posted = FlushOutbox();
+  return queued.ok() ? posted : queued;
 }
 
 absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer payload) {
@@ -163,9 +167,10 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
           return absl::ResourceExhaustedError(absl::StrCat(
               "ibv_alloc_mw on ", endpoint_->device_name(), ": ", strerror(errno)));
         }
-        free_mws_.push_back(mw);
+        free_mws_.push_back(Window{mw, mw->rkey});
       }
-      adv.mw = free_mws_.back();
+      adv.mw = free_mws_.back().mw;
+      adv.rkey = free_mws_.back().rkey;
       free_mws_.pop_back();
     }
     adv.payload = std::move(payload);
@@ -182,7 +187,7 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
     MutableCounters().credit_stalls.fetch_add(1);
     return absl::OkStatus();
   }
-  return PostFrameLocked(p);
+  return QueueFrameLocked(p);
 }
 
 bool RdmaConnection::CanPostLocked(const Header& h) const {
@@ -194,49 +199,42 @@ bool RdmaConnection::CanPostLocked(const Header& h) const {
   return frame <= max_inline_ || !free_send_slots_.empty();
 }
 
-absl::Status RdmaConnection::PostFrameLocked(Pending& p) {
+RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
+  Outgoing& o = outbox_.emplace_back();
+  o.wr = ibv_send_wr{};
+  o.sge = ibv_sge{};
+  o.inline_bytes = false;
+  o.bound_mw = nullptr;
+  o.bound_rkey = 0;
+  return o;
+}
+
+absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
   p.header.credits = owed_.exchange(0);
   const size_t frame = kHeaderSize + p.metadata.size() + p.payload.size();
   const bool inl = frame <= max_inline_;
-  char stack[kMaxInlineUsed];
-  int slot = -1;
-  char* dst = stack;
-  if (!inl) {
-    slot = free_send_slots_.back();
-    free_send_slots_.pop_back();
-    dst = send_slots_ + size_t(slot) * endpoint_->slot_size();
-  }
-  EncodeHeader(p.header, dst);
-  memcpy(dst + kHeaderSize, p.metadata.data(), p.metadata.size());
-  if (!p.payload.empty()) memcpy(dst + kHeaderSize + p.metadata.size(), p.payload.data(), p.payload.size());
   // With a window to bind, the bind takes one sequence number and the SEND
   // the next, so completions free them in order.
-  const bool binds = p.header.remote_payload() &&
-                     advertised_.count(p.header.remote.token) &&
-                     advertised_[p.header.remote.token].mw != nullptr;
-  const uint32_t bind_seq = binds ? next_seq_++ : 0;
+  auto adv_it = p.header.remote_payload() ? advertised_.find(p.header.remote.token)
+                                          : advertised_.end();
+  Advertised* adv =
+      adv_it != advertised_.end() && adv_it->second.mw != nullptr ? &adv_it->second : nullptr;
+  const uint32_t bind_seq = adv != nullptr ? next_seq_++ : 0;
   const uint32_t seq = next_seq_++;
   const bool signaled = ++unsignaled_ >= endpoint_->options().signal_every ||
-                        (!inl && free_send_slots_.empty()) ||
+                        (!inl && free_send_slots_.size() == 1) ||
                         sq_used_ + rd_atom_ + 2 > sq_depth_;
   if (signaled) unsignaled_ = 0;
-  ibv_sge sge{reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(frame),
-              inl ? 0u : send_mr_->lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = WrId(kWrSend, serial_, seq, signaled);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = (inl ? IBV_SEND_INLINE : 0) | (signaled ? IBV_SEND_SIGNALED : 0);
   // An advertised payload is exposed only now, through a type-2 window bound
-  // to this QP over exactly its bytes; the bind is posted just before the
+  // to this QP over exactly its bytes; the bind is queued just before the
   // SEND, and the SQ runs in order, so the window exists before the peer
   // can learn of it.
-  ibv_send_wr bind{};
-  ibv_send_wr* first = &wr;
-  Advertised* adv = binds ? &advertised_[p.header.remote.token] : nullptr;
   if (adv != nullptr) {
-    const uint32_t rkey = ibv_inc_rkey(adv->mw->rkey);
+    const uint32_t rkey = ibv_inc_rkey(adv->rkey);
+    Outgoing& out = QueueLocked();
+    out.bound_mw = adv->mw;
+    out.bound_rkey = rkey;
+    ibv_send_wr& bind = out.wr;
     bind.wr_id = WrId(kWrBind, serial_, bind_seq, false);
     bind.opcode = IBV_WR_BIND_MW;
     bind.bind_mw.mw = adv->mw;
@@ -245,27 +243,34 @@ absl::Status RdmaConnection::PostFrameLocked(Pending& p) {
     bind.bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(adv->payload.data());
     bind.bind_mw.bind_info.length = adv->payload.size();
     bind.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
-    bind.next = &wr;
-    first = &bind;
+    adv->rkey = rkey;
     p.header.remote.rkey = rkey;
-    if (FaultInjection::TakeCorruptRkey()) p.header.remote.rkey ^= 0x5a5a5a;
-    EncodeHeader(p.header, dst);
-  } else if (p.header.remote_payload() && FaultInjection::TakeCorruptRkey()) {
-    p.header.remote.rkey ^= 0x5a5a5a;
-    EncodeHeader(p.header, dst);
-  }
-  ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(id_->qp, first, &bad) != 0) {
-    if (slot >= 0) free_send_slots_.push_back(slot);
-    closed_ = true;
-    return absl::UnavailableError(
-        absl::StrCat("ibv_post_send to ", peer_, " failed: ", strerror(errno)));
-  }
-  if (adv != nullptr) {
-    adv->mw->rkey = bind.bind_mw.rkey;
     posted_.push_back(Posted{bind_seq, -1});
     ++sq_used_;
   }
+  if (p.header.remote_payload() && FaultInjection::TakeCorruptRkey()) {
+    p.header.remote.rkey ^= 0x5a5a5a;
+  }
+  Outgoing& out = QueueLocked();
+  int slot = -1;
+  char* dst = out.bytes;
+  if (!inl) {
+    slot = free_send_slots_.back();
+    free_send_slots_.pop_back();
+    dst = send_slots_ + size_t(slot) * endpoint_->slot_size();
+  }
+  EncodeHeader(p.header, dst);
+  memcpy(dst + kHeaderSize, p.metadata.data(), p.metadata.size());
+  if (!p.payload.empty()) {
+    memcpy(dst + kHeaderSize + p.metadata.size(), p.payload.data(), p.payload.size());
+  }
+  out.inline_bytes = inl;
+  out.sge = ibv_sge{reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(frame),
+                    inl ? 0u : send_mr_->lkey};
+  out.wr.wr_id = WrId(kWrSend, serial_, seq, signaled);
+  out.wr.num_sge = 1;
+  out.wr.opcode = IBV_WR_SEND;
+  out.wr.send_flags = (inl ? IBV_SEND_INLINE : 0) | (signaled ? IBV_SEND_SIGNALED : 0);
   posted_.push_back(Posted{seq, slot});
   ++sq_used_;
   if (signaled) ++signaled_outstanding_;
@@ -275,9 +280,56 @@ absl::Status RdmaConnection::PostFrameLocked(Pending& p) {
   return absl::OkStatus();
 }
 
+absl::Status RdmaConnection::FlushOutbox() {
+  absl::Status result;
+  for (;;) {
+    if (post_token_.exchange(true, std::memory_order_acquire)) return result;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      posting_.swap(outbox_);
+    }
+    if (!posting_.empty()) {
+      for (size_t i = 0; i < posting_.size(); ++i) {
+        Outgoing& o = posting_[i];
+        if (o.wr.num_sge > 0) o.wr.sg_list = &o.sge;
+        if (o.inline_bytes) o.sge.addr = reinterpret_cast<uintptr_t>(o.bytes);
+        o.wr.next = i + 1 < posting_.size() ? &posting_[i + 1].wr : nullptr;
+      }
+      ibv_send_wr* bad = nullptr;
+      FaultInjection::MaybeHoldPost();
+      const int rc = ibv_post_send(id_->qp, &posting_[0].wr, &bad);
+      for (Outgoing& o : posting_) {
+        if (rc != 0 && &o.wr == bad) break;
+        if (o.bound_mw != nullptr) o.bound_mw->rkey = o.bound_rkey;
+      }
+      if (rc != 0) {
+        result = absl::UnavailableError(
+            absl::StrCat("ibv_post_send to ", peer_, " failed: ", strerror(rc)));
+        uint32_t lost_signaled = 0;
+        for (ibv_send_wr* w = bad; w != nullptr; w = w->next) {
+          if (w->send_flags & IBV_SEND_SIGNALED) ++lost_signaled;
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          closed_ = true;
+          signaled_outstanding_ -= lost_signaled;
+        }
+        // Calls whose frames were lost end when the connection does.
+        if (auto self = weak_from_this().lock()) {
+          endpoint_->RunOnPoller([self, result] { self->Teardown(result); });
+        }
+      }
+      posting_.clear();
+    }
+    post_token_.store(false, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (outbox_.empty()) return result;
+  }
+}
+
 void RdmaConnection::FlushBacklogLocked() {
   while (!backlog_.empty() && !closed_ && CanPostLocked(backlog_.front().header)) {
-    if (!PostFrameLocked(backlog_.front()).ok()) return;
+    if (!QueueFrameLocked(backlog_.front()).ok()) return;
     backlog_.pop_front();
   }
 }
@@ -300,13 +352,11 @@ void RdmaConnection::FlushInvalidationsLocked() {
   while (!to_invalidate_.empty() && !closed_ && sq_used_ + rd_atom_ + 1 <= sq_depth_) {
     Advertised& adv = to_invalidate_.front();
     const uint32_t index = next_invalidation_++;
-    ibv_send_wr wr{};
+    ibv_send_wr& wr = QueueLocked().wr;
     wr.wr_id = WrId(kWrInvalidate, serial_, index, true);
     wr.opcode = IBV_WR_LOCAL_INV;
-    wr.invalidate_rkey = adv.mw->rkey;
+    wr.invalidate_rkey = adv.rkey;
     wr.send_flags = IBV_SEND_SIGNALED;
-    ibv_send_wr* bad = nullptr;
-    if (ibv_post_send(id_->qp, &wr, &bad) != 0) return;  // teardown frees it
     ++sq_used_;
     ++signaled_outstanding_;
     invalidating_.emplace(index, std::move(adv));
@@ -320,7 +370,7 @@ void RdmaConnection::FreeWindowsLocked() {
     if (adv.mw) ibv_dealloc_mw(adv.mw);
   for (auto& adv : to_invalidate_) ibv_dealloc_mw(adv.mw);
   for (auto& [index, adv] : invalidating_) ibv_dealloc_mw(adv.mw);
-  for (ibv_mw* mw : free_mws_) ibv_dealloc_mw(mw);
+  for (const Window& w : free_mws_) ibv_dealloc_mw(w.mw);
   advertised_.clear();
   to_invalidate_.clear();
   invalidating_.clear();
@@ -328,24 +378,26 @@ void RdmaConnection::FreeWindowsLocked() {
 }
 
 void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) return;
-  Pending p;
-  p.header.kind = kind;
-  p.header.remote.token = token;
-  if (kind == MessageKind::kCredit) {
-    // Credit-only frames jump the backlog (they need no credit); if there is
-    // no room, the credit goes with a later frame instead.
-    if (owed_.load() == 0 || !CanPostLocked(p.header)) return;
-    MutableCounters().credit_messages.fetch_add(1);
-    PostFrameLocked(p).IgnoreError();
-    return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    Pending p;
+    p.header.kind = kind;
+    p.header.remote.token = token;
+    if (kind == MessageKind::kCredit) {
+      // Credit-only frames jump the backlog (they need no credit); if there
+      // is no room, the credit goes with a later frame instead.
+      if (owed_.load() == 0 || !CanPostLocked(p.header)) return;
+      MutableCounters().credit_messages.fetch_add(1);
+      QueueFrameLocked(p).IgnoreError();
+    } else if (!backlog_.empty() || !CanPostLocked(p.header)) {
+      backlog_.push_back(std::move(p));
+      return;
+    } else {
+      QueueFrameLocked(p).IgnoreError();
+    }
   }
-  if (!backlog_.empty() || !CanPostLocked(p.header)) {
-    backlog_.push_back(std::move(p));
-    return;
-  }
-  PostFrameLocked(p).IgnoreError();
+  FlushOutbox().IgnoreError();  // a failed post tears the connection down
 }
 
 void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
@@ -363,6 +415,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
                                                  " bytes received, header says ", expected)));
   }
   if (h->kind != MessageKind::kCredit) owed_.fetch_add(1);
+  bool queued;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (h->credits) {
@@ -375,7 +428,9 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       for (auto it = range.first; it != range.second; ++it) ReleaseAdvertisedLocked(it->second);
       request_tokens_.erase(range.first, range.second);
     }
+    queued = !outbox_.empty();
   }
+  if (queued) FlushOutbox().IgnoreError();
   if (h->kind == MessageKind::kCredit || h->kind == MessageKind::kRelease) {
     endpoint_->ReleaseSlot(slot);
   } else {
@@ -418,6 +473,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
 }
 
 void RdmaConnection::StartReads() {
+  bool queued = false;
   while (!read_queue_.empty() && reads_in_flight_ < static_cast<int>(rd_atom_) && !torn_down_) {
     const uint32_t op_id = read_queue_.front();
     ReadOp& op = reads_[op_id];
@@ -443,31 +499,28 @@ void RdmaConnection::StartReads() {
     std::lock_guard<std::mutex> lock(mu_);
     while (op.next < len && reads_in_flight_ < static_cast<int>(rd_atom_)) {
       const size_t chunk = std::min(len - op.next, chunk_max);
-      ibv_sge sge{reinterpret_cast<uintptr_t>(op.block->data + op.next),
-                  static_cast<uint32_t>(chunk), op.block->mr->lkey};
-      ibv_send_wr wr{};
+      Outgoing& out = QueueLocked();
+      out.sge = ibv_sge{reinterpret_cast<uintptr_t>(op.block->data + op.next),
+                        static_cast<uint32_t>(chunk), op.block->mr->lkey};
+      ibv_send_wr& wr = out.wr;
       wr.wr_id = WrId(kWrRead, serial_, op_id, true);
-      wr.sg_list = &sge;
       wr.num_sge = 1;
       wr.opcode = IBV_WR_RDMA_READ;
       wr.send_flags = IBV_SEND_SIGNALED;
       wr.wr.rdma.remote_addr = op.remote_addr + op.next;
       wr.wr.rdma.rkey = op.rkey;
-      ibv_send_wr* bad = nullptr;
-      if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
-        closed_ = true;
-        break;
-      }
       ++sq_used_;
       ++signaled_outstanding_;
       op.next += chunk;
       ++op.in_flight;
       ++reads_in_flight_;
+      queued = true;
       MutableCounters().reads.fetch_add(1);
     }
     if (op.next < len) break;  // no more room now
     read_queue_.pop_front();
   }
+  if (queued) FlushOutbox().IgnoreError();
 }
 
 void RdmaConnection::DeliverRead(uint32_t op_id) {
@@ -493,6 +546,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
     std::lock_guard<std::mutex> lock(mu_);
     --signaled_outstanding_;
   }
+  bool queued = false;
   if (kind == kWrSend) {
     std::lock_guard<std::mutex> lock(mu_);
     while (!posted_.empty() && static_cast<int32_t>(posted_.front().seq - index) <= 0) {
@@ -504,12 +558,13 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
       FlushInvalidationsLocked();
       FlushBacklogLocked();
     }
+    queued = !outbox_.empty();
   } else if (kind == kWrInvalidate) {
     std::lock_guard<std::mutex> lock(mu_);
     --sq_used_;
     auto node = invalidating_.extract(index);
     if (!node.empty() && wc.status == IBV_WC_SUCCESS) {
-      free_mws_.push_back(node.mapped().mw);
+      free_mws_.push_back(Window{node.mapped().mw, node.mapped().rkey});
       node.mapped().mw = nullptr;  // its block returns to the pool with the node
     } else if (!node.empty()) {
       invalidating_.insert(std::move(node));  // freed with the QP at teardown
@@ -518,6 +573,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
       FlushInvalidationsLocked();
       FlushBacklogLocked();
     }
+    queued = !outbox_.empty();
   } else if (kind == kWrRead) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -534,6 +590,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
     }
     if (wc.status == IBV_WC_SUCCESS) StartReads();
   }
+  if (queued) FlushOutbox().IgnoreError();
   if (wc.status != IBV_WC_SUCCESS && !torn_down_) {
     if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) MutableCounters().rnr_events.fetch_add(1);
     const char* what = kind == kWrRead         ? "RDMA READ from"
@@ -599,6 +656,9 @@ void RdmaConnection::Teardown(absl::Status why) {
 }
 
 bool RdmaConnection::FinishTeardown() {
+  // What is still queued goes to the QP, which is in the error state by now:
+  // it completes as flushed, like everything else outstanding.
+  FlushOutbox().IgnoreError();
   bool drained;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -608,11 +668,15 @@ bool RdmaConnection::FinishTeardown() {
   }
   if (!drained && absl::Now() - teardown_started_ < kDrainBound) return false;
   endpoint_->RemoveConnection(this);
+  // Nothing may post from here on (Send refuses since Teardown): the token is
+  // taken and never given back.
+  while (post_token_.exchange(true, std::memory_order_acquire)) std::this_thread::yield();
   {
     // Windows first: rxe holds a QP reference per bound window, so destroying
     // the QP before them would block. The QP is in the error state already,
     // so no READ can use them.
     std::lock_guard<std::mutex> lock(mu_);
+    outbox_.clear();
     FreeWindowsLocked();
     request_tokens_.clear();
     posted_.clear();

@@ -38,10 +38,15 @@
 // Devices without type-2 windows fall back to a REMOTE_READ registration per
 // block, which is neither QP-bound nor revocable (logged at start).
 //
-// Threading: Send/AllocatePayload/Close from any thread (a mutex guards the
-// send side and is held across ibv_post_send so posts keep their order);
-// everything else runs in the endpoint's I/O context (its poller thread or a
-// caller driving it, one at a time; see endpoint.h).
+// Threading: Send/AllocatePayload/Close from any thread; everything else runs
+// in the endpoint's I/O context (its poller thread or a caller driving it, one
+// at a time; see endpoint.h). A mutex guards the send side's bookkeeping, but
+// no lock is held across ibv_post_send: work requests are built under the
+// mutex into an outbox, in the order their sequence numbers were taken, and
+// posted outside it by whichever thread holds the post token (FlushOutbox);
+// a thread that finds the token taken leaves its requests to the holder, who
+// looks again before it lets go. One doorbell may carry several requests.
+// Teardown takes the token for good before it destroys the QP.
 #ifndef RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_H_
 #define RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_H_
 
@@ -83,6 +88,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
  public:
   // wr_id kinds (top 4 bits of a non-RECV wr_id).
   enum : uint64_t { kWrSend = 1, kWrRead = 2, kWrBind = 3, kWrInvalidate = 4 };
+  // Inline sends are copied into the outbox entry; larger inline limits are
+  // not used.
+  static constexpr uint32_t kMaxInlineUsed = 512;
 
   RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string peer, uint32_t serial,
                  const TransportOptions& options, const Handshake& peer_handshake,
@@ -134,14 +142,34 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     std::string metadata;
     Buffer payload;  // inline payload only
   };
+  // A memory window and its rkey as we last bound it. The rkey is kept here,
+  // not read from ibv_mw: the provider's copy changes only once the bind has
+  // been posted, which may be on another thread after we have moved on.
+  struct Window {
+    ibv_mw* mw = nullptr;
+    uint32_t rkey = 0;
+  };
   struct Advertised {  // a payload the peer may READ
     Buffer payload;
     RegisteredPool::Block* block = nullptr;
-    ibv_mw* mw = nullptr;  // bound when its frame is posted; null without windows
+    ibv_mw* mw = nullptr;  // bound when its frame is queued; null without windows
+    uint32_t rkey = 0;     // the window's rkey (the new one once bound)
   };
   struct Posted {
     uint32_t seq;
     int slot;  // send slot to free on completion, or -1
+  };
+  // A work request waiting in the outbox. Pointers into the entry itself
+  // (sg_list, inline bytes) are set when it is posted: the vector may move.
+  struct Outgoing {
+    ibv_send_wr wr;
+    ibv_sge sge;
+    bool inline_bytes;  // sge covers `bytes`
+    // A bind: once posted, the provider's ibv_mw must show the new rkey (the
+    // next bind of that window names it by its current rkey).
+    ibv_mw* bound_mw;
+    uint32_t bound_rkey;
+    char bytes[kMaxInlineUsed];
   };
   struct ReadOp {
     InboundMessage msg;
@@ -155,7 +183,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
 
   absl::Status SendLocked(Header header, std::string metadata, Buffer payload);
   bool CanPostLocked(const Header& h) const;
-  absl::Status PostFrameLocked(Pending& p);
+  // Builds the frame's work requests (bind, SEND) into the outbox.
+  absl::Status QueueFrameLocked(Pending& p);
+  Outgoing& QueueLocked();
+  // Posts the outbox if this thread gets the post token; never under mu_.
+  // The error is that of a failed post (the connection then tears down).
+  absl::Status FlushOutbox();
   void FlushBacklogLocked();
   void ReleaseAdvertisedLocked(uint64_t token);
   void FlushInvalidationsLocked();
@@ -194,11 +227,14 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t sq_depth_ = 0;
   uint64_t next_token_ = 1;             // guarded by mu_
   std::unordered_map<uint64_t, Advertised> advertised_;      // token -> payload, mu_
-  std::vector<ibv_mw*> free_mws_;                             // mu_
+  std::vector<Window> free_mws_;                              // mu_
   std::deque<Advertised> to_invalidate_;                      // released, window still bound; mu_
   std::unordered_map<uint32_t, Advertised> invalidating_;     // LOCAL_INV posted; mu_
   uint32_t next_invalidation_ = 1;                            // mu_
   std::unordered_multimap<uint64_t, uint64_t> request_tokens_;  // call id -> token, mu_
+  std::vector<Outgoing> outbox_;        // built, not yet posted; mu_
+  std::atomic<bool> post_token_{false};
+  std::vector<Outgoing> posting_;       // the post token holder's
   std::atomic<uint32_t> owed_{0};       // credits owed to the peer
 
   // I/O context (endpoint.h).

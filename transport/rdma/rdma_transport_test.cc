@@ -293,6 +293,45 @@ TEST(RdmaTransport, ReplayedOldAdvertisementIsRefused) {
   (*good)->Close();
 }
 
+// No lock is held across ibv_post_send: while one thread is stopped inside
+// its post (on purpose), another thread's Send on the same connection returns
+// at once, and its frame goes out when the first post finishes.
+TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
+  Waiter waiter;
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  auto conn = fx.client->Connect(fx.addr, &waiter, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 100, 1)).ok());
+  auto send = [&](uint64_t id) {
+    OutboundMessage m;
+    m.header.kind = MessageKind::kRequest;
+    m.header.call_id = id;
+    m.payload = Filled(**conn, 100, id);
+    return (*conn)->Send(std::move(m));
+  };
+  auto first_response = waiter.Expect(2);
+  auto second_response = waiter.Expect(3);
+  std::thread first([&] {
+    FaultInjection::HoldNextPostOfThisThread();
+    EXPECT_TRUE(send(2).ok());
+  });
+  FaultInjection::WaitUntilPostHeld();
+  auto second = std::async(std::launch::async, [&] { return send(3); });
+  const bool returned = second.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  FaultInjection::ReleaseHeldPost();
+  first.join();
+  EXPECT_TRUE(returned) << "Send waited while another thread was inside ibv_post_send";
+  EXPECT_TRUE(second.get().ok());
+  for (auto* f : {&first_response, &second_response}) {
+    ASSERT_EQ(f->wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  }
+  InboundMessage r2 = first_response.get(), r3 = second_response.get();
+  EXPECT_TRUE(r2.payload_status.ok() && Matches(r2.payload, 100, 2));
+  EXPECT_TRUE(r3.payload_status.ok() && Matches(r3.payload, 100, 3));
+  (*conn)->Close();
+}
+
 int OpenFds() {
   int n = 0;
   DIR* d = opendir("/proc/self/fd");
