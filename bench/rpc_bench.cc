@@ -28,7 +28,8 @@ ABSL_FLAG(std::string, address, "", "server address; default rdma://$RDMARPC_TES
 ABSL_FLAG(int, pings, 5000, "small calls (0: skip the latency figures)");
 ABSL_FLAG(int, pulls, 100, "1 MiB requests (0: skip the bandwidth figure)");
 ABSL_FLAG(int, in_flight, 8, "1 MiB requests in flight at once");
-ABSL_FLAG(int, workers, 0, "server worker threads (0: handlers inline on the poller)");
+ABSL_FLAG(int, workers, -1,
+          "server worker threads (0: handlers inline on the I/O thread; -1: one per core)");
 
 namespace {
 
