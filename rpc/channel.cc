@@ -99,8 +99,11 @@ std::shared_ptr<transport::Connection> Channel::Start(
     return nullptr;
   };
 
+  // No clock read for a call without deadline (the common case): in a VM a
+  // clock read is not free.
   const absl::Time deadline = ctx->deadline();
-  if (absl::Now() >= deadline) {
+  const bool has_deadline = deadline != absl::InfiniteFuture();
+  if (has_deadline && absl::Now() >= deadline) {
     return fail(StatusCode::kDeadlineExceeded, "deadline passed before the call started");
   }
   if (Status s = transport::ValidateMetadata(ctx->metadata()); !s.ok()) {
@@ -112,7 +115,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
                 absl::StrCat("request of ", size, " bytes exceeds max_message_size ",
                              options_.max_message_size));
   }
-  auto conn = EnsureConnected(std::min(deadline, absl::Now() + options_.connect_timeout));
+  auto conn = EnsureConnected(deadline);
   if (!conn.ok()) return fail(conn.status().code(), std::string(conn.status().message()));
 
   OutboundMessage msg;
@@ -123,7 +126,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   msg.metadata = transport::EncodeMetadata(ctx->metadata());
   msg.header.kind = MessageKind::kRequest;
   msg.header.method_id = method.id;
-  if (deadline != absl::InfiniteFuture()) {
+  if (has_deadline) {
     msg.header.timeout_us =
         std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
   }
@@ -134,7 +137,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
     id = next_call_id_++;
     p.id = id;
     p.conn = conn->get();
-    if (deadline != absl::InfiniteFuture()) {
+    if (has_deadline) {
       p.timer = timers_.Schedule(deadline, [this, id] {
         Complete(id, Status(StatusCode::kDeadlineExceeded, "deadline exceeded"), nullptr, true);
       });
@@ -142,13 +145,12 @@ std::shared_ptr<transport::Connection> Channel::Start(
     pending_.emplace(id, std::move(p));
   }
   msg.header.call_id = id;
-  ctx->SetCancelHook([this, id] {
+  const bool cancelled = ctx->SetCancelHook([this, id] {
     Complete(id, Status(StatusCode::kCancelled, "cancelled by the client"), nullptr, true);
   });
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (pending_.count(id) == 0) return nullptr;  // cancelled or timed out already
-  }
+  // A call cancelled before it was sent has ended already. (One that timed
+  // out meanwhile is sent; its late response is dropped.)
+  if (cancelled) return nullptr;
   if (Status s = (*conn)->Send(std::move(msg)); !s.ok()) {
     Complete(id, s, nullptr, false);
     return nullptr;
@@ -156,11 +158,12 @@ std::shared_ptr<transport::Connection> Channel::Start(
   return std::move(*conn);
 }
 
-StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::Time deadline) {
+StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::Time call_deadline) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (conn_) return conn_;
   }
+  const absl::Time deadline = std::min(call_deadline, absl::Now() + options_.connect_timeout);
   std::lock_guard<std::mutex> connecting(connect_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);

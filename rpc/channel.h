@@ -97,7 +97,8 @@ class Channel : private transport::ConnectionObserver {
                                                const google::protobuf::MessageLite& request,
                                                google::protobuf::MessageLite* response,
                                                CallCallback done, bool inline_done);
-  StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected(absl::Time deadline);
+  // Connects (within the call's deadline and connect_timeout) if need be.
+  StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected(absl::Time call_deadline);
   // Ends call `id` with `status` unless it already ended; `msg` is the
   // response, if one came. Sends kCancel to the server when asked.
   void Complete(uint64_t id, Status status, transport::InboundMessage* msg, bool tell_server);

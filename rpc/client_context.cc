@@ -12,7 +12,7 @@ void ClientContext::TryCancel() {
   if (hook) hook();
 }
 
-void ClientContext::SetCancelHook(std::function<void()> hook) {
+bool ClientContext::SetCancelHook(std::function<void()> hook) {
   bool cancel_now;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -20,6 +20,7 @@ void ClientContext::SetCancelHook(std::function<void()> hook) {
     cancel_now = cancelled_;
   }
   if (cancel_now) hook();
+  return cancel_now;
 }
 
 void ClientContext::ClearCancelHook() {

@@ -52,7 +52,8 @@ class ClientContext {
  private:
   friend class Channel;
   // Called by the channel while the call is pending; cleared when it ends.
-  void SetCancelHook(std::function<void()> hook);
+  // True when the context was cancelled already: the hook has run.
+  bool SetCancelHook(std::function<void()> hook);
   void ClearCancelHook();
 
   absl::Time deadline_ = absl::InfiniteFuture();

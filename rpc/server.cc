@@ -59,7 +59,7 @@ class ServerCallImpl : public ServerCall {
     }
     // Past the deadline the client is no longer waiting for a result, and
     // whatever the handler made of its cancellation, the cause is the deadline.
-    if (absl::Now() >= ctx_.deadline()) {
+    if (ctx_.deadline() != absl::InfiniteFuture() && absl::Now() >= ctx_.deadline()) {
       payload.Reset();
       status = Status(StatusCode::kDeadlineExceeded, "deadline exceeded on the server");
     }

@@ -38,7 +38,9 @@ class ServerContext {
         client_metadata_(std::move(client_md)) {}
 
   absl::Time deadline() const { return deadline_; }
-  bool IsCancelled() const { return cancelled_.load() || absl::Now() >= deadline_; }
+  bool IsCancelled() const {
+    return cancelled_.load() || (deadline_ != absl::InfiniteFuture() && absl::Now() >= deadline_);
+  }
   const Metadata& client_metadata() const { return client_metadata_; }
   // "/package.Service/Method"
   const std::string& method() const { return method_; }
