@@ -5,7 +5,9 @@
 //   uint64_t reads = c.reads.load();
 //
 // They prove where bytes went: small messages as SENDs into the SRQ
-// (srq_slots_consumed), large ones as READs (reads, bytes_read).
+// (srq_slots_consumed), large ones as READs (reads, bytes_read). RNR events
+// are counted by the device, not by us (a retried SEND completes like any
+// other): ReadDeviceRnrNaks.
 #ifndef RDMARPC_TRANSPORT_RDMA_COUNTERS_H_
 #define RDMARPC_TRANSPORT_RDMA_COUNTERS_H_
 
@@ -24,7 +26,7 @@ struct RdmaCounters {
   std::atomic<uint64_t> srq_slots_posted{0};
   std::atomic<uint64_t> srq_slots_consumed{0};
   std::atomic<uint64_t> srq_short{0};          // times the SRQ could not be refilled
-  std::atomic<uint64_t> rnr_events{0};         // RNR retry exhausted (safety net failed)
+  std::atomic<uint64_t> rnr_retry_exhausted{0};  // RNR retries ran out (the safety net failed)
   std::atomic<uint64_t> credit_stalls{0};      // sends queued for lack of credit or slot
   std::atomic<uint64_t> credit_messages{0};    // credit-only frames sent
   std::atomic<uint64_t> connections_opened{0};
@@ -40,6 +42,22 @@ struct RdmaCounters {
 
 const RdmaCounters& Counters();
 RdmaCounters& MutableCounters();
+
+// RNR NAKs as counted by the RDMA devices this process uses: device-wide
+// (every process on the device counts) since the device came up. Received:
+// SENDs of ours that found the peer's receive queue empty and were retried.
+// Sent: peers' SENDs that found our SRQ empty. Credits keep both still in
+// normal operation; but the SRQ is shared, so many connections bursting at
+// once can empty it, and then the retry is the safety net. -1: the device
+// exposes no such counter (rxe has both; mlx5 only `out_of_buffer`, which
+// counts the sent side).
+struct DeviceRnrNaks {
+  int64_t received = -1;
+  int64_t sent = -1;
+};
+DeviceRnrNaks ReadDeviceRnrNaks();
+// Endpoints record their device so ReadDeviceRnrNaks knows where to look.
+void NoteDeviceInUse(const std::string& device);
 
 }  // namespace rdmarpc::transport::rdma
 

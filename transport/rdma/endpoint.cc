@@ -53,6 +53,7 @@ Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target
 
 absl::Status Endpoint::Init() {
   device_name_ = ibv_get_device_name(verbs_->device);
+  NoteDeviceInUse(device_name_);
   if (ibv_query_device(verbs_, &device_attr_) != 0) return Errno("ibv_query_device", device_name_);
   if (!(pd_ = ibv_alloc_pd(verbs_))) return Errno("ibv_alloc_pd", device_name_);
   if (!(channel_ = ibv_create_comp_channel(verbs_))) {

@@ -592,7 +592,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
   }
   if (queued) FlushOutbox().IgnoreError();
   if (wc.status != IBV_WC_SUCCESS && !torn_down_) {
-    if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) MutableCounters().rnr_events.fetch_add(1);
+    if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) MutableCounters().rnr_retry_exhausted.fetch_add(1);
     const char* what = kind == kWrRead         ? "RDMA READ from"
                        : kind == kWrBind       ? "memory-window bind for"
                        : kind == kWrInvalidate ? "memory-window invalidation for"

@@ -16,7 +16,8 @@
 // so two peers that both ran out can always unblock each other. Frames that
 // find no credit (or no send slot, or a full send queue) wait in a backlog, in
 // order (counted as credit_stalls). RNR retry (rnr_retry_count 7) is only the
-// safety net when the shared SRQ runs short.
+// safety net when the shared SRQ runs short (credits are per connection, the
+// SRQ is not); the device counts those NAKs (ReadDeviceRnrNaks).
 //
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
