@@ -55,9 +55,11 @@ class EchoObserver : public ConnectionObserver {
     r.header.call_id = msg.header.call_id;
     if (!msg.payload_status.ok()) {
       r.header.status = static_cast<uint16_t>(msg.payload_status.code());
+    } else if (auto b = conn.AllocatePayload(msg.payload.size()); !b.ok()) {
+      // Answered, not dropped: the client's test then shows why.
+      fprintf(stderr, "echo: %s\n", b.status().ToString().c_str());
+      r.header.status = static_cast<uint16_t>(b.status().code());
     } else {
-      auto b = conn.AllocatePayload(msg.payload.size());
-      if (!b.ok()) return;
       memcpy(b->data(), msg.payload.data(), msg.payload.size());
       r.payload = std::move(*b);
     }
@@ -90,6 +92,8 @@ class Waiter : public ConnectionObserver {
   void OnClosed(Connection&, const absl::Status& why) override {
     std::lock_guard<std::mutex> lock(mu_);
     closed_status = why;
+    // Before the waiters wake: a test that saw its call fail may check it.
+    closed = true;
     for (auto& [id, p] : waiting_) {
       InboundMessage m;
       m.header.call_id = id;
@@ -97,7 +101,6 @@ class Waiter : public ConnectionObserver {
       p.set_value(std::move(m));
     }
     waiting_.clear();
-    closed = true;
   }
   std::atomic<bool> closed{false};
   absl::Status closed_status;
@@ -146,10 +149,15 @@ absl::StatusOr<InboundMessage> Call(Connection& conn, Waiter& w, uint64_t id, Bu
   m.payload = std::move(payload);
   if (absl::Status s = conn.Send(std::move(m)); !s.ok()) return s;
   if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
-    return absl::DeadlineExceededError("no response in 120 s");
+    return absl::DeadlineExceededError(
+        absl::StrCat("no response in 120 s; counters: ", Counters().ToString()));
   }
   InboundMessage r = f.get();
   if (!r.payload_status.ok()) return r.payload_status;
+  if (r.header.status != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(r.header.status),
+                        "the server could not answer (see its log line)");
+  }
   return r;
 }
 
