@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/rdma_connection.h"
+#include "transport/wire_format.h"
 
 namespace rdmarpc::transport::rdma {
 namespace {
@@ -196,6 +197,11 @@ void Endpoint::ReleaseSlot(uint32_t slot) {
 }
 
 Buffer Endpoint::SlotBuffer(uint32_t slot, size_t offset, size_t length) {
+  if (offset == 0 || offset > options_.slot_size) {
+    fprintf(stderr, "rdmarpc[%s]: SlotBuffer offset %zu outside (0, %zu]\n", owner_.c_str(), offset,
+            options_.slot_size);
+    abort();
+  }
   const Region& r = regions_[slot / kSlotsPerRegion];
   char* data = r.base + (slot % kSlotsPerRegion) * options_.slot_size + offset;
   // The releaser finds the slot again from the data pointer: capturing only
@@ -206,13 +212,17 @@ Buffer Endpoint::SlotBuffer(uint32_t slot, size_t offset, size_t length) {
 
 uint32_t Endpoint::SlotOf(const char* p) const {
   // Any thread. Regions below slot_count_ are complete and never move
-  // (regions_ has its final capacity from Init).
+  // (regions_ has its final capacity from Init). A payload starts after the
+  // frame's header, and may start at the very end of its slot (metadata
+  // filling the slot, no payload), so the byte before it is in the slot.
+  static_assert(kHeaderSize > 0, "a slot's payload never starts at the slot's first byte");
+  const char* inside = p - 1;
   const uint32_t regions = slot_count_.load(std::memory_order_acquire) / kSlotsPerRegion;
   const size_t region_bytes = size_t{kSlotsPerRegion} * options_.slot_size;
   for (uint32_t i = 0; i < regions; ++i) {
     const Region& r = regions_.data()[i];
-    if (p >= r.base && p < r.base + region_bytes) {
-      return i * kSlotsPerRegion + static_cast<uint32_t>((p - r.base) / options_.slot_size);
+    if (inside >= r.base && inside < r.base + region_bytes) {
+      return i * kSlotsPerRegion + static_cast<uint32_t>((inside - r.base) / options_.slot_size);
     }
   }
   fprintf(stderr, "rdmarpc[%s]: released memory is in no receive slot of %s\n", owner_.c_str(),

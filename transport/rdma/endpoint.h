@@ -102,6 +102,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   uint32_t SlotOf(const char* p) const;
 
   // A receive slot's bytes as a Buffer: releasing it makes the slot a spare.
+  // 0 < offset <= slot_size (a payload follows a header).
   Buffer SlotBuffer(uint32_t slot, size_t offset, size_t length);
   // `size` bytes of a pool block as a Buffer: releasing it returns the block.
   Buffer BlockBuffer(RegisteredPool::Block* block, size_t size);
