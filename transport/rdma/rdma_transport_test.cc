@@ -141,13 +141,18 @@ struct Fixture {
   }
 };
 
-absl::StatusOr<InboundMessage> Call(Connection& conn, Waiter& w, uint64_t id, Buffer payload) {
-  auto f = w.Expect(id);
+OutboundMessage Request(uint64_t id, Buffer payload, std::string metadata = {}) {
   OutboundMessage m;
   m.header.kind = MessageKind::kRequest;
   m.header.call_id = id;
   m.payload = std::move(payload);
-  if (absl::Status s = conn.Send(std::move(m)); !s.ok()) return s;
+  m.metadata = std::move(metadata);
+  return m;
+}
+
+absl::StatusOr<InboundMessage> Call(Connection& conn, Waiter& w, uint64_t id, Buffer payload) {
+  auto f = w.Expect(id);
+  if (absl::Status s = conn.Send(Request(id, std::move(payload))); !s.ok()) return s;
   if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
     return absl::DeadlineExceededError(
         absl::StrCat("no response in 120 s; counters: ", Counters().ToString()));
@@ -228,11 +233,7 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
   std::vector<std::future<InboundMessage>> pending;
   for (int i = 0; i < 200; ++i) {
     pending.push_back(waiters[i]->Expect(2));
-    OutboundMessage m;
-    m.header.kind = MessageKind::kRequest;
-    m.header.call_id = 2;
-    m.payload = Filled(*conns[i], 1000, i);
-    ASSERT_TRUE(conns[i]->Send(std::move(m)).ok());
+    ASSERT_TRUE(conns[i]->Send(Request(2, Filled(*conns[i], 1000, i))).ok());
   }
   for (int i = 0; i < 200; ++i) {
     ASSERT_EQ(pending[i].wait_for(std::chrono::seconds(60)), std::future_status::ready);
@@ -314,11 +315,7 @@ TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
   ASSERT_TRUE(conn.ok()) << conn.status();
   ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 100, 1)).ok());
   auto send = [&](uint64_t id) {
-    OutboundMessage m;
-    m.header.kind = MessageKind::kRequest;
-    m.header.call_id = id;
-    m.payload = Filled(**conn, 100, id);
-    return (*conn)->Send(std::move(m));
+    return (*conn)->Send(Request(id, Filled(**conn, 100, id)));
   };
   auto first_response = waiter.Expect(2);
   auto second_response = waiter.Expect(3);
@@ -357,11 +354,7 @@ TEST(RdmaTransport, FullSlotFramesGiveBackTheirSlots) {
   const size_t metadata = RdmaOptions().slot_size - kHeaderSize;
   for (uint64_t id = 2; id <= 1001; ++id) {
     auto response = waiter.Expect(id);
-    OutboundMessage m;
-    m.header.kind = MessageKind::kRequest;
-    m.header.call_id = id;
-    m.metadata.assign(metadata, 'm');
-    ASSERT_TRUE((*conn)->Send(std::move(m)).ok());
+    ASSERT_TRUE((*conn)->Send(Request(id, Buffer(), std::string(metadata, 'm'))).ok());
     ASSERT_EQ(response.wait_for(std::chrono::seconds(60)), std::future_status::ready) << id;
     EXPECT_TRUE(response.get().payload_status.ok()) << id;
   }
@@ -412,11 +405,7 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
     for (int i = 1; i <= kFrames; ++i) {
       const uint64_t id = static_cast<uint64_t>(c * 100 + i);
       responses.push_back(waiters[c].Expect(id));
-      OutboundMessage m;
-      m.header.kind = MessageKind::kRequest;
-      m.header.call_id = id;
-      m.payload = Filled(*conns[c], 64, id);
-      ASSERT_TRUE(conns[c]->Send(std::move(m)).ok());
+      ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
     }
   }
   {
@@ -563,11 +552,7 @@ int DoomedClient(const std::string& target) {
   Waiter w;
   auto c = t.Connect(*ParseAddress("rdma://" + target), &w, absl::Now() + absl::Seconds(30));
   if (!c.ok()) return 2;
-  OutboundMessage m;
-  m.header.kind = MessageKind::kRequest;
-  m.header.call_id = 1;
-  m.payload = Filled(**c, 32u << 20, 1);
-  if (!(*c)->Send(std::move(m)).ok()) return 3;
+  if (!(*c)->Send(Request(1, Filled(**c, 32u << 20, 1))).ok()) return 3;
   (void)!write(1, "sent\n", 5);
   pause();  // until killed
   return 0;
