@@ -576,8 +576,11 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
     queued = !outbox_.empty();
   } else if (kind == kWrRead) {
     {
+      // The room this READ held may be what a waiting frame needs.
       std::lock_guard<std::mutex> lock(mu_);
       --sq_used_;
+      if (wc.status == IBV_WC_SUCCESS) FlushBacklogLocked();
+      queued = !outbox_.empty();
     }
     --reads_in_flight_;
     auto it = reads_.find(index);
