@@ -108,6 +108,7 @@ Endpoint::~Endpoint() {
     free(r.base);
   }
   pool_.reset();
+  for (char* block : small_free_) delete[] block;
   if (cq_) ibv_destroy_cq(cq_);
   if (channel_) ibv_destroy_comp_channel(channel_);
   if (pd_) ibv_dealloc_pd(pd_);
@@ -228,6 +229,34 @@ uint32_t Endpoint::SlotOf(const char* p) const {
   fprintf(stderr, "rdmarpc[%s]: released memory is in no receive slot of %s\n", owner_.c_str(),
           device_name_.c_str());
   abort();
+}
+
+Buffer Endpoint::SmallBuffer(size_t size) {
+  if (size == 0) return Buffer();
+  if (size > options_.slot_size) {
+    fprintf(stderr, "rdmarpc[%s]: SmallBuffer of %zu bytes exceeds the slot size %zu\n",
+            owner_.c_str(), size, options_.slot_size);
+    abort();
+  }
+  char* block = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(small_mu_);
+    if (!small_free_.empty()) {
+      block = small_free_.back();
+      small_free_.pop_back();
+    }
+  }
+  if (block == nullptr) block = new char[options_.slot_size];
+  return Buffer(block, size, [self = shared_from_this()](char* d, size_t) {
+    {
+      std::lock_guard<std::mutex> lock(self->small_mu_);
+      if (self->small_free_.size() < kSpareSmallBlocks) {
+        self->small_free_.push_back(d);
+        return;
+      }
+    }
+    delete[] d;
+  });
 }
 
 Buffer Endpoint::BlockBuffer(RegisteredPool::Block* block, size_t size) {

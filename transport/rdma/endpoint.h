@@ -106,6 +106,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   Buffer SlotBuffer(uint32_t slot, size_t offset, size_t length);
   // `size` bytes of a pool block as a Buffer: releasing it returns the block.
   Buffer BlockBuffer(RegisteredPool::Block* block, size_t size);
+  // A payload that will be copied into a SEND (size <= slot_size): a heap
+  // block of slot_size bytes, kept for reuse when released (up to
+  // kSpareSmallBlocks), so a small message costs no allocation. Any thread.
+  Buffer SmallBuffer(size_t size);
 
  private:
   Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target, std::string owner);
@@ -148,6 +152,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::mutex spare_mu_;
   std::vector<uint32_t> spare_;   // guarded by spare_mu_
   std::atomic<bool> short_{false};
+
+  static constexpr size_t kSpareSmallBlocks = 256;
+  std::mutex small_mu_;
+  std::vector<char*> small_free_;  // guarded by small_mu_
 
   // How long the poller thread stays off the CQ after a Drive finished.
   static constexpr std::chrono::milliseconds kDriveGrace{1};
