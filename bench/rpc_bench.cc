@@ -47,125 +47,133 @@ class BenchImpl : public rdmarpc::bench::Bench::Service {
   }
 };
 
-// Frame ping-pong straight on the transport: what the runtime adds is the
-// difference to the RPC figure.
-class Bouncer : public rdmarpc::transport::ConnectionObserver {
+// The transport-only figures: the same exchanges without protobuf and the
+// runtime, so what those add is the difference to the RPC figures.
+//
+// Server side: answers each request with its own payload (echo) or with an
+// empty frame carrying the payload's fetch status.
+class Responder : public rdmarpc::transport::ConnectionObserver {
  public:
+  explicit Responder(bool echo) : echo_(echo) {}
   void OnMessage(rdmarpc::transport::Connection& conn,
                  rdmarpc::transport::InboundMessage msg) override {
-    if (msg.header.kind == rdmarpc::transport::MessageKind::kRequest) {
-      rdmarpc::transport::OutboundMessage r;
-      r.header.kind = rdmarpc::transport::MessageKind::kResponse;
-      r.header.call_id = msg.header.call_id;
-      r.payload = std::move(msg.payload);
-      conn.Send(std::move(r)).IgnoreError();
-    } else {
-      got.store(msg.header.call_id, std::memory_order_release);
+    if (msg.header.kind != rdmarpc::transport::MessageKind::kRequest) return;
+    rdmarpc::transport::OutboundMessage r;
+    r.header.kind = rdmarpc::transport::MessageKind::kResponse;
+    r.header.call_id = msg.header.call_id;
+    r.header.status = static_cast<uint16_t>(msg.payload_status.code());
+    if (echo_) r.payload = std::move(msg.payload);
+    conn.Send(std::move(r)).IgnoreError();
+  }
+  void OnClosed(rdmarpc::transport::Connection&, const absl::Status&) override {}
+
+ private:
+  const bool echo_;
+};
+
+// Client side: hands each response's call id and status on.
+class ResponseSink : public rdmarpc::transport::ConnectionObserver {
+ public:
+  explicit ResponseSink(std::function<void(uint64_t call_id, uint16_t status)> on_response)
+      : on_response_(std::move(on_response)) {}
+  void OnMessage(rdmarpc::transport::Connection&,
+                 rdmarpc::transport::InboundMessage msg) override {
+    if (msg.header.kind == rdmarpc::transport::MessageKind::kResponse) {
+      on_response_(msg.header.call_id, msg.header.status);
     }
   }
   void OnClosed(rdmarpc::transport::Connection&, const absl::Status&) override {}
-  std::atomic<uint64_t> got{0};
+
+ private:
+  std::function<void(uint64_t, uint16_t)> on_response_;
 };
 
+// A server and a client RDMA transport on `address`, one connection between
+// them. The observers must outlive the pair.
+struct TransportPair {
+  std::unique_ptr<rdmarpc::transport::rdma::RdmaTransport> server, client;
+  std::unique_ptr<rdmarpc::transport::Listener> listener;
+  std::shared_ptr<rdmarpc::transport::Connection> conn;
+
+  bool Start(const std::string& address, Responder* responder, ResponseSink* sink) {
+    using namespace rdmarpc::transport;
+    TransportOptions so;
+    so.listening = true;
+    server = std::make_unique<rdma::RdmaTransport>(so, rdma::RdmaOptionsFromEnv(), true);
+    auto l = server->Listen(*ParseAddress(address),
+                            [responder](std::shared_ptr<Connection>) { return responder; });
+    if (!l.ok()) return false;
+    listener = std::move(*l);
+    client = std::make_unique<rdma::RdmaTransport>(TransportOptions{}, rdma::RdmaOptionsFromEnv(),
+                                                   false);
+    auto c = client->Connect(listener->address(), sink, absl::Now() + absl::Seconds(10));
+    if (!c.ok()) return false;
+    conn = *c;
+    return true;
+  }
+  ~TransportPair() {
+    if (conn) conn->Close();
+  }
+};
+
+rdmarpc::transport::OutboundMessage Request(uint64_t call_id, rdmarpc::transport::Buffer payload) {
+  rdmarpc::transport::OutboundMessage m;
+  m.header.kind = rdmarpc::transport::MessageKind::kRequest;
+  m.header.call_id = call_id;
+  m.payload = std::move(payload);
+  return m;
+}
+
+// Frame ping-pong, one at a time; the caller drives its own completions.
 double TransportRttP50(const std::string& address, int n) {
-  using namespace rdmarpc::transport;
-  Bouncer server_side, client_side;
-  TransportOptions so;
-  so.listening = true;
-  rdma::RdmaTransport server(so, rdma::RdmaOptionsFromEnv(), true);
-  auto listener = server.Listen(*ParseAddress(address),
-                                [&](std::shared_ptr<Connection>) { return &server_side; });
-  if (!listener.ok()) return -1;
-  rdma::RdmaTransport client(TransportOptions{}, rdma::RdmaOptionsFromEnv(), false);
-  auto conn = client.Connect((*listener)->address(), &client_side,
-                             absl::Now() + absl::Seconds(10));
-  if (!conn.ok()) return -1;
+  Responder responder(/*echo=*/true);
+  std::atomic<uint64_t> got{0};
+  ResponseSink sink([&](uint64_t id, uint16_t) { got.store(id, std::memory_order_release); });
+  TransportPair pair;  // last: its transports stop before what they call goes
+  if (!pair.Start(address, &responder, &sink)) return -1;
   std::vector<double> us;
   for (int i = 1; i <= n + 100; ++i) {
-    OutboundMessage m;
-    m.header.kind = MessageKind::kRequest;
-    m.header.call_id = i;
-    m.payload = Buffer::Allocate(64);
     const absl::Time t0 = absl::Now();
-    if (!(*conn)->Send(std::move(m)).ok()) return -1;
+    if (!pair.conn->Send(Request(i, rdmarpc::transport::Buffer::Allocate(64))).ok()) return -1;
     const auto arrived = [&] {
-      return client_side.got.load(std::memory_order_acquire) == static_cast<uint64_t>(i);
+      return got.load(std::memory_order_acquire) == static_cast<uint64_t>(i);
     };
-    if (!(*conn)->Drive(arrived)) {
+    if (!pair.conn->Drive(arrived)) {
       while (!arrived()) std::this_thread::yield();
     }
     if (i > 100) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
-  (*conn)->Close();
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
 }
 
-// 1 MiB pulls straight on the transport, in_flight at a time: the client
-// advertises a registered block it does not fill, the server READs it and
-// answers with an empty frame. What the RPC figure loses to protobuf's copies
-// and the runtime is the difference.
-class PullSink : public rdmarpc::transport::ConnectionObserver {
- public:
-  explicit PullSink(std::function<void()> on_response = nullptr)
-      : on_response_(std::move(on_response)) {}
-  void OnMessage(rdmarpc::transport::Connection& conn,
-                 rdmarpc::transport::InboundMessage msg) override {
-    if (msg.header.kind == rdmarpc::transport::MessageKind::kRequest) {
-      rdmarpc::transport::OutboundMessage r;
-      r.header.kind = rdmarpc::transport::MessageKind::kResponse;
-      r.header.call_id = msg.header.call_id;
-      r.header.status = static_cast<uint16_t>(msg.payload_status.code());
-      conn.Send(std::move(r)).IgnoreError();
-    } else if (msg.header.kind == rdmarpc::transport::MessageKind::kResponse) {
-      if (msg.header.status != 0) failed.fetch_add(1);
-      on_response_();
-    }
-  }
-  void OnClosed(rdmarpc::transport::Connection&, const absl::Status&) override {}
-  std::atomic<int> failed{0};
-
- private:
-  std::function<void()> on_response_;
-};
-
+// 1 MiB pulls, in_flight at a time: the client advertises a registered block
+// it does not fill, the server READs it and answers with an empty frame.
 double TransportPullMiBps(const std::string& address, int pulls, int in_flight) {
-  using namespace rdmarpc::transport;
-  PullSink server_side;
-  TransportOptions so;
-  so.listening = true;
-  rdma::RdmaTransport server(so, rdma::RdmaOptionsFromEnv(), true);
-  auto listener = server.Listen(*ParseAddress(address),
-                                [&](std::shared_ptr<Connection>) { return &server_side; });
-  if (!listener.ok()) return -1;
-  std::atomic<int> started{0}, done{0};
-  std::shared_ptr<Connection> conn;
+  Responder responder(/*echo=*/false);
+  std::atomic<int> started{0}, done{0}, failed{0};
+  std::shared_ptr<rdmarpc::transport::Connection> conn;
   std::function<void()> issue = [&] {
     const int n = started.fetch_add(1);
     if (n >= pulls) return;
-    OutboundMessage m;
-    m.header.kind = MessageKind::kRequest;
-    m.header.call_id = static_cast<uint64_t>(n) + 1;
     auto payload = conn->AllocatePayload(1 << 20);
     if (!payload.ok()) return;
-    m.payload = std::move(*payload);
-    conn->Send(std::move(m)).IgnoreError();
+    conn->Send(Request(static_cast<uint64_t>(n) + 1, std::move(*payload))).IgnoreError();
   };
-  PullSink client_side([&] {
+  ResponseSink sink([&](uint64_t, uint16_t status) {
+    if (status != 0) failed.fetch_add(1);
     done.fetch_add(1);
     issue();
   });
-  rdma::RdmaTransport client(TransportOptions{}, rdma::RdmaOptionsFromEnv(), false);
-  auto c = client.Connect((*listener)->address(), &client_side, absl::Now() + absl::Seconds(10));
-  if (!c.ok()) return -1;
-  conn = *c;
+  TransportPair pair;  // last: its transports stop before what they call goes
+  if (!pair.Start(address, &responder, &sink)) return -1;
+  conn = pair.conn;
   const absl::Time start = absl::Now();
   for (int i = 0; i < in_flight; ++i) issue();
   const absl::Time give_up = start + absl::Seconds(120);
   while (done.load() < pulls && absl::Now() < give_up) absl::SleepFor(absl::Microseconds(200));
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-  conn->Close();
-  if (done.load() < pulls || client_side.failed.load() > 0) return -1;
+  if (done.load() < pulls || failed.load() > 0) return -1;
   return pulls / secs;
 }
 

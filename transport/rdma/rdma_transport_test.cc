@@ -139,6 +139,9 @@ struct Fixture {
     client = std::make_unique<RdmaTransport>(co, client_opts, false);
     return true;
   }
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(ConnectionObserver* observer) {
+    return client->Connect(addr, observer, absl::Now() + absl::Seconds(30));
+  }
 };
 
 OutboundMessage Request(uint64_t id, Buffer payload, std::string metadata = {}) {
@@ -170,7 +173,7 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
   Waiter waiter;  // outlives the transports, which call it until shut down
   Fixture fx;
   ASSERT_TRUE(fx.Start());
-  auto conn = fx.client->Connect(fx.addr, &waiter, absl::Now() + absl::Seconds(30));
+  auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
   const size_t slot = RdmaOptions().slot_size;
   const size_t threshold = slot - kHeaderSize;  // largest payload that goes by SEND
@@ -221,7 +224,7 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
   size_t receive_with_one = 0;
   for (int i = 0; i < 200; ++i) {
     waiters.push_back(std::make_unique<Waiter>());
-    auto c = fx.client->Connect(fx.addr, waiters.back().get(), absl::Now() + absl::Seconds(30));
+    auto c = fx.Connect(waiters.back().get());
     ASSERT_TRUE(c.ok()) << "connection " << i << ": " << c.status();
     conns.push_back(*c);
     auto r = Call(*conns.back(), *waiters.back(), 1, Filled(*conns.back(), 100, i));
@@ -252,8 +255,8 @@ TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
   Waiter bad_waiter, good_waiter;
   Fixture fx;
   ASSERT_TRUE(fx.Start());
-  auto bad = fx.client->Connect(fx.addr, &bad_waiter, absl::Now() + absl::Seconds(30));
-  auto good = fx.client->Connect(fx.addr, &good_waiter, absl::Now() + absl::Seconds(30));
+  auto bad = fx.Connect(&bad_waiter);
+  auto good = fx.Connect(&good_waiter);
   ASSERT_TRUE(bad.ok() && good.ok());
   FaultInjection::CorruptRkeys().store(1);
   auto r = Call(**bad, bad_waiter, 1, Filled(**bad, 100000, 1));
@@ -288,8 +291,8 @@ TEST(RdmaTransport, ReplayedOldAdvertisementIsRefused) {
   Waiter waiter, good_waiter;
   Fixture fx;
   ASSERT_TRUE(fx.Start());
-  auto conn = fx.client->Connect(fx.addr, &waiter, absl::Now() + absl::Seconds(30));
-  auto good = fx.client->Connect(fx.addr, &good_waiter, absl::Now() + absl::Seconds(30));
+  auto conn = fx.Connect(&waiter);
+  auto good = fx.Connect(&good_waiter);
   ASSERT_TRUE(conn.ok() && good.ok());
   auto first = Call(**conn, waiter, 1, Filled(**conn, 20000, 3));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -311,7 +314,7 @@ TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
   Waiter waiter;
   Fixture fx;
   ASSERT_TRUE(fx.Start());
-  auto conn = fx.client->Connect(fx.addr, &waiter, absl::Now() + absl::Seconds(30));
+  auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
   ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 100, 1)).ok());
   auto send = [&](uint64_t id) {
@@ -347,7 +350,7 @@ TEST(RdmaTransport, FullSlotFramesGiveBackTheirSlots) {
   Waiter waiter;
   Fixture fx;
   ASSERT_TRUE(fx.Start());
-  auto conn = fx.client->Connect(fx.addr, &waiter, absl::Now() + absl::Seconds(30));
+  auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
   ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 10, 1)).ok());
   const size_t receive_before = fx.server->receive_bytes();
@@ -395,7 +398,7 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
   ASSERT_TRUE(fx.Start(server_opts));
   std::vector<std::shared_ptr<Connection>> conns;
   for (auto& w : waiters) {
-    auto c = fx.client->Connect(fx.addr, &w, absl::Now() + absl::Seconds(30));
+    auto c = fx.Connect(&w);
     ASSERT_TRUE(c.ok()) << c.status();
     conns.push_back(*c);
   }
@@ -463,7 +466,7 @@ TEST(RdmaTransport, ThousandConnectDisconnectCyclesDoNotLeak) {
   ASSERT_TRUE(fx.Start());
   auto cycle = [&](int i) {
     Waiter w;
-    auto c = fx.client->Connect(fx.addr, &w, absl::Now() + absl::Seconds(30));
+    auto c = fx.Connect(&w);
     ASSERT_TRUE(c.ok()) << "cycle " << i << ": " << c.status();
     auto r = Call(**c, w, 1, Filled(**c, i % 2 ? 64 : 20000, i));
     ASSERT_TRUE(r.ok()) << "cycle " << i << ": " << r.status();
@@ -537,7 +540,7 @@ TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   // ...and the server still serves others, large payloads included.
-  auto c = fx.client->Connect(fx.addr, &w, absl::Now() + absl::Seconds(30));
+  auto c = fx.Connect(&w);
   ASSERT_TRUE(c.ok()) << c.status();
   auto r = Call(**c, w, 1, Filled(**c, 1 << 20, 9));
   ASSERT_TRUE(r.ok()) << r.status();
