@@ -13,7 +13,6 @@ using transport::InboundMessage;
 using transport::MessageKind;
 using transport::OutboundMessage;
 
-
 StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
                                                    ChannelOptions options) {
   auto addr = transport::ParseAddress(address);
