@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/internal/spare_pool.h"
 #include "transport/factory.h"
 
 namespace rdmarpc {
@@ -146,8 +147,9 @@ void Server::HandleRequest(Connection& conn, InboundMessage msg) {
   const absl::Time deadline = msg.header.timeout_us == 0
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + absl::Microseconds(msg.header.timeout_us);
-  auto call = std::make_shared<ServerCallImpl>(this, shared, method, std::move(msg), deadline,
-                                               std::move(*md));
+  auto call = std::allocate_shared<ServerCallImpl>(internal::SpareAllocator<ServerCallImpl>(),
+                                                   this, shared, method, std::move(msg), deadline,
+                                                   std::move(*md));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) {

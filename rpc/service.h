@@ -20,6 +20,7 @@
 #ifndef RDMARPC_RPC_SERVICE_H_
 #define RDMARPC_RPC_SERVICE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -29,6 +30,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message_lite.h"
+#include "rpc/internal/spare_pool.h"
 #include "rpc/method_id.h"
 #include "rpc/server_context.h"
 #include "rpc/status.h"
@@ -75,15 +77,36 @@ class Service {
 //   void(ServerContext*, const Req*, Resp*, DoneCallback)
 // to a MethodHandler: parses the request (INVALID_ARGUMENT if it does not
 // parse), keeps Req and Resp alive until `done` runs, then finishes the call.
+//
+// The Req/Resp pair comes from a pool and goes back to it, cleared, after
+// `done`, unless either message was larger than kMaxPooledMessageBytes (then
+// it is freed, so that one huge call does not pin its memory).
+inline constexpr size_t kMaxPooledMessageBytes = 64 * 1024;
+
 template <typename Req, typename Resp, typename Fn>
 MethodHandler UnaryHandler(Fn fn) {
   return [fn = std::move(fn)](ServerCall* call) mutable {
     struct State {
       Req request;
       Resp response;
+      size_t request_bytes = 0;
     };
-    auto state = std::make_unique<State>();
+    using Pool = internal::SparePool<State>;
+    struct Recycle {
+      void operator()(State* s) const {
+        if (s->request_bytes > kMaxPooledMessageBytes ||
+            s->response.ByteSizeLong() > kMaxPooledMessageBytes) {
+          delete s;
+          return;
+        }
+        s->request.Clear();
+        s->response.Clear();
+        Pool::Give(s);
+      }
+    };
+    std::unique_ptr<State, Recycle> state(Pool::Take());
     const absl::string_view bytes = call->request();
+    state->request_bytes = bytes.size();
     if (!state->request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
       call->Finish(Status(StatusCode::kInvalidArgument,
                           std::string("request does not parse as ") +

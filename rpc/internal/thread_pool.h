@@ -7,13 +7,13 @@
 #define RDMARPC_RPC_INTERNAL_THREAD_POOL_H_
 
 #include <condition_variable>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "base/ring_fifo.h"
 
 namespace rdmarpc::internal {
 
@@ -35,7 +35,7 @@ class ThreadPool {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<absl::AnyInvocable<void() &&>> tasks_;
+  RingFifo<absl::AnyInvocable<void() &&>> tasks_;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };

@@ -67,6 +67,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "base/ring_fifo.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/transport.h"
 
@@ -220,7 +221,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   char* send_slots_ = nullptr;
   ibv_mr* send_mr_ = nullptr;
   std::vector<int> free_send_slots_;    // guarded by mu_
-  std::deque<Posted> posted_;           // guarded by mu_
+  RingFifo<Posted> posted_;             // guarded by mu_
   uint32_t next_seq_ = 0;               // guarded by mu_
   uint32_t unsignaled_ = 0;             // guarded by mu_
   uint32_t sq_used_ = 0;                // guarded by mu_
