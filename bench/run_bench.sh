@@ -28,6 +28,8 @@ send_lat() {
   ib_send_lat -d "$dev" -R -n 5000 -s $frame "$ip" 2>/dev/null | awk -v f=$frame '$1 == f {print $5}'
   wait
 }
+# perftest's "MB/sec" is 2^20 bytes per second (its format_factor is
+# 0x100000), the same unit as rpc_bench's MiB/s.
 read_bw() {
   ib_read_bw -d "$dev" -R -s 1048576 -n 200 >/dev/null 2>&1 &
   sleep 1
@@ -67,9 +69,8 @@ $pull" | grep "^counters"; fi
   line=$(awk -v lat="$lat" -v rbw="$rbw" -v trtt="$trtt" -v rtt="$rtt" -v tbw="$tbw" -v bw="$bw" \
              -v r="$round" 'BEGIN {
     printf "round %d: ib_send_lat %.2f us one-way, frame RTT %.1f us, call RTT %.1f us;", r, lat, trtt, rtt;
-    printf " ib_read_bw %.1f MB/s, transport pull %.1f MiB/s, call pull %.1f MiB/s", rbw, tbw, bw;
-    printf " | %.3f %.3f %.3f %.3f", trtt / (2 * lat), rtt / (2 * lat), (tbw * 1048576 / 1e6) / rbw,
-           (bw * 1048576 / 1e6) / rbw;
+    printf " ib_read_bw %.1f MiB/s, transport pull %.1f MiB/s, call pull %.1f MiB/s", rbw, tbw, bw;
+    printf " | %.3f %.3f %.3f %.3f", trtt / (2 * lat), rtt / (2 * lat), tbw / rbw, bw / rbw;
   }')
   echo "${line% | *}"
   set -- ${line##* | }
