@@ -5,7 +5,12 @@
 // Output lines (machine-readable):
 //   transport_rtt_p50_us <value>   (raw frames, no runtime: the transport's share)
 //   rpc_small_rtt_p50_us <value>
+//   transport_pull_1mib_mib_per_s <value>   (1 MiB READs, no runtime)
 //   rpc_pull_1mib_mib_per_s <value>
+//   {transport,rpc}_pull_{softirq,user_sys}_ms_per_mib <value>   (machine-wide
+//     CPU time per MiB pulled: the kernel's Soft-RoCE work, and everyone's own)
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -47,6 +52,36 @@ class BenchImpl : public rdmarpc::bench::Bench::Service {
     return rdmarpc::Status();
   }
 };
+
+// Machine-wide CPU time by kind, from /proc/stat. Around a pull it tells the
+// kernel's Soft-RoCE work (softirq: copies and checksums of every packet)
+// from the process's own; run_bench.sh takes the same figure for perftest.
+struct CpuSeconds {
+  double softirq = 0;
+  double user_and_system = 0;
+};
+
+CpuSeconds ReadCpuSeconds() {
+  CpuSeconds t;
+  FILE* f = fopen("/proc/stat", "r");
+  if (f == nullptr) return t;
+  unsigned long long user, nice, system, idle, iowait, irq, softirq;
+  if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu", &user, &nice, &system, &idle, &iowait,
+             &irq, &softirq) == 7) {
+    const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
+    t.softirq = softirq / hz;
+    t.user_and_system = (user + nice + system) / hz;
+  }
+  fclose(f);
+  return t;
+}
+
+void PrintCpuPerMiB(const char* figure, const CpuSeconds& before, double mib) {
+  const CpuSeconds after = ReadCpuSeconds();
+  printf("%s_softirq_ms_per_mib %.2f\n", figure, (after.softirq - before.softirq) * 1e3 / mib);
+  printf("%s_user_sys_ms_per_mib %.2f\n", figure,
+         (after.user_and_system - before.user_and_system) * 1e3 / mib);
+}
 
 // The transport-only figures: the same exchanges without protobuf and the
 // runtime, so what those add is the difference to the RPC figures.
@@ -170,12 +205,14 @@ double TransportPullMiBps(const std::string& address, int pulls, int in_flight) 
   TransportPair pair;  // last: its transports stop before what they call goes
   if (!pair.Start(address, &responder, &sink)) return -1;
   conn = pair.conn;
+  const CpuSeconds cpu = ReadCpuSeconds();
   const absl::Time start = absl::Now();
   for (int i = 0; i < in_flight; ++i) issue();
   // Waits without waking up: a waiter polling every few hundred microseconds
   // costs the emulated machine CPU time that the kernel's READ work needs.
   all_done.WaitForNotificationWithTimeout(absl::Seconds(120));
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  PrintCpuPerMiB("transport_pull", cpu, pulls);
   if (done.load() < pulls || failed.load() > 0) return -1;
   return pulls / secs;
 }
@@ -248,11 +285,15 @@ int main(int argc, char** argv) {
       issue();
     });
   };
+  const CpuSeconds cpu = ReadCpuSeconds();
   const absl::Time start = absl::Now();
   for (int i = 0; i < absl::GetFlag(FLAGS_in_flight); ++i) issue();
   if (pulls > 0) all_done.WaitForNotification();
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-  if (pulls > 0) printf("rpc_pull_1mib_mib_per_s %.2f\n", pulls / secs);
+  if (pulls > 0) {
+    printf("rpc_pull_1mib_mib_per_s %.2f\n", pulls / secs);
+    PrintCpuPerMiB("rpc_pull", cpu, pulls);
+  }
   printf("rpc_failed %d\n", failed.load());
   printf("counters %s\n", rdmarpc::transport::rdma::Counters().ToString().c_str());
   (*server)->Shutdown(absl::Seconds(1));

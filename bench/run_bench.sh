@@ -30,10 +30,15 @@ send_lat() {
 }
 # perftest's "MB/sec" is 2^20 bytes per second (its format_factor is
 # 0x100000), the same unit as rpc_bench's MiB/s.
+# Also prints the machine's softirq time per MiB during the run (rxe's
+# packet work), comparable with rpc_bench's *_softirq_ms_per_mib.
+softirq_s() { awk -v hz="$(getconf CLK_TCK)" '$1 == "cpu" {print $8 / hz}' /proc/stat; }
 read_bw() {
   ib_read_bw -d "$dev" -R -s 1048576 -n 200 >/dev/null 2>&1 &
   sleep 1
-  ib_read_bw -d "$dev" -R -s 1048576 -n 200 "$ip" 2>/dev/null | awk '/^ *1048576 /{print $4}'
+  local before; before=$(softirq_s)
+  local bw; bw=$(ib_read_bw -d "$dev" -R -s 1048576 -n 200 "$ip" 2>/dev/null | awk '/^ *1048576 /{print $4}')
+  echo "$bw $(awk -v a="$before" -v b="$(softirq_s)" 'BEGIN {printf "%.2f", (b - a) * 1e3 / 200}')"
   wait
 }
 field() { echo "$1" | awk -v k="$2" '$1 == k {print $2}'; }
@@ -57,7 +62,8 @@ awk -v b="$(field "$probe" probe_bare_rtt_p50_us)" -v c="$(field "$probe" probe_
 t_ratios="" s_ratios="" tb_ratios="" b_ratios=""
 for round in $(seq 1 "$rounds"); do
   lat=$(send_lat)
-  rbw=$(read_bw)
+  set -- $(read_bw)
+  rbw=$1 rsi=$2
   ping=$(RDMARPC_RDMA_POLL=busy bazel-bin/bench/rpc_bench --pulls 0 --workers 0 2>&1)
   pull=$(bazel-bin/bench/rpc_bench --pings 0 --pulls 200 2>&1)
   if [ "$round" = 1 ]; then echo "$ping
@@ -66,6 +72,9 @@ $pull" | grep "^counters"; fi
   rtt=$(field "$ping" rpc_small_rtt_p50_us)
   tbw=$(field "$pull" transport_pull_1mib_mib_per_s)
   bw=$(field "$pull" rpc_pull_1mib_mib_per_s)
+  echo "round $round: softirq ms per MiB (Soft-RoCE's packet work): ib_read_bw $rsi," \
+       "transport pull $(field "$pull" transport_pull_softirq_ms_per_mib)," \
+       "call pull $(field "$pull" rpc_pull_softirq_ms_per_mib)"
   line=$(awk -v lat="$lat" -v rbw="$rbw" -v trtt="$trtt" -v rtt="$rtt" -v tbw="$tbw" -v bw="$bw" \
              -v r="$round" 'BEGIN {
     printf "round %d: ib_send_lat %.2f us one-way, frame RTT %.1f us, call RTT %.1f us;", r, lat, trtt, rtt;
