@@ -1,0 +1,121 @@
+// UnaryHandler's pooled request/response pairs: a pair comes back cleared,
+// keeps the capacity small calls gave it, and is not kept after a large call
+// (so one huge request does not pin its memory in the pool).
+#include <string>
+
+#include "gtest/gtest.h"
+#include "rpc/service.h"
+#include "tests/proto/test_service.pb.h"
+
+namespace rdmarpc::testing {
+namespace {
+
+using test::EchoRequest;
+using test::EchoResponse;
+
+// A served call without a transport: the serialized request in, the status
+// and response out.
+class FakeCall : public ServerCall {
+ public:
+  explicit FakeCall(const EchoRequest& req)
+      : request_(req.SerializeAsString()),
+        ctx_(method_, peer_, absl::InfiniteFuture(), Metadata()) {}
+  ServerContext* context() override { return &ctx_; }
+  absl::string_view request() const override { return request_; }
+  void Finish(const Status& status, const google::protobuf::MessageLite* response) override {
+    status_ = status;
+    if (response != nullptr) response_ = response->SerializeAsString();
+  }
+
+  Status status_{StatusCode::kUnknown, "not finished"};
+  std::string response_;
+
+ private:
+  const std::string method_ = "/rdmarpc.test.Echo/Echo";
+  const std::string peer_ = "test";
+  std::string request_;
+  ServerContext ctx_;
+};
+
+struct Seen {
+  size_t data_capacity = 0;
+  std::string data;
+  int64_t tag = 0;
+  bool response_empty = false;
+};
+
+TEST(UnaryHandler, PooledMessagesComeBackClearedAndLargeOnesAreNotKept) {
+  Seen seen;
+  MethodHandler handler = UnaryHandler<EchoRequest, EchoResponse>(
+      [&seen](ServerContext*, const EchoRequest* req, EchoResponse* resp, DoneCallback done) {
+        seen = Seen{req->data().capacity(), req->data(), req->tag(),
+                    resp->ByteSizeLong() == 0};
+        resp->set_data(req->data());
+        resp->set_tag(req->tag());
+        std::move(done)(Status());
+      });
+  const auto serve = [&](size_t data_bytes, int64_t tag) {
+    EchoRequest req;
+    req.set_data(std::string(data_bytes, 'x'));
+    req.set_tag(tag);
+    FakeCall call(req);
+    handler(&call);
+    EXPECT_TRUE(call.status_.ok()) << call.status_;
+    EchoResponse resp;
+    EXPECT_TRUE(resp.ParseFromString(call.response_));
+    EXPECT_EQ(resp.data().size(), data_bytes);
+    EXPECT_EQ(resp.tag(), tag);
+  };
+
+  serve(4000, 1);
+  // The pair used for 4000 bytes is reused: its string kept the capacity,
+  // and both messages were cleared in between.
+  serve(0, 2);
+  EXPECT_GE(seen.data_capacity, 4000u);
+  EXPECT_EQ(seen.data, "");
+  EXPECT_EQ(seen.tag, 2);
+  EXPECT_TRUE(seen.response_empty);
+
+  // A request over the bound is served, but its pair is freed afterwards:
+  // the next call does not find a string of that size in its request.
+  serve(kMaxPooledMessageBytes + 1, 3);
+  serve(0, 4);
+  EXPECT_LT(seen.data_capacity, kMaxPooledMessageBytes);
+  EXPECT_EQ(seen.tag, 4);
+}
+
+TEST(UnaryHandler, UnparsableRequestIsInvalidArgumentAndThePairIsReusable) {
+  int handled = 0;
+  MethodHandler handler = UnaryHandler<EchoRequest, EchoResponse>(
+      [&handled](ServerContext*, const EchoRequest* req, EchoResponse* resp, DoneCallback done) {
+        ++handled;
+        EXPECT_EQ(req->tag(), 9);
+        EXPECT_EQ(req->data(), "");
+        resp->set_tag(req->tag());
+        std::move(done)(Status());
+      });
+  // Field 1 (bytes) claiming 100 bytes where 2 follow.
+  std::string bad("\x0a\x64xy", 4);
+  class RawCall : public FakeCall {
+   public:
+    explicit RawCall(std::string raw) : FakeCall(EchoRequest()), raw_(std::move(raw)) {}
+    absl::string_view request() const override { return raw_; }
+    std::string raw_;
+  };
+  RawCall bad_call(bad);
+  handler(&bad_call);
+  EXPECT_EQ(bad_call.status_.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_call.status_.message().find("rdmarpc.test.EchoRequest"), std::string::npos)
+      << bad_call.status_;
+  EXPECT_EQ(handled, 0);
+
+  EchoRequest good;
+  good.set_tag(9);
+  FakeCall good_call(good);
+  handler(&good_call);
+  EXPECT_TRUE(good_call.status_.ok()) << good_call.status_;
+  EXPECT_EQ(handled, 1);
+}
+
+}  // namespace
+}  // namespace rdmarpc::testing
