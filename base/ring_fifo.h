@@ -55,6 +55,12 @@ class RingFifo {
     while (!empty()) pop_front();
   }
 
+  void swap(RingFifo& other) noexcept {
+    slots_.swap(other.slots_);
+    std::swap(head_, other.head_);
+    std::swap(size_, other.size_);
+  }
+
  private:
   static constexpr size_t kFirstCapacity = 16;
   static_assert((kFirstCapacity & (kFirstCapacity - 1)) == 0, "capacity is a power of two");

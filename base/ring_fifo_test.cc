@@ -50,5 +50,20 @@ TEST(RingFifo, PopReleasesWhatTheSlotHeld) {
   EXPECT_TRUE(ring.empty());
 }
 
+TEST(RingFifo, SwapExchangesContentsInOrder) {
+  RingFifo<int> a, b;
+  for (int i = 0; i < 20; ++i) a.push_back(i);
+  for (int i = 0; i < 5; ++i) a.pop_front();  // a's head is not at slot 0
+  b.push_back(100);
+  a.swap(b);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a.front(), 100);
+  ASSERT_EQ(b.size(), 15u);
+  for (int i = 5; i < 20; ++i) {
+    EXPECT_EQ(b.front(), i);
+    b.pop_front();
+  }
+}
+
 }  // namespace
 }  // namespace rdmarpc

@@ -12,6 +12,7 @@
 #include <new>
 
 #include "tests/echo_service.h"
+#include "transport/rdma/counters.h"
 #include "transport/rdma/testing/rdma_test_env.h"
 
 namespace {
@@ -35,6 +36,8 @@ namespace {
 // Not zero: a table or queue reaching a new longest length grows once.
 constexpr double kAllowedPerCall = 0.005;
 
+// Also checks that no SEND copied its payload into the frame: small
+// payloads are sent from the registered block they were serialized into.
 double AllocationsPerCall(int workers, size_t data_bytes) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();
   TestServer ts("rdma://" + ip + ":0", 64u << 20, workers);
@@ -55,9 +58,12 @@ double AllocationsPerCall(int workers, size_t data_bytes) {
   // Connects, fills the receive rings, and lets every table reach its size.
   for (int i = 1; i <= 300; ++i) call(i);
   const int calls = 1000;
+  const uint64_t copies = transport::rdma::Counters().send_payload_copies.load();
   const uint64_t before = g_news.load();
   for (int i = 1; i <= calls; ++i) call(1000 + i);
-  return static_cast<double>(g_news.load() - before) / calls;
+  const double per_call = static_cast<double>(g_news.load() - before) / calls;
+  EXPECT_EQ(transport::rdma::Counters().send_payload_copies.load(), copies);
+  return per_call;
 }
 
 TEST(RdmaFastPath, SmallCallAllocationsWithInlineHandlers) {
@@ -69,6 +75,13 @@ TEST(RdmaFastPath, SmallCallAllocationsWithInlineHandlers) {
 TEST(RdmaFastPath, SmallCallAllocationsWithWorkerThreads) {
   const double per_call = AllocationsPerCall(2, 0);
   printf("heap allocations per small call (2 workers): %.3f\n", per_call);
+  EXPECT_LE(per_call, kAllowedPerCall);
+}
+
+TEST(RdmaFastPath, CallTooBigForInlineSendAllocatesNothing) {
+  // Not inline: the payload is a second gather entry in registered memory.
+  const double per_call = AllocationsPerCall(2, 3000);
+  printf("heap allocations per call with 3000 B of data (2 workers): %.3f\n", per_call);
   EXPECT_LE(per_call, kAllowedPerCall);
 }
 

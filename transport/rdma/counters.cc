@@ -72,7 +72,8 @@ DeviceRnrNaks ReadDeviceRnrNaks() {
 std::string RdmaCounters::ToString() const {
   const DeviceRnrNaks naks = ReadDeviceRnrNaks();
   return absl::StrCat(
-      "sends=", sends.load(), " (inline ", sends_inline.load(), ") reads=", reads.load(),
+      "sends=", sends.load(), " (inline ", sends_inline.load(),
+      ", payload copied ", send_payload_copies.load(), ") reads=", reads.load(),
       " bytes_read=", bytes_read.load(), " advertised=", payloads_advertised.load(),
       " srq_posted=", srq_slots_posted.load(), " srq_consumed=", srq_slots_consumed.load(),
       " srq_short=", srq_short.load(), " device_rnr_naks_received=", Show(naks.received),

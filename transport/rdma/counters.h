@@ -20,6 +20,10 @@ namespace rdmarpc::transport::rdma {
 struct RdmaCounters {
   std::atomic<uint64_t> sends{0};              // SENDs posted
   std::atomic<uint64_t> sends_inline{0};       //   of which inline
+  // SENDs whose payload was copied into the frame rather than sent from where
+  // it was serialized: payloads not from AllocatePayload (error texts), or
+  // past the bound of registered small blocks (Endpoint::SmallBuffer).
+  std::atomic<uint64_t> send_payload_copies{0};
   std::atomic<uint64_t> reads{0};              // RDMA READ work requests posted
   std::atomic<uint64_t> bytes_read{0};         // bytes fetched by READ
   std::atomic<uint64_t> payloads_advertised{0};

@@ -108,7 +108,11 @@ Endpoint::~Endpoint() {
     free(r.base);
   }
   pool_.reset();
-  for (char* block : small_free_) delete[] block;
+  for (size_t i = 0; i < small_region_count_.load(); ++i) {
+    MutableCounters().registered_bytes.fetch_sub(small_regions_[i].mr->length);
+    ibv_dereg_mr(small_regions_[i].mr);
+    free(small_regions_[i].base);
+  }
   if (cq_) ibv_destroy_cq(cq_);
   if (channel_) ibv_destroy_comp_channel(channel_);
   if (pd_) ibv_dealloc_pd(pd_);
@@ -241,22 +245,54 @@ Buffer Endpoint::SmallBuffer(size_t size) {
   char* block = nullptr;
   {
     std::lock_guard<std::mutex> lock(small_mu_);
+    const size_t regions = small_region_count_.load(std::memory_order_relaxed);
+    if (small_free_.empty() && regions < kMaxSmallRegions) {
+      // Growth is rare (the free list only grows), so registering under the
+      // lock costs nothing on the fast path.
+      const size_t bytes = kSmallBlocksPerRegion * options_.slot_size;
+      void* base = nullptr;
+      if (posix_memalign(&base, 4096, bytes) == 0) {
+        ibv_mr* mr = ibv_reg_mr(pd_, base, bytes, 0);
+        if (mr != nullptr) {
+          small_regions_[regions] = Region{static_cast<char*>(base), mr};
+          small_region_count_.store(regions + 1, std::memory_order_release);
+          MutableCounters().registered_bytes.fetch_add(bytes);
+          for (size_t i = kSmallBlocksPerRegion; i-- > 0;) {
+            small_free_.push_back(static_cast<char*>(base) + i * options_.slot_size);
+          }
+        } else {
+          fprintf(stderr, "rdmarpc[%s]: ibv_reg_mr of %zu bytes for small payloads on %s: %s; "
+                  "small payloads will be copied into their SENDs\n",
+                  owner_.c_str(), bytes, device_name_.c_str(), strerror(errno));
+          free(base);
+        }
+      }
+    }
     if (!small_free_.empty()) {
       block = small_free_.back();
       small_free_.pop_back();
     }
   }
-  if (block == nullptr) block = new char[options_.slot_size];
+  if (block == nullptr) {
+    return Buffer(new char[options_.slot_size], size, [](char* d, size_t) { delete[] d; });
+  }
   return Buffer(block, size, [self = shared_from_this()](char* d, size_t) {
-    {
-      std::lock_guard<std::mutex> lock(self->small_mu_);
-      if (self->small_free_.size() < kSpareSmallBlocks) {
-        self->small_free_.push_back(d);
-        return;
-      }
-    }
-    delete[] d;
+    std::lock_guard<std::mutex> lock(self->small_mu_);
+    self->small_free_.push_back(d);
   });
+}
+
+bool Endpoint::SmallBlockLkey(const char* p, uint32_t* lkey) const {
+  const size_t bytes = kSmallBlocksPerRegion * options_.slot_size;
+  const size_t regions = small_region_count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < regions; ++i) {
+    const Region& r = small_regions_[i];
+    if (p >= r.base && p < r.base + bytes) {
+      *lkey = r.mr->lkey;
+      return true;
+    }
+  }
+  return false;
 }
 
 Buffer Endpoint::BlockBuffer(RegisteredPool::Block* block, size_t size) {

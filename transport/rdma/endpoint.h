@@ -35,6 +35,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -106,10 +107,16 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   Buffer SlotBuffer(uint32_t slot, size_t offset, size_t length);
   // `size` bytes of a pool block as a Buffer: releasing it returns the block.
   Buffer BlockBuffer(RegisteredPool::Block* block, size_t size);
-  // A payload that will be copied into a SEND (size <= slot_size): a heap
-  // block of slot_size bytes, kept for reuse when released (up to
-  // kSpareSmallBlocks), so a small message costs no allocation. Any thread.
+  // A payload that travels inside a SEND (size <= slot_size): a slot-sized
+  // block of registered memory, reused when released, so that a small
+  // message costs no allocation and is sent from where it was serialized (a
+  // second gather entry of the SEND) instead of being copied into the frame.
+  // Past kMaxSmallRegions regions of blocks in use it falls back to heap
+  // memory, which the send path copies. Any thread.
   Buffer SmallBuffer(size_t size);
+  // The lkey of the registered small block that holds `p`; false when `p` is
+  // in none. Any thread.
+  bool SmallBlockLkey(const char* p, uint32_t* lkey) const;
 
  private:
   Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target, std::string owner);
@@ -153,9 +160,16 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::vector<uint32_t> spare_;   // guarded by spare_mu_
   std::atomic<bool> short_{false};
 
-  static constexpr size_t kSpareSmallBlocks = 256;
+  // Small payload blocks: regions of kSmallBlocksPerRegion slot-sized blocks,
+  // each region one MR with local access only (a SEND reads it; no peer
+  // can). Regions are appended under small_mu_ and published through
+  // small_region_count_, so SmallBlockLkey reads them without the lock.
+  static constexpr size_t kSmallBlocksPerRegion = 64;
+  static constexpr size_t kMaxSmallRegions = 8;
+  std::array<Region, kMaxSmallRegions> small_regions_{};
+  std::atomic<size_t> small_region_count_{0};
   std::mutex small_mu_;
-  std::vector<char*> small_free_;  // guarded by small_mu_
+  std::vector<char*> small_free_;  // registered blocks only; guarded by small_mu_
 
   // How long the poller thread stays off the CQ after a Drive finished.
   static constexpr std::chrono::milliseconds kDriveGrace{1};

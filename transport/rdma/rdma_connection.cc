@@ -80,7 +80,7 @@ absl::Status RdmaConnection::CreateQp() {
   a.qp_type = IBV_QPT_RC;
   a.sq_sig_all = 0;
   a.cap.max_send_wr = sq_depth_;
-  a.cap.max_send_sge = 1;
+  a.cap.max_send_sge = 2;  // header, payload
   a.cap.max_inline_data = 256;
   if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) {
     a.cap.max_inline_data = 0;  // some devices have no inline support
@@ -202,8 +202,9 @@ bool RdmaConnection::CanPostLocked(const Header& h) const {
 RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
   Outgoing& o = outbox_.emplace_back();
   o.wr = ibv_send_wr{};
-  o.sge = ibv_sge{};
+  o.sge[0] = o.sge[1] = ibv_sge{};
   o.inline_bytes = false;
+  o.payload.Reset();
   o.bound_mw = nullptr;
   o.bound_rkey = 0;
   return o;
@@ -261,17 +262,33 @@ absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
   }
   EncodeHeader(p.header, dst);
   memcpy(dst + kHeaderSize, p.metadata.data(), p.metadata.size());
-  if (!p.payload.empty()) {
-    memcpy(dst + kHeaderSize + p.metadata.size(), p.payload.data(), p.payload.size());
+  const size_t head = kHeaderSize + p.metadata.size();
+  // The payload is sent from where it was serialized: an inline SEND's
+  // provider copies it during the post (any memory will do); otherwise the
+  // device reads it until completion, so it must be registered and stays
+  // held by the posted_ entry until then. Anything else is copied.
+  uint32_t payload_lkey = 0;
+  const bool gather = !p.payload.empty() &&
+                      (inl || endpoint_->SmallBlockLkey(p.payload.data(), &payload_lkey));
+  if (!p.payload.empty() && !gather) {
+    memcpy(dst + head, p.payload.data(), p.payload.size());
+    MutableCounters().send_payload_copies.fetch_add(1);
   }
   out.inline_bytes = inl;
-  out.sge = ibv_sge{reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(frame),
-                    inl ? 0u : send_mr_->lkey};
-  out.wr.wr_id = WrId(kWrSend, serial_, seq, signaled);
+  out.sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(dst),
+                       static_cast<uint32_t>(gather ? head : frame), inl ? 0u : send_mr_->lkey};
   out.wr.num_sge = 1;
+  Buffer held;
+  if (gather) {
+    out.sge[1] = ibv_sge{reinterpret_cast<uintptr_t>(p.payload.data()),
+                         static_cast<uint32_t>(p.payload.size()), payload_lkey};
+    out.wr.num_sge = 2;
+    (inl ? out.payload : held) = std::move(p.payload);
+  }
+  out.wr.wr_id = WrId(kWrSend, serial_, seq, signaled);
   out.wr.opcode = IBV_WR_SEND;
   out.wr.send_flags = (inl ? IBV_SEND_INLINE : 0) | (signaled ? IBV_SEND_SIGNALED : 0);
-  posted_.push_back(Posted{seq, slot});
+  posted_.push_back(Posted{seq, slot, std::move(held)});
   ++sq_used_;
   if (signaled) ++signaled_outstanding_;
   if (p.header.kind != MessageKind::kCredit) --credits_;
@@ -291,8 +308,8 @@ absl::Status RdmaConnection::FlushOutbox() {
     if (!posting_.empty()) {
       for (size_t i = 0; i < posting_.size(); ++i) {
         Outgoing& o = posting_[i];
-        if (o.wr.num_sge > 0) o.wr.sg_list = &o.sge;
-        if (o.inline_bytes) o.sge.addr = reinterpret_cast<uintptr_t>(o.bytes);
+        if (o.wr.num_sge > 0) o.wr.sg_list = o.sge;
+        if (o.inline_bytes) o.sge[0].addr = reinterpret_cast<uintptr_t>(o.bytes);
         o.wr.next = i + 1 < posting_.size() ? &posting_[i + 1].wr : nullptr;
       }
       ibv_send_wr* bad = nullptr;
@@ -500,8 +517,8 @@ void RdmaConnection::StartReads() {
     while (op.next < len && reads_in_flight_ < static_cast<int>(rd_atom_)) {
       const size_t chunk = std::min(len - op.next, chunk_max);
       Outgoing& out = QueueLocked();
-      out.sge = ibv_sge{reinterpret_cast<uintptr_t>(op.block->data + op.next),
-                        static_cast<uint32_t>(chunk), op.block->mr->lkey};
+      out.sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(op.block->data + op.next),
+                           static_cast<uint32_t>(chunk), op.block->mr->lkey};
       ibv_send_wr& wr = out.wr;
       wr.wr_id = WrId(kWrRead, serial_, op_id, true);
       wr.num_sge = 1;
@@ -674,6 +691,11 @@ bool RdmaConnection::FinishTeardown() {
   // Nothing may post from here on (Send refuses since Teardown): the token is
   // taken and never given back.
   while (post_token_.exchange(true, std::memory_order_acquire)) std::this_thread::yield();
+  // Payloads of SENDs that may not have completed (an unsignaled tail, or
+  // past kDrainBound) go back only once the QP is gone: until then the
+  // device may still read them, and a reused block must never reach this
+  // peer.
+  RingFifo<Posted> posted;
   {
     // Windows first: rxe holds a QP reference per bound window, so destroying
     // the QP before them would block. The QP is in the error state already,
@@ -682,9 +704,10 @@ bool RdmaConnection::FinishTeardown() {
     outbox_.clear();
     FreeWindowsLocked();
     request_tokens_.clear();
-    posted_.clear();
+    posted.swap(posted_);
   }
   if (id_->qp) rdma_destroy_qp(id_);
+  posted.clear();
   for (auto& [op_id, op] : reads_) {
     // A READ that never drained might still write: leak its block, never reuse it.
     if (op.block && (drained || op.in_flight == 0)) endpoint_->pool().Put(op.block);

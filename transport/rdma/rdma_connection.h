@@ -8,6 +8,14 @@
 // of the payload in registered memory, and the receiver pulls the payload by
 // RDMA READs split at the device's max_msg_sz, at most `rd_atom` outstanding.
 //
+// No copy on the way out. A small payload from AllocatePayload is a block of
+// registered memory (Endpoint::SmallBuffer) and the SEND gathers it as a
+// second entry after header and metadata: an inline SEND's provider copies
+// it during the post, a non-inline SEND's device reads it, and the block is
+// held by the posted_ entry until a completion at or after that SEND (or,
+// at teardown, until the QP is destroyed). A payload from elsewhere is copied
+// into the frame (counted as send_payload_copies).
+//
 // Flow control. Credits count frames: at connect each side grants the other
 // RdmaOptions::credits (capped by half its receive slots), carried in the
 // rdma_cm private data. Every frame but kCredit costs the sender one credit;
@@ -90,8 +98,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
  public:
   // wr_id kinds (top 4 bits of a non-RECV wr_id).
   enum : uint64_t { kWrSend = 1, kWrRead = 2, kWrBind = 3, kWrInvalidate = 4 };
-  // Inline sends are copied into the outbox entry; larger inline limits are
-  // not used.
+  // Inline sends' header and metadata are copied into the outbox entry;
+  // larger inline limits are not used.
   static constexpr uint32_t kMaxInlineUsed = 512;
 
   RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string peer, uint32_t serial,
@@ -159,14 +167,18 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   };
   struct Posted {
     uint32_t seq;
-    int slot;  // send slot to free on completion, or -1
+    int slot;        // send slot to free on completion, or -1
+    Buffer payload;  // read by the device until completion (a gathered SEND)
   };
   // A work request waiting in the outbox. Pointers into the entry itself
   // (sg_list, inline bytes) are set when it is posted: the vector may move.
   struct Outgoing {
     ibv_send_wr wr;
-    ibv_sge sge;
-    bool inline_bytes;  // sge covers `bytes`
+    // A SEND gathers header and metadata (sge[0]) and the payload where it
+    // was serialized (sge[1]); see QueueFrameLocked.
+    ibv_sge sge[2];
+    bool inline_bytes;  // sge[0] covers `bytes`
+    Buffer payload;     // an inline SEND's payload, copied by the provider when posted
     // A bind: once posted, the provider's ibv_mw must show the new rkey (the
     // next bind of that window names it by its current rkey).
     ibv_mw* bound_mw;

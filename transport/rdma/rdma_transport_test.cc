@@ -183,6 +183,13 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
     bool by_read;
   } cases[] = {{0, false},
                {1, false},
+               // Around the inline limits a frame may have (256 B asked of the
+               // device, RdmaConnection::kMaxInlineUsed at most).
+               {256 - kHeaderSize - 1, false},
+               {256 - kHeaderSize, false},
+               {256 - kHeaderSize + 1, false},
+               {RdmaConnection::kMaxInlineUsed - kHeaderSize, false},
+               {RdmaConnection::kMaxInlineUsed - kHeaderSize + 1, false},
                {threshold - 1, false},
                {threshold, false},
                {threshold + 1, true},
@@ -197,6 +204,7 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
   for (const Case& c : cases) {
     const uint64_t reads_before = Counters().reads.load();
     const uint64_t consumed_before = Counters().srq_slots_consumed.load();
+    const uint64_t copies_before = Counters().send_payload_copies.load();
     auto r = Call(**conn, waiter, id, Filled(**conn, c.size, id));
     ASSERT_TRUE(r.ok()) << c.size << ": " << r.status();
     EXPECT_TRUE(Matches(r->payload, c.size, id)) << "bytes differ at size " << c.size;
@@ -210,6 +218,8 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
     } else {
       EXPECT_EQ(reads, 0u) << "size " << c.size << " should travel inside the SEND";
     }
+    // Payloads from AllocatePayload go out from where they were written.
+    EXPECT_EQ(Counters().send_payload_copies.load(), copies_before) << "size " << c.size;
     ++id;
   }
   printf("counters: %s\n", Counters().ToString().c_str());
