@@ -10,6 +10,10 @@
 // spare again. Slots are fixed-size pieces of a few registered regions that
 // grow (by 64 slots) up to target + max_held_slots.
 //
+// Small payloads on the way out live in registered blocks of slot size
+// (SmallBuffer), so a SEND gathers them where they were serialized; large
+// ones come from the registered pool and are READ by the peer.
+//
 // I/O context: one thread at a time polls the CQ, runs posted tasks, refills
 // the SRQ, and calls connections (and through them the runtime's observers).
 // That is the poller thread, whose sleep policy is RdmaOptions::poll_mode —

@@ -109,7 +109,7 @@ absl::Status RdmaConnection::CreateQp() {
 }
 
 absl::StatusOr<Buffer> RdmaConnection::AllocatePayload(size_t size) {
-  if (size <= read_threshold_) return endpoint_->SmallBuffer(size);  // copied into the SEND
+  if (size <= read_threshold_) return endpoint_->SmallBuffer(size);  // gathered by the SEND
   auto block = endpoint_->pool().Get(size, /*remote_read=*/true);
   if (!block.ok()) return block.status();
   return endpoint_->BlockBuffer(*block, size);
