@@ -246,7 +246,7 @@ absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
     bind.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
     adv->rkey = rkey;
     p.header.remote.rkey = rkey;
-    posted_.push_back(Posted{bind_seq, -1});
+    posted_.push_back(Posted{bind_seq, -1, Buffer()});
     ++sq_used_;
   }
   if (p.header.remote_payload() && FaultInjection::TakeCorruptRkey()) {
