@@ -102,17 +102,9 @@ void Endpoint::Stop() {
 Endpoint::~Endpoint() {
   Stop();
   if (srq_) ibv_destroy_srq(srq_);
-  for (const Region& r : regions_) {
-    MutableCounters().registered_bytes.fetch_sub(r.mr->length);
-    ibv_dereg_mr(r.mr);
-    free(r.base);
-  }
+  for (const Region& r : regions_) FreeRegion(r);
   pool_.reset();
-  for (size_t i = 0; i < small_region_count_.load(); ++i) {
-    MutableCounters().registered_bytes.fetch_sub(small_regions_[i].mr->length);
-    ibv_dereg_mr(small_regions_[i].mr);
-    free(small_regions_[i].base);
-  }
+  for (size_t i = 0; i < small_region_count_.load(); ++i) FreeRegion(small_regions_[i]);
   if (cq_) ibv_destroy_cq(cq_);
   if (channel_) ibv_destroy_comp_channel(channel_);
   if (pd_) ibv_dealloc_pd(pd_);
@@ -121,6 +113,36 @@ Endpoint::~Endpoint() {
 
 size_t Endpoint::receive_bytes() const { return slot_count_.load() * options_.slot_size; }
 
+absl::StatusOr<Endpoint::Region> Endpoint::NewRegion(size_t bytes, int access,
+                                                     const char* what) const {
+  void* mem = nullptr;
+  if (posix_memalign(&mem, 4096, bytes) != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory for ", bytes, " bytes of ", what, " on ", device_name_));
+  }
+  ibv_mr* mr = ibv_reg_mr(pd_, mem, bytes, access);
+  if (!mr) {
+    free(mem);
+    return Errno(absl::StrCat("ibv_reg_mr of ", bytes, " bytes for ", what), device_name_);
+  }
+  MutableCounters().registered_bytes.fetch_add(bytes);
+  return Region{static_cast<char*>(mem), mr};
+}
+
+void Endpoint::FreeRegion(const Region& r) {
+  MutableCounters().registered_bytes.fetch_sub(r.mr->length);
+  ibv_dereg_mr(r.mr);
+  free(r.base);
+}
+
+const Endpoint::Region* Endpoint::RegionHolding(const Region* regions, size_t count,
+                                                size_t region_bytes, const char* p) {
+  for (size_t i = 0; i < count; ++i) {
+    if (p >= regions[i].base && p < regions[i].base + region_bytes) return &regions[i];
+  }
+  return nullptr;
+}
+
 absl::Status Endpoint::GrowSlots() {
   const size_t bytes = kSlotsPerRegion * options_.slot_size;
   if (slot_count_.load() + kSlotsPerRegion > target_ + options_.max_held_slots) {
@@ -128,15 +150,9 @@ absl::Status Endpoint::GrowSlots() {
         "receive slots on ", device_name_, " reached their bound of ",
         target_ + options_.max_held_slots, " (RdmaOptions::max_held_slots)"));
   }
-  void* mem = nullptr;
-  if (posix_memalign(&mem, 4096, bytes) != 0) return absl::ResourceExhaustedError("out of memory");
-  ibv_mr* mr = ibv_reg_mr(pd_, mem, bytes, IBV_ACCESS_LOCAL_WRITE);
-  if (!mr) {
-    free(mem);
-    return Errno("ibv_reg_mr for receive slots", device_name_);
-  }
-  MutableCounters().registered_bytes.fetch_add(bytes);
-  regions_.push_back(Region{static_cast<char*>(mem), mr});
+  auto region = NewRegion(bytes, IBV_ACCESS_LOCAL_WRITE, "receive slots");
+  if (!region.ok()) return region.status();
+  regions_.push_back(*region);
   const uint32_t first = slot_count_.load();
   {
     std::lock_guard<std::mutex> lock(spare_mu_);
@@ -224,11 +240,9 @@ uint32_t Endpoint::SlotOf(const char* p) const {
   const char* inside = p - 1;
   const uint32_t regions = slot_count_.load(std::memory_order_acquire) / kSlotsPerRegion;
   const size_t region_bytes = size_t{kSlotsPerRegion} * options_.slot_size;
-  for (uint32_t i = 0; i < regions; ++i) {
-    const Region& r = regions_.data()[i];
-    if (inside >= r.base && inside < r.base + region_bytes) {
-      return i * kSlotsPerRegion + static_cast<uint32_t>((inside - r.base) / options_.slot_size);
-    }
+  if (const Region* r = RegionHolding(regions_.data(), regions, region_bytes, inside)) {
+    return static_cast<uint32_t>(r - regions_.data()) * kSlotsPerRegion +
+           static_cast<uint32_t>((inside - r->base) / options_.slot_size);
   }
   fprintf(stderr, "rdmarpc[%s]: released memory is in no receive slot of %s\n", owner_.c_str(),
           device_name_.c_str());
@@ -249,23 +263,16 @@ Buffer Endpoint::SmallBuffer(size_t size) {
     if (small_free_.empty() && regions < kMaxSmallRegions) {
       // Growth is rare (the free list only grows), so registering under the
       // lock costs nothing on the fast path.
-      const size_t bytes = kSmallBlocksPerRegion * options_.slot_size;
-      void* base = nullptr;
-      if (posix_memalign(&base, 4096, bytes) == 0) {
-        ibv_mr* mr = ibv_reg_mr(pd_, base, bytes, 0);
-        if (mr != nullptr) {
-          small_regions_[regions] = Region{static_cast<char*>(base), mr};
-          small_region_count_.store(regions + 1, std::memory_order_release);
-          MutableCounters().registered_bytes.fetch_add(bytes);
-          for (size_t i = kSmallBlocksPerRegion; i-- > 0;) {
-            small_free_.push_back(static_cast<char*>(base) + i * options_.slot_size);
-          }
-        } else {
-          fprintf(stderr, "rdmarpc[%s]: ibv_reg_mr of %zu bytes for small payloads on %s: %s; "
-                  "small payloads will be copied into their SENDs\n",
-                  owner_.c_str(), bytes, device_name_.c_str(), strerror(errno));
-          free(base);
+      auto region = NewRegion(kSmallBlocksPerRegion * options_.slot_size, 0, "small payloads");
+      if (region.ok()) {
+        small_regions_[regions] = *region;
+        small_region_count_.store(regions + 1, std::memory_order_release);
+        for (size_t i = kSmallBlocksPerRegion; i-- > 0;) {
+          small_free_.push_back(region->base + i * options_.slot_size);
         }
+      } else {
+        fprintf(stderr, "rdmarpc[%s]: %s; small payloads will be copied into their SENDs\n",
+                owner_.c_str(), std::string(region.status().message()).c_str());
       }
     }
     if (!small_free_.empty()) {
@@ -283,16 +290,12 @@ Buffer Endpoint::SmallBuffer(size_t size) {
 }
 
 bool Endpoint::SmallBlockLkey(const char* p, uint32_t* lkey) const {
-  const size_t bytes = kSmallBlocksPerRegion * options_.slot_size;
-  const size_t regions = small_region_count_.load(std::memory_order_acquire);
-  for (size_t i = 0; i < regions; ++i) {
-    const Region& r = small_regions_[i];
-    if (p >= r.base && p < r.base + bytes) {
-      *lkey = r.mr->lkey;
-      return true;
-    }
-  }
-  return false;
+  const Region* r = RegionHolding(small_regions_.data(),
+                                  small_region_count_.load(std::memory_order_acquire),
+                                  kSmallBlocksPerRegion * options_.slot_size, p);
+  if (r == nullptr) return false;
+  *lkey = r->mr->lkey;
+  return true;
 }
 
 Buffer Endpoint::BlockBuffer(RegisteredPool::Block* block, size_t size) {

@@ -126,6 +126,18 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target, std::string owner);
   absl::Status Init();
   absl::Status GrowSlots();  // poller thread or Init
+  // Registered memory that slots or small payload blocks are carved from.
+  struct Region {
+    char* base;
+    ibv_mr* mr;
+  };
+  // `bytes` of page-aligned memory registered on pd_ with `access`.
+  absl::StatusOr<Region> NewRegion(size_t bytes, int access, const char* what) const;
+  static void FreeRegion(const Region& r);
+  // The region among `regions[0, count)`, each `region_bytes` long, that
+  // holds `p`; null if none does.
+  static const Region* RegionHolding(const Region* regions, size_t count, size_t region_bytes,
+                                     const char* p);
   void PollLoop();
   bool TryOwnIo();
   void ReleaseIo();
@@ -152,10 +164,6 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   int wake_fd_ = -1;
 
   // Receive slots.
-  struct Region {
-    char* base;
-    ibv_mr* mr;
-  };
   static constexpr uint32_t kSlotsPerRegion = 64;
   std::vector<Region> regions_;   // appended by the poller thread; see SlotOf
   std::atomic<uint32_t> slot_count_{0};
