@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <vector>
 
+#include "absl/synchronization/blocking_counter.h"
 #include "tests/echo_service.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/testing/rdma_test_env.h"
@@ -55,7 +57,29 @@ double AllocationsPerCall(int workers, size_t data_bytes) {
     EXPECT_EQ(resp.tag(), tag);
     EXPECT_EQ(resp.data(), req.data());
   };
-  // Connects, fills the receive rings, and lets every table reach its size.
+  // Steady state means every pool and table holds what the measured calls
+  // can need at once. One blocking call at a time still overlaps on the
+  // server: a worker gives its request/response pair back only after the
+  // response is sent, so the next call may already run on the other worker
+  // and take a second pair. Rounds of calls in flight together make every
+  // worker hold a pair at the same time (8 calls queued for 2 workers, 20
+  // times over); the sequential calls after them fill the rings.
+  constexpr int kInFlight = 8;
+  for (int round = 0; round < 20; ++round) {
+    struct Async {
+      ClientContext ctx;
+      EchoResponse resp;
+    };
+    std::vector<Async> calls(kInFlight);
+    absl::BlockingCounter left(kInFlight);
+    for (Async& c : calls) {
+      (*ch)->CallAsync(kEcho, &c.ctx, req, &c.resp, [&left](Status s) {
+        EXPECT_TRUE(s.ok()) << s;
+        left.DecrementCount();
+      });
+    }
+    left.Wait();
+  }
   for (int i = 1; i <= 300; ++i) call(i);
   const int calls = 1000;
   const uint64_t copies = transport::rdma::Counters().send_payload_copies.load();
