@@ -38,6 +38,11 @@ struct RdmaOptions {
   uint32_t send_slots = 64;
   // Request a completion for every n-th unsignaled SEND.
   uint32_t signal_every = 16;
+  // RDMA READs one connection keeps outstanding (each at most the port's
+  // max_msg_sz), further bounded by what the device and the peer allow
+  // (max_qp_init_rd_atom here, max_qp_rd_atom there). More READs queue, in
+  // arrival order.
+  uint32_t max_reads_in_flight = 16;
   // Payloads above this many bytes go by READ; 0 derives it from slot_size.
   size_t read_threshold = 0;
   // Bound on all registered memory of the transport (slots and payload pools).

@@ -441,7 +441,8 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         break;
       }
       const ibv_device_attr& dev = (*ep)->device_attr();
-      const uint32_t rd_atom = std::min(16, dev.max_qp_init_rd_atom);
+      const uint32_t rd_atom = std::max(
+          1, std::min<int>(static_cast<int>(rdma_.max_reads_in_flight), dev.max_qp_init_rd_atom));
       auto conn = std::make_shared<RdmaConnection>(*ep, id, at->target, next_serial_++, options_,
                                                    Handshake{}, LocalCredits(), rd_atom);
       at->conn = conn;
@@ -519,8 +520,9 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   auto ep = EndpointFor(child);
   if (!ep.ok()) return refuse(std::string(ep.status().message()));
   const ibv_device_attr& dev = (*ep)->device_attr();
-  const uint32_t rd_atom =
-      std::max(1, std::min<int>(ev->param.conn.responder_resources, dev.max_qp_init_rd_atom));
+  const uint32_t rd_atom = std::max(
+      1, std::min({static_cast<int>(rdma_.max_reads_in_flight),
+                   static_cast<int>(ev->param.conn.responder_resources), dev.max_qp_init_rd_atom}));
   auto conn = std::make_shared<RdmaConnection>(*ep, child, peer, next_serial_++, options_, hs,
                                                LocalCredits(), rd_atom);
   if (absl::Status s = conn->CreateQp(); !s.ok()) {

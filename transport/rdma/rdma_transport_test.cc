@@ -1,7 +1,7 @@
 // The RDMA transport on real verbs (Soft-RoCE in the VM, or a device): sizes
 // around every threshold, one SRQ for hundreds of connections, a bad rkey on
-// purpose, a client killed in the middle of a READ, and connect/disconnect
-// cycles that must not leak.
+// purpose, a request that expires before its READ, a client killed in the
+// middle of a READ, and connect/disconnect cycles that must not leak.
 #include "transport/rdma/rdma_transport.h"
 
 #include <dirent.h>
@@ -315,6 +315,46 @@ TEST(RdmaTransport, ReplayedOldAdvertisementIsRefused) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_TRUE(Matches(ok->payload, 20000, 5));
   (*good)->Close();
+}
+
+// A request whose deadline passes while its payload waits for a READ is
+// answered DEADLINE_EXCEEDED and never READ. The server allows one READ in
+// flight, so the second request's payload waits behind all of the first's
+// 32 MiB (milliseconds on a 100 Gb/s NIC, most of a second here) while its
+// own deadline is 1 ms.
+TEST(RdmaTransport, RequestPastItsDeadlineIsNotRead) {
+  Waiter waiter;
+  Fixture fx;
+  RdmaOptions one_read;
+  one_read.max_reads_in_flight = 1;
+  ASSERT_TRUE(fx.Start(one_read));
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const size_t big = size_t{32} << 20;
+  const size_t late = size_t{1} << 20;
+  const uint64_t bytes_read_before = Counters().bytes_read.load();
+  auto first = waiter.Expect(1);
+  auto second = waiter.Expect(2);
+  ASSERT_TRUE((*conn)->Send(Request(1, Filled(**conn, big, 1))).ok());
+  OutboundMessage expiring = Request(2, Filled(**conn, late, 2));
+  expiring.header.timeout_us = 1000;
+  ASSERT_TRUE((*conn)->Send(std::move(expiring)).ok());
+  ASSERT_EQ(second.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+  InboundMessage refused = second.get();
+  ASSERT_TRUE(refused.payload_status.ok()) << refused.payload_status;
+  EXPECT_EQ(refused.header.status, static_cast<uint16_t>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(refused.payload.size(), 0u);
+  ASSERT_EQ(first.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+  InboundMessage answered = first.get();
+  ASSERT_TRUE(answered.payload_status.ok()) << answered.payload_status;
+  EXPECT_TRUE(Matches(answered.payload, big, 1));
+  // The first request and its response were READ, the late one not at all.
+  EXPECT_EQ(Counters().bytes_read.load() - bytes_read_before, 2 * big);
+  // The connection goes on serving.
+  auto after = Call(**conn, waiter, 3, Filled(**conn, late, 3));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(Matches(after->payload, late, 3));
+  (*conn)->Close();
 }
 
 // No lock is held across ibv_post_send: while one thread is stopped inside
