@@ -20,6 +20,8 @@ RdmaOptions RdmaOptionsFromEnv() {
     if (strcmp(mode, "event") == 0) o.poll_mode = PollMode::kEvent;
   }
   if (const char* dev = std::getenv("RDMARPC_RDMA_DEVICE")) o.device = dev;
+  FromEnv("RDMARPC_RDMA_PORT", &o.device_port);
+  if (const char* v = std::getenv("RDMARPC_RDMA_GID_INDEX"); v && *v) o.gid_index = std::atoi(v);
   FromEnv("RDMARPC_RDMA_SPIN_US", &o.spin_us);
   FromEnv("RDMARPC_RDMA_SLOT_SIZE", &o.slot_size);
   FromEnv("RDMARPC_RDMA_CREDITS", &o.credits);

@@ -52,15 +52,20 @@ struct RdmaOptions {
   // completion-channel wake-up costs ~140 us on Soft-RoCE, a polled round
   // trip ~27 us: spinning a little longer than a round trip wins.
   uint32_t spin_us = 300;
-  // Require this device (e.g. "mlx5_0", "rxe0"); "" accepts what rdma_cm picks
-  // for the address.
+  // Which device, port and GID connections use (device_selection.h): by
+  // default what rdma_cm picks for the address. `device` alone insists on a
+  // device (e.g. "mlx5_0", "rxe0"), `device_port` (from 1) on a port, and
+  // `gid_index` (with device) names the GID table entry to use.
   std::string device;
+  uint32_t device_port = 0;
+  int gid_index = -1;
   uint32_t connect_timeout_ms = 10000;
 };
 
 // Defaults overridden by RDMARPC_RDMA_POLL (adaptive|busy|event),
-// RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE, RDMARPC_RDMA_SLOT_SIZE,
-// RDMARPC_RDMA_CREDITS, RDMARPC_RDMA_READ_THRESHOLD.
+// RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE, RDMARPC_RDMA_PORT,
+// RDMARPC_RDMA_GID_INDEX, RDMARPC_RDMA_SLOT_SIZE, RDMARPC_RDMA_CREDITS,
+// RDMARPC_RDMA_READ_THRESHOLD.
 RdmaOptions RdmaOptionsFromEnv();
 
 }  // namespace rdmarpc::transport::rdma

@@ -16,26 +16,27 @@
 
 #include "absl/strings/str_cat.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/device_selection.h"
 
 namespace rdmarpc::transport::rdma {
 namespace {
 
-std::string GidToString(const ibv_gid& gid) {
-  char buf[INET6_ADDRSTRLEN];
-  inet_ntop(AF_INET6, gid.raw, buf, sizeof buf);
-  return buf;
-}
-
-std::string SockaddrString(const sockaddr* sa) {
+// The IP address alone, as text.
+std::string SockaddrHost(const sockaddr* sa) {
   char host[INET6_ADDRSTRLEN] = "?";
   if (sa->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    return absl::StrCat(host, ":", ntohs(in->sin_port));
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, host, sizeof host);
+  } else {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, host, sizeof host);
   }
-  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-  return absl::StrCat("[", host, "]:", ntohs(in6->sin6_port));
+  return host;
+}
+
+bool IsWildcard(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);
+  }
+  return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
 }
 
 const char* kTry =
@@ -44,60 +45,6 @@ const char* kTry =
     "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
 
 }  // namespace
-
-std::string DescribeDevices() {
-  int n = 0;
-  errno = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (list == nullptr || n == 0) {
-    const int err = errno;
-    if (list) ibv_free_device_list(list);
-    return absl::StrCat("no RDMA devices (ibv_get_device_list: ",
-                        err ? strerror(err) : "empty", ")");
-  }
-  std::string out;
-  for (int i = 0; i < n; ++i) {
-    absl::StrAppend(&out, i ? "; " : "", ibv_get_device_name(list[i]));
-    ibv_context* ctx = ibv_open_device(list[i]);
-    if (!ctx) continue;
-    ibv_device_attr attr{};
-    ibv_query_device(ctx, &attr);
-    for (int p = 1; p <= attr.phys_port_cnt; ++p) {
-      ibv_port_attr pa{};
-      if (ibv_query_port(ctx, p, &pa) != 0) continue;
-      absl::StrAppend(&out, " port ", p, " ", ibv_port_state_str(pa.state), " mtu ",
-                      128 << pa.active_mtu);
-      for (int g = 0; g < std::min(pa.gid_tbl_len, 4); ++g) {
-        ibv_gid gid{};
-        if (ibv_query_gid(ctx, p, g, &gid) == 0 && gid.global.interface_id) {
-          absl::StrAppend(&out, " gid[", g, "]=", GidToString(gid));
-        }
-      }
-    }
-    ibv_close_device(ctx);
-  }
-  ibv_free_device_list(list);
-  return out;
-}
-
-bool RdmaUsable() {
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  bool usable = false;
-  for (int i = 0; i < n && !usable; ++i) {
-    ibv_context* ctx = ibv_open_device(list[i]);
-    if (!ctx) continue;
-    ibv_device_attr attr{};
-    ibv_query_device(ctx, &attr);
-    for (int p = 1; p <= attr.phys_port_cnt; ++p) {
-      ibv_port_attr pa{};
-      if (ibv_query_port(ctx, p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) usable = true;
-    }
-    ibv_close_device(ctx);
-  }
-  if (list) ibv_free_device_list(list);
-  return usable;
-}
 
 // ------------------------------------------------------------------ pieces
 
@@ -210,18 +157,7 @@ std::string RdmaTransport::PeerOf(rdma_cm_id* id) const {
 }
 
 absl::StatusOr<Endpoint*> RdmaTransport::EndpointFor(rdma_cm_id* id) {
-  if (id->verbs == nullptr) {
-    return absl::UnavailableError(absl::StrCat("rdma_cm found no RDMA device for ",
-                                               SockaddrString(rdma_get_local_addr(id)),
-                                               ". Devices: ", DescribeDevices(), ". ", kTry));
-  }
-  const std::string name = ibv_get_device_name(id->verbs->device);
-  if (!rdma_.device.empty() && rdma_.device != name) {
-    return absl::UnavailableError(absl::StrCat(
-        "rdma_cm chose device ", name, " for ", SockaddrString(rdma_get_local_addr(id)),
-        " but RdmaOptions::device (RDMARPC_RDMA_DEVICE) asks for ", rdma_.device,
-        ". Devices: ", DescribeDevices(), ". Use an address on ", rdma_.device, "'s interface."));
-  }
+  if (absl::Status s = CheckDeviceAndPort(id, rdma_); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   auto& ep = endpoints_[id->verbs];
   if (!ep) {
@@ -233,25 +169,15 @@ absl::StatusOr<Endpoint*> RdmaTransport::EndpointFor(rdma_cm_id* id) {
       return made.status();
     }
     ep = std::move(*made);
-    ibv_port_attr port{};
-    ibv_query_port(id->verbs, id->port_num, &port);
-    int gid_index = -1;
-    for (int i = 0; i < port.gid_tbl_len; ++i) {
-      ibv_gid gid{};
-      if (ibv_query_gid(id->verbs, id->port_num, i, &gid) == 0 &&
-          memcmp(&gid, &id->route.addr.addr.ibaddr.sgid, sizeof gid) == 0) {
-        gid_index = i;
-        break;
-      }
-    }
-    fprintf(stderr,
-            "rdmarpc[%s]: RDMA device %s port %d gid_index %d (%s) active_mtu %d, %zu receive "
-            "slots of %zu bytes on one SRQ\n",
-            options_.name.c_str(), name.c_str(), id->port_num, gid_index,
-            GidToString(id->route.addr.addr.ibaddr.sgid).c_str(), 128 << port.active_mtu,
-            server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots, rdma_.slot_size);
   }
   return ep.get();
+}
+
+void RdmaTransport::DescribeOnce(const Endpoint* ep, rdma_cm_id* id) {
+  if (!described_.insert(ep).second) return;
+  fprintf(stderr, "rdmarpc[%s]: RDMA %s, %zu receive slots of %zu bytes on one SRQ\n",
+          options_.name.c_str(), DescribeChoice(id).c_str(),
+          server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots, rdma_.slot_size);
 }
 
 void RdmaTransport::Track(const std::shared_ptr<RdmaConnection>& conn) {
@@ -299,6 +225,8 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
   }
   auto dst = ResolveAddress(addr);
   if (!dst.ok()) return dst.status();
+  auto src = NamedGidAddress(rdma_, 0);
+  if (!src.ok()) return src.status();
   auto at = std::make_shared<Attempt>();
   at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&*dst)));
   at->observer = observer;
@@ -310,11 +238,14 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
       return at->Finish(absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno))));
     }
     cm_targets_[at->id] = CmTarget{at, nullptr, {}};
-    if (rdma_resolve_addr(at->id, nullptr, reinterpret_cast<sockaddr*>(&*dst), timeout_ms) != 0) {
+    sockaddr* from = src->has_value() ? reinterpret_cast<sockaddr*>(&**src) : nullptr;
+    if (rdma_resolve_addr(at->id, from, reinterpret_cast<sockaddr*>(&*dst), timeout_ms) != 0) {
       cm_targets_.erase(at->id);
       rdma_destroy_id(at->id);
-      at->Finish(absl::UnavailableError(absl::StrCat("rdma_resolve_addr ", at->target, ": ",
-                                                     strerror(errno), ". ", kTry)));
+      at->Finish(absl::UnavailableError(absl::StrCat(
+          "rdma_resolve_addr ", at->target,
+          from ? absl::StrCat(" from ", SockaddrString(from), " (RdmaOptions::gid_index)") : "",
+          ": ", strerror(errno), ". ", kTry)));
     }
   });
   if (result.wait_until(absl::ToChronoTime(deadline)) != std::future_status::ready) {
@@ -353,6 +284,24 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
   }
   auto local = ResolveAddress(addr);
   if (!local.ok()) return local.status();
+  auto named = NamedGidAddress(rdma_, addr.port);
+  if (!named.ok()) return named.status();
+  Address listening = addr;
+  if (named->has_value()) {
+    // The named GID decides where to listen: a wildcard becomes its address,
+    // any other address must be it.
+    const sockaddr_storage& gid_addr = **named;
+    const std::string gid_host = SockaddrHost(reinterpret_cast<const sockaddr*>(&gid_addr));
+    if (!IsWildcard(reinterpret_cast<const sockaddr*>(&*local)) &&
+        SockaddrHost(reinterpret_cast<const sockaddr*>(&*local)) != gid_host) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "listen on ", addr.ToString(), ": RdmaOptions names device ", rdma_.device,
+          " gid_index ", rdma_.gid_index, ", whose address is ", gid_host,
+          ". Listen on that address or on a wildcard (0.0.0.0), or name no GID."));
+    }
+    *local = gid_addr;
+    listening.host = gid_host;
+  }
   absl::Status status;
   std::unique_ptr<RdmaListener> listener;
   RunOnCmAndWait([&] {
@@ -369,7 +318,7 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
       rdma_destroy_id(id);
       return;
     }
-    Address bound = addr;
+    Address bound = listening;
     bound.scheme = "rdma";
     bound.port = ntohs(rdma_get_src_port(id));
     listener = std::make_unique<RdmaListener>(this, id, bound, std::move(on_accept));
@@ -476,7 +425,12 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         fail(absl::StrCat("unsupported handshake version ", hs.version));
         break;
       }
+      if (absl::Status s = CheckGidIndex(id, rdma_); !s.ok()) {
+        fail(std::string(s.message()));
+        break;
+      }
       auto conn = at->conn;
+      DescribeOnce(conn->endpoint(), id);
       conn->SetPeer(hs);
       cm_targets_[id] = CmTarget{nullptr, nullptr, conn};
       at->Finish(absl::OkStatus());
@@ -549,7 +503,15 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   if (rdma_accept(child, &param) != 0) {
     const std::string why = absl::StrCat("rdma_accept: ", strerror(errno));
     (*ep)->RunOnPoller([conn, why] { conn->Teardown(absl::UnavailableError(why)); });
+    return;
   }
+  if (absl::Status s = CheckGidIndex(child, rdma_); !s.ok()) {
+    fprintf(stderr, "rdmarpc[%s]: closing connection from %s: %s\n", options_.name.c_str(),
+            peer.c_str(), std::string(s.message()).c_str());
+    (*ep)->RunOnPoller([conn, s] { conn->Teardown(s); });
+    return;
+  }
+  DescribeOnce(*ep, child);
 }
 
 void RdmaTransport::Shutdown() {

@@ -5,9 +5,9 @@
 //
 // Connections are RC queue pairs set up by librdmacm (rdma_cm): the device,
 // port and GID follow from the address (rdma_cm resolves the route; on RoCE it
-// picks the v2 GID of the interface's IP), or RdmaOptions::device insists on
-// one device. The first connection on a device logs one line naming device,
-// port, GID index and active MTU. Frames travel as described in
+// picks the v2 GID of the interface's IP), or RdmaOptions names them
+// (device_selection.h). The first connection on a device logs one line naming
+// device, port, GID index and type, and active MTU. Frames travel as described in
 // rdma_connection.h; all connections of the transport on one device share one
 // SRQ, one CQ and one poller thread (endpoint.h).
 //
@@ -24,23 +24,19 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "transport/rdma/device_selection.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/rdma_connection.h"
 #include "transport/rdma/rdma_options.h"
 #include "transport/transport.h"
 
 namespace rdmarpc::transport::rdma {
-
-// A line per device with its ports, states and GIDs, or why there is none;
-// for error messages and `ListDevices` in examples.
-std::string DescribeDevices();
-// True when at least one device has an active port.
-bool RdmaUsable();
 
 class RdmaTransport : public Transport {
  public:
@@ -75,6 +71,8 @@ class RdmaTransport : public Transport {
   void OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener);
   void AbandonAttempt(Attempt* at);
   absl::StatusOr<Endpoint*> EndpointFor(rdma_cm_id* id);
+  // Logs the device, port and GID of the endpoint's first connection.
+  void DescribeOnce(const Endpoint* ep, rdma_cm_id* id);
   void Track(const std::shared_ptr<RdmaConnection>& conn);
   std::string PeerOf(rdma_cm_id* id) const;
   uint32_t LocalCredits() const;
@@ -93,6 +91,7 @@ class RdmaTransport : public Transport {
   std::vector<std::function<void()>> tasks_;
   std::unordered_map<rdma_cm_id*, CmTarget> cm_targets_;  // CM thread
   rdma_cm_id* destroy_after_ack_ = nullptr;                // CM thread
+  std::set<const Endpoint*> described_;                    // CM thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -4,6 +4,7 @@
 // middle of a READ, and connect/disconnect cycles that must not leak.
 #include "transport/rdma/rdma_transport.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <signal.h>
 #include <spawn.h>
@@ -13,10 +14,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -114,6 +117,7 @@ struct Fixture {
   std::string ip;
   EchoObserver echo;
   ConnectionObserver* server_observer = &echo;  // a test may put its own
+  std::string listen_host;                       // default: the test address
   std::unique_ptr<RdmaTransport> server;
   std::unique_ptr<Listener> listener;
   std::unique_ptr<RdmaTransport> client;
@@ -127,7 +131,7 @@ struct Fixture {
     so.listening = true;
     so.max_message_size = 128u << 20;
     server = std::make_unique<RdmaTransport>(so, server_opts, true);
-    auto l = server->Listen(*ParseAddress("rdma://" + ip + ":0"),
+    auto l = server->Listen(*ParseAddress("rdma://" + (listen_host.empty() ? ip : listen_host) + ":0"),
                             [this](std::shared_ptr<Connection>) { return server_observer; });
     EXPECT_TRUE(l.ok()) << l.status();
     if (!l.ok()) return false;
@@ -354,6 +358,128 @@ TEST(RdmaTransport, RequestPastItsDeadlineIsNotRead) {
   auto after = Call(**conn, waiter, 3, Filled(**conn, late, 3));
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_TRUE(Matches(after->payload, late, 3));
+  (*conn)->Close();
+}
+
+// The device, port and GID table entry that carry `ip` (IPv4) on RoCE.
+struct GidPlace {
+  std::string device;
+  uint32_t port = 0;
+  int index = -1;
+};
+GidPlace FindGidOf(const std::string& ip) {
+  in_addr want{};
+  inet_pton(AF_INET, ip.c_str(), &want);
+  GidPlace place;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  for (int d = 0; d < n && place.index < 0; ++d) {
+    ibv_context* ctx = ibv_open_device(list[d]);
+    if (!ctx) continue;
+    ibv_device_attr attr{};
+    ibv_query_device(ctx, &attr);
+    for (uint32_t p = 1; p <= attr.phys_port_cnt && place.index < 0; ++p) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx, p, &pa) != 0) continue;
+      for (int g = 0; g < pa.gid_tbl_len; ++g) {
+        ibv_gid_entry e{};
+        if (ibv_query_gid_ex(ctx, p, g, &e, 0) != 0) continue;
+        if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && memcmp(e.gid.raw + 12, &want, 4) == 0) {
+          place = GidPlace{ibv_get_device_name(list[d]), p, g};
+          break;
+        }
+      }
+    }
+    ibv_close_device(ctx);
+  }
+  if (list) ibv_free_device_list(list);
+  return place;
+}
+
+// Named explicitly, device, port and GID index are what both sides use; a
+// server given a wildcard listens on that GID's address.
+TEST(RdmaTransport, NamedDevicePortAndGidAreUsed) {
+  const GidPlace place = FindGidOf(::rdmarpc::rdma::testing::RequireRdmaTestAddress());
+  ASSERT_GE(place.index, 0) << "no RoCE v2 GID carries the test address. " << DescribeDevices();
+  RdmaOptions named;
+  named.device = place.device;
+  named.device_port = place.port;
+  named.gid_index = place.index;
+  Waiter waiter;
+  Fixture fx;
+  fx.listen_host = "0.0.0.0";
+  ASSERT_TRUE(fx.Start(named, named));
+  EXPECT_EQ(fx.addr.host, fx.ip) << "a wildcard listens on the named GID's address";
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto r = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, 100, 1));
+  rdma_cm_id* id = std::static_pointer_cast<RdmaConnection>(*conn)->id();
+  EXPECT_EQ(ibv_get_device_name(id->verbs->device), place.device);
+  EXPECT_EQ(id->port_num, place.port);
+  EXPECT_EQ(ChosenGidIndex(id), place.index);
+  (*conn)->Close();
+}
+
+// Names that name nothing fail before any connection is tried, saying what
+// exists; a device that rdma_cm does not route to fails naming both.
+TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
+  const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
+  const GidPlace place = FindGidOf(ip);
+  ASSERT_GE(place.index, 0) << DescribeDevices();
+  Waiter waiter;  // outlives the transports
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  const auto connect_with = [&](RdmaOptions o) {
+    TransportOptions co;
+    co.name = "named-client";
+    Waiter w;
+    RdmaTransport client(co, o, false);
+    return client.Connect(fx.addr, &w, absl::Now() + absl::Seconds(30)).status();
+  };
+  const auto expect_error = [](const absl::Status& s, absl::StatusCode code,
+                               const std::vector<std::string>& mentions) {
+    EXPECT_EQ(s.code(), code) << s;
+    for (const std::string& m : mentions) {
+      EXPECT_NE(s.message().find(m), absl::string_view::npos) << "'" << m << "' missing: " << s;
+    }
+  };
+  RdmaOptions o;
+  o.device = place.device;
+  o.device_port = place.port;
+  o.gid_index = 1000000;
+  expect_error(connect_with(o), absl::StatusCode::kInvalidArgument,
+               {"gid_index 1000000", "no such GID", "Devices: " + place.device});
+  o.device_port = 99;
+  o.gid_index = place.index;
+  expect_error(connect_with(o), absl::StatusCode::kInvalidArgument, {"no port 99", "Devices:"});
+  o.device = "nosuch9";
+  expect_error(connect_with(o), absl::StatusCode::kInvalidArgument,
+               {"nosuch9", "Devices: " + place.device});
+  o.device = "";
+  expect_error(connect_with(o), absl::StatusCode::kInvalidArgument, {"set device"});
+  // A device alone is a check on what rdma_cm picks for the address.
+  RdmaOptions other_device;
+  other_device.device = "nosuch9";
+  expect_error(connect_with(other_device), absl::StatusCode::kUnavailable,
+               {"rdma_cm chose device " + place.device, "asks for nosuch9"});
+  // A server named a GID cannot listen on another address.
+  RdmaOptions named;
+  named.device = place.device;
+  named.device_port = place.port;
+  named.gid_index = place.index;
+  TransportOptions so;
+  so.listening = true;
+  RdmaTransport server(so, named, true);
+  auto l = server.Listen(*ParseAddress("rdma://127.0.0.1:0"),
+                         [](std::shared_ptr<Connection>) { return nullptr; });
+  ASSERT_FALSE(l.ok());
+  expect_error(l.status(), absl::StatusCode::kInvalidArgument, {"whose address is " + ip});
+  // The server that was there is untouched.
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 100, 1)).ok());
   (*conn)->Close();
 }
 

@@ -1,0 +1,245 @@
+#include "transport/rdma/device_selection.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+namespace rdmarpc::transport::rdma {
+namespace {
+
+const char* GidTypeName(uint32_t type) {
+  switch (type) {
+    case IBV_GID_TYPE_IB:
+      return "IB";
+    case IBV_GID_TYPE_ROCE_V1:
+      return "RoCE v1";
+    case IBV_GID_TYPE_ROCE_V2:
+      return "RoCE v2";
+    default:
+      return "unknown type";
+  }
+}
+
+bool IsIpv4Mapped(const ibv_gid& gid) {
+  static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return memcmp(gid.raw, kPrefix, sizeof kPrefix) == 0;
+}
+
+struct DeviceListDeleter {
+  void operator()(ibv_device** list) const { ibv_free_device_list(list); }
+};
+struct ContextCloser {
+  void operator()(ibv_context* ctx) const { ibv_close_device(ctx); }
+};
+using OpenDevice = std::unique_ptr<ibv_context, ContextCloser>;
+
+// Opens each device in turn and calls visit(name, context, attributes), with
+// a null context for a device that does not open, until visit returns false.
+// Returns how many devices there are, or -errno when there is no list.
+template <typename Visit>
+int ForEachDevice(Visit visit) {
+  int n = 0;
+  errno = 0;
+  std::unique_ptr<ibv_device*, DeviceListDeleter> list(ibv_get_device_list(&n));
+  if (list == nullptr) return errno ? -errno : 0;
+  for (int i = 0; i < n; ++i) {
+    OpenDevice ctx(ibv_open_device(list.get()[i]));
+    ibv_device_attr attr{};
+    if (ctx) ibv_query_device(ctx.get(), &attr);
+    if (!visit(ibv_get_device_name(list.get()[i]), ctx.get(), attr)) break;
+  }
+  return n;
+}
+
+OpenDevice OpenByName(const std::string& name) {
+  int n = 0;
+  std::unique_ptr<ibv_device*, DeviceListDeleter> list(ibv_get_device_list(&n));
+  for (int i = 0; list && i < n; ++i) {
+    if (name == ibv_get_device_name(list.get()[i])) return OpenDevice(ibv_open_device(list.get()[i]));
+  }
+  return nullptr;
+}
+
+// What the user named, for messages.
+std::string Named(const RdmaOptions& o) {
+  return absl::StrCat("device ", o.device, " port ", std::max<uint32_t>(o.device_port, 1),
+                      " gid_index ", o.gid_index);
+}
+
+}  // namespace
+
+std::string GidToString(const ibv_gid& gid) {
+  char buf[INET6_ADDRSTRLEN];
+  inet_ntop(AF_INET6, gid.raw, buf, sizeof buf);
+  return buf;
+}
+
+std::string SockaddrString(const sockaddr* sa) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    return absl::StrCat(host, ":", ntohs(in->sin_port));
+  }
+  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+  return absl::StrCat("[", host, "]:", ntohs(in6->sin6_port));
+}
+
+std::string DescribeDevices() {
+  std::string out;
+  const int n = ForEachDevice([&](const char* name, ibv_context* ctx, const ibv_device_attr& attr) {
+    absl::StrAppend(&out, out.empty() ? "" : "; ", name);
+    for (int p = 1; ctx && p <= attr.phys_port_cnt; ++p) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx, p, &pa) != 0) continue;
+      absl::StrAppend(&out, " port ", p, " ", ibv_port_state_str(pa.state), " mtu ",
+                      128 << pa.active_mtu);
+      for (int g = 0; g < std::min(pa.gid_tbl_len, 8); ++g) {
+        ibv_gid_entry e{};
+        if (ibv_query_gid_ex(ctx, p, g, &e, 0) == 0) {
+          absl::StrAppend(&out, " gid[", g, "]=", GidToString(e.gid), " ",
+                          GidTypeName(e.gid_type));
+        }
+      }
+    }
+    return true;
+  });
+  if (n <= 0) {
+    return absl::StrCat("no RDMA devices (ibv_get_device_list: ", n < 0 ? strerror(-n) : "empty",
+                        ")");
+  }
+  return out;
+}
+
+bool RdmaUsable() {
+  bool usable = false;
+  ForEachDevice([&](const char*, ibv_context* ctx, const ibv_device_attr& attr) {
+    for (int p = 1; ctx && p <= attr.phys_port_cnt; ++p) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx, p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) usable = true;
+    }
+    return !usable;
+  });
+  return usable;
+}
+
+absl::StatusOr<std::optional<sockaddr_storage>> NamedGidAddress(const RdmaOptions& o,
+                                                                uint16_t port) {
+  if (o.gid_index < 0) return std::nullopt;
+  if (o.device.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RdmaOptions::gid_index (RDMARPC_RDMA_GID_INDEX) ", o.gid_index,
+        " names an entry of one device's port: set device (RDMARPC_RDMA_DEVICE) too. Devices: ",
+        DescribeDevices()));
+  }
+  const uint32_t device_port = std::max<uint32_t>(o.device_port, 1);
+  OpenDevice ctx = OpenByName(o.device);
+  if (!ctx) {
+    return absl::InvalidArgumentError(absl::StrCat("no RDMA device ", o.device,
+                                                   " can be opened. Devices: ", DescribeDevices()));
+  }
+  ibv_port_attr pa{};
+  if (ibv_query_port(ctx.get(), static_cast<uint8_t>(device_port), &pa) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(o.device, " has no port ", device_port,
+                                                   ". Devices: ", DescribeDevices()));
+  }
+  ibv_gid_entry e{};
+  if (o.gid_index >= pa.gid_tbl_len ||
+      ibv_query_gid_ex(ctx.get(), device_port, static_cast<uint32_t>(o.gid_index), &e, 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Named(o), ": no such GID (the table has ", pa.gid_tbl_len,
+        " entries; empty ones are unused). Devices: ", DescribeDevices(),
+        ". Try `ibv_devinfo -v` or `rdma link` for the GIDs in use."));
+  }
+  if (pa.link_layer != IBV_LINK_LAYER_ETHERNET) return std::nullopt;
+  sockaddr_storage ss{};
+  if (IsIpv4Mapped(e.gid)) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(port);
+    memcpy(&in->sin_addr, e.gid.raw + 12, 4);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(port);
+    memcpy(&in6->sin6_addr, e.gid.raw, 16);
+    if (IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) in6->sin6_scope_id = e.ndev_ifindex;
+  }
+  return ss;
+}
+
+int ChosenGidIndex(rdma_cm_id* id) {
+  // The QP's address vector holds the index rdma_cm used: a table search by
+  // value could find a RoCE v1 entry that has the same GID as the v2 one.
+  if (id->qp != nullptr) {
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    if (ibv_query_qp(id->qp, &attr, IBV_QP_AV, &init) == 0 && attr.ah_attr.is_global) {
+      return attr.ah_attr.grh.sgid_index;
+    }
+  }
+  ibv_port_attr pa{};
+  if (ibv_query_port(id->verbs, id->port_num, &pa) != 0) return -1;
+  for (int i = 0; i < pa.gid_tbl_len; ++i) {
+    ibv_gid gid{};
+    if (ibv_query_gid(id->verbs, id->port_num, i, &gid) == 0 &&
+        memcmp(&gid, &id->route.addr.addr.ibaddr.sgid, sizeof gid) == 0) {
+      return i;
+    }
+  }
+  return -1;
+}
+
+std::string DescribeChoice(rdma_cm_id* id) {
+  const int index = ChosenGidIndex(id);
+  std::string gid = GidToString(id->route.addr.addr.ibaddr.sgid);
+  ibv_gid_entry e{};
+  if (index >= 0 && ibv_query_gid_ex(id->verbs, id->port_num, index, &e, 0) == 0) {
+    gid = absl::StrCat(GidToString(e.gid), ", ", GidTypeName(e.gid_type));
+  }
+  ibv_port_attr pa{};
+  ibv_query_port(id->verbs, id->port_num, &pa);
+  return absl::StrCat("device ", ibv_get_device_name(id->verbs->device), " port ", id->port_num,
+                      " gid_index ", index, " (", gid, ") active_mtu ", 128 << pa.active_mtu);
+}
+
+absl::Status CheckDeviceAndPort(rdma_cm_id* id, const RdmaOptions& o) {
+  const std::string local = SockaddrString(rdma_get_local_addr(id));
+  if (id->verbs == nullptr) {
+    return absl::UnavailableError(absl::StrCat("rdma_cm found no RDMA device for ", local));
+  }
+  const std::string device = ibv_get_device_name(id->verbs->device);
+  if (!o.device.empty() && o.device != device) {
+    return absl::UnavailableError(absl::StrCat(
+        "rdma_cm chose device ", device, " for ", local,
+        " but RdmaOptions::device (RDMARPC_RDMA_DEVICE) asks for ", o.device,
+        ". Use an address on ", o.device, "'s interface."));
+  }
+  if (o.device_port != 0 && o.device_port != id->port_num) {
+    return absl::UnavailableError(absl::StrCat(
+        "rdma_cm chose ", device, " port ", id->port_num, " for ", local,
+        " but RdmaOptions::device_port (RDMARPC_RDMA_PORT) asks for port ", o.device_port,
+        ". Use an address on that port's interface."));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGidIndex(rdma_cm_id* id, const RdmaOptions& o) {
+  if (o.gid_index < 0 || ChosenGidIndex(id) == o.gid_index) return absl::OkStatus();
+  const std::string device = ibv_get_device_name(id->verbs->device);
+  return absl::UnavailableError(absl::StrCat(
+      "rdma_cm chose ", DescribeChoice(id), " for ", SockaddrString(rdma_get_local_addr(id)),
+      " but RdmaOptions asks for ", Named(o),
+      ". Where two entries carry the same address (RoCE v1 and v2), rdma_cm takes the port's "
+      "default RoCE mode: /sys/kernel/config/rdma_cm/", device, "/ports/", id->port_num,
+      "/default_roce_mode."));
+}
+
+}  // namespace rdmarpc::transport::rdma
