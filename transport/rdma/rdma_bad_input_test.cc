@@ -1,0 +1,380 @@
+// Bad input on the RDMA path: a hostile peer that speaks raw verbs (its own
+// rdma_cm connection, its own QP, frames written by hand) sends what no
+// rdmarpc client would. A frame that breaks the wire format ends only that
+// connection, naming the peer; a well-formed request that advertises more
+// than the server accepts is answered RESOURCE_EXHAUSTED without a READ and
+// the connection goes on. Throughout, a good client is served.
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <sched.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "transport/rdma/counters.h"
+#include "transport/rdma/rdma_transport.h"
+#include "transport/rdma/testing/rdma_test_env.h"
+
+namespace rdmarpc::transport::rdma {
+namespace {
+
+constexpr uint32_t kRawSlot = 4096;  // what the raw peer receives at most
+constexpr int kRawRecvs = 16;
+
+// One rdma_cm connection to an rdmarpc server, driven by hand.
+class RawPeer {
+ public:
+  ~RawPeer() {
+    if (id_ != nullptr && id_->qp != nullptr) rdma_destroy_qp(id_);
+    if (send_mr_) ibv_dereg_mr(send_mr_);
+    if (recv_mr_) ibv_dereg_mr(recv_mr_);
+    if (cq_) ibv_destroy_cq(cq_);
+    if (pd_) ibv_dealloc_pd(pd_);
+    if (id_) rdma_destroy_id(id_);
+    if (channel_) rdma_destroy_event_channel(channel_);
+  }
+
+  // Connects with a valid rdmarpc handshake; "" or what failed.
+  std::string Connect(const Address& server) {
+    if (!(channel_ = rdma_create_event_channel())) return "rdma_create_event_channel";
+    if (rdma_create_id(channel_, &id_, nullptr, RDMA_PS_TCP) != 0) return "rdma_create_id";
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons(server.port);
+    if (inet_pton(AF_INET, server.host.c_str(), &dst.sin_addr) != 1) return "address";
+    if (rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) != 0 ||
+        !Await(RDMA_CM_EVENT_ADDR_RESOLVED)) {
+      return "resolve address";
+    }
+    if (rdma_resolve_route(id_, 2000) != 0 || !Await(RDMA_CM_EVENT_ROUTE_RESOLVED)) {
+      return "resolve route";
+    }
+    pd_ = ibv_alloc_pd(id_->verbs);
+    cq_ = ibv_create_cq(id_->verbs, 64, nullptr, nullptr, 0);
+    send_mr_ = ibv_reg_mr(pd_, send_buf_, sizeof send_buf_, IBV_ACCESS_LOCAL_WRITE);
+    recv_mr_ = ibv_reg_mr(pd_, recv_buf_.data(), recv_buf_.size(), IBV_ACCESS_LOCAL_WRITE);
+    if (!pd_ || !cq_ || !send_mr_ || !recv_mr_) return "verbs resources";
+    ibv_qp_init_attr qa{};
+    qa.send_cq = qa.recv_cq = cq_;
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = 8;
+    qa.cap.max_recv_wr = kRawRecvs;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    if (rdma_create_qp(id_, pd_, &qa) != 0) return "rdma_create_qp";
+    for (int i = 0; i < kRawRecvs; ++i) PostRecv(i);
+    Handshake hs;
+    hs.credits = kRawRecvs;
+    hs.slot_size = kRawSlot;
+    rdma_conn_param param{};
+    param.private_data = &hs;
+    param.private_data_len = sizeof hs;
+    param.responder_resources = param.initiator_depth = 1;
+    param.retry_count = 7;
+    param.rnr_retry_count = 7;
+    if (rdma_connect(id_, &param) != 0 || !Await(RDMA_CM_EVENT_ESTABLISHED)) return "connect";
+    return "";
+  }
+
+  // One SEND of exactly `frame`; true once the device has sent it.
+  bool Send(const std::string& frame) {
+    memcpy(send_buf_, frame.data(), frame.size());
+    ibv_sge sge{reinterpret_cast<uintptr_t>(send_buf_), static_cast<uint32_t>(frame.size()),
+                send_mr_->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = kSendId;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    if (ibv_post_send(id_->qp, &wr, &bad) != 0) return false;
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < until) {
+      ibv_wc wc{};
+      if (ibv_poll_cq(cq_, 1, &wc) <= 0) {
+        sched_yield();  // the server shares this machine's CPUs
+        continue;
+      }
+      if (wc.wr_id == kSendId) return wc.status == IBV_WC_SUCCESS;
+      OnRecv(wc);
+    }
+    return false;
+  }
+
+  // The next response or request the server sends (credit frames are
+  // skipped), or nullopt after `timeout`.
+  std::optional<Header> NextFrame(absl::Duration timeout) {
+    const absl::Time until = absl::Now() + timeout;
+    do {
+      ibv_wc wc{};
+      if (ibv_poll_cq(cq_, 1, &wc) > 0) {
+        if (wc.wr_id != kSendId) OnRecv(wc);
+      } else {
+        sched_yield();
+      }
+    } while (frames_.empty() && absl::Now() < until);
+    if (frames_.empty()) return std::nullopt;
+    Header h = frames_.front();
+    frames_.erase(frames_.begin());
+    return h;
+  }
+
+  // True when the server disconnects within `timeout`.
+  bool Disconnected(absl::Duration timeout) { return Await(RDMA_CM_EVENT_DISCONNECTED, timeout); }
+
+ private:
+  static constexpr uint64_t kSendId = ~uint64_t{0};
+
+  void PostRecv(int i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(&recv_buf_[i * kRawSlot]), kRawSlot, recv_mr_->lkey};
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = static_cast<uint64_t>(i);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_post_recv(id_->qp, &wr, &bad);
+  }
+
+  void OnRecv(const ibv_wc& wc) {
+    if (wc.status != IBV_WC_SUCCESS) return;  // flushed at teardown
+    auto h = DecodeHeader(&recv_buf_[wc.wr_id * kRawSlot], wc.byte_len);
+    if (h.ok() && h->kind != MessageKind::kCredit) frames_.push_back(*h);
+    PostRecv(static_cast<int>(wc.wr_id));
+  }
+
+  bool Await(rdma_cm_event_type want, absl::Duration timeout = absl::Seconds(10)) {
+    pollfd p{channel_->fd, POLLIN, 0};
+    const absl::Time until = absl::Now() + timeout;
+    while (absl::Now() < until) {
+      if (poll(&p, 1, 100) <= 0) continue;
+      rdma_cm_event* ev = nullptr;
+      if (rdma_get_cm_event(channel_, &ev) != 0) return false;
+      const rdma_cm_event_type type = ev->event;
+      rdma_ack_cm_event(ev);
+      if (type == want) return true;
+    }
+    return false;
+  }
+
+  rdma_event_channel* channel_ = nullptr;
+  rdma_cm_id* id_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_mr* send_mr_ = nullptr;
+  ibv_mr* recv_mr_ = nullptr;
+  char send_buf_[kRawSlot];
+  std::vector<char> recv_buf_ = std::vector<char>(kRawRecvs * kRawSlot);
+  std::vector<Header> frames_;
+};
+
+std::string Frame(const Header& h, std::string body = {}) {
+  std::string out(kHeaderSize, '\0');
+  EncodeHeader(h, out.data());
+  return out + body;
+}
+
+Header SmallRequest(uint64_t call_id, uint32_t payload_len) {
+  Header h;
+  h.kind = MessageKind::kRequest;
+  h.call_id = call_id;
+  h.payload_len = payload_len;
+  return h;
+}
+
+// Server side: answers each request with an empty response carrying the
+// request's payload status, and records how connections ended.
+class Answerer : public ConnectionObserver {
+ public:
+  void OnMessage(Connection& conn, InboundMessage msg) override {
+    if (msg.header.kind != MessageKind::kRequest) return;
+    OutboundMessage r;
+    r.header.kind = MessageKind::kResponse;
+    r.header.call_id = msg.header.call_id;
+    r.header.status = static_cast<uint16_t>(msg.payload_status.code());
+    conn.Send(std::move(r)).IgnoreError();
+  }
+  void OnClosed(Connection&, const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_.push_back(why);
+  }
+  // The next connection end after the first `seen`, waiting up to 10 s.
+  std::optional<absl::Status> ClosedAfter(size_t seen) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (closed_.size() > seen) return closed_[seen];
+      }
+      if (absl::Now() > until) return std::nullopt;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  size_t closed_count() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return closed_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<absl::Status> closed_;
+};
+
+// A well-behaved client: one request at a time, answered or not.
+class GoodClient : public ConnectionObserver {
+ public:
+  absl::Status Call(Connection& conn, uint64_t id) {
+    std::future<uint16_t> f;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      answer_ = std::promise<uint16_t>();
+      answered_ = false;
+      f = answer_.get_future();
+    }
+    OutboundMessage m;
+    m.header.kind = MessageKind::kRequest;
+    m.header.call_id = id;
+    if (absl::Status s = conn.Send(std::move(m)); !s.ok()) return s;
+    if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      return absl::DeadlineExceededError("the good client was not answered in 30 s");
+    }
+    const uint16_t status = f.get();
+    return status == 0 ? absl::OkStatus() : absl::InternalError(absl::StrCat("status ", status));
+  }
+  void OnMessage(Connection&, InboundMessage msg) override { Answer(msg.header.status); }
+  void OnClosed(Connection&, const absl::Status&) override { Answer(1); }
+
+ private:
+  void Answer(uint16_t status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (answered_) return;
+    answered_ = true;
+    answer_.set_value(status);
+  }
+
+  std::mutex mu_;
+  std::promise<uint16_t> answer_;
+  bool answered_ = true;  // no call yet
+};
+
+struct Server {
+  Answerer answerer;
+  std::unique_ptr<RdmaTransport> transport;
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<RdmaTransport> client_transport;
+
+  bool Start(size_t max_message_size) {
+    const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
+    if (ip.empty()) return false;
+    TransportOptions so;
+    so.name = "bad-input-server";
+    so.listening = true;
+    so.max_message_size = max_message_size;
+    transport = std::make_unique<RdmaTransport>(so, RdmaOptions(), true);
+    auto l = transport->Listen(*ParseAddress("rdma://" + ip + ":0"),
+                               [this](std::shared_ptr<Connection>) { return &answerer; });
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (!l.ok()) return false;
+    listener = std::move(*l);
+    TransportOptions co;
+    co.name = "good-client";
+    client_transport = std::make_unique<RdmaTransport>(co, RdmaOptions(), false);
+    return true;
+  }
+};
+
+TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
+  GoodClient good_observer;  // outlives the transports, which call it
+  Server server;
+  ASSERT_TRUE(server.Start(1u << 20));
+  auto good = server.client_transport->Connect(server.listener->address(), &good_observer,
+                                               absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE(good_observer.Call(**good, 1).ok());
+
+  Header bad_magic = SmallRequest(1, 0);
+  Header unknown_kind = SmallRequest(1, 0);
+  unknown_kind.kind = static_cast<MessageKind>(99);
+  Header empty_advert = SmallRequest(1, 0);
+  empty_advert.flags = kFlagRemotePayload;
+  Header over_wire_limit = SmallRequest(1, 0);
+  over_wire_limit.flags = kFlagRemotePayload;
+  over_wire_limit.payload_len = kMaxPayloadBytes + 1;
+  std::string bad_magic_frame = Frame(bad_magic);
+  bad_magic_frame[0] ^= 0x5a;
+  const struct {
+    const char* what;
+    std::string frame;
+    const char* error;  // what the server's reason says
+  } cases[] = {
+      {"shorter than a header", std::string(10, 'x'), "truncated header"},
+      {"wrong magic", bad_magic_frame, "bad magic"},
+      {"unknown message kind", Frame(unknown_kind), "unknown message kind 99"},
+      {"payload length longer than the frame", Frame(SmallRequest(1, 100), std::string(10, 'p')),
+       "74 bytes received, header says 164"},
+      {"payload length shorter than the frame", Frame(SmallRequest(1, 10), std::string(100, 'p')),
+       "164 bytes received, header says 74"},
+      {"advertised payload of 0 bytes", Frame(empty_advert), "advertises a payload of 0 bytes"},
+      {"advertised payload over the wire limit", Frame(over_wire_limit), "exceeds the limit"},
+  };
+  uint64_t good_id = 2;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    const size_t closed_before = server.answerer.closed_count();
+    const uint64_t reads_before = Counters().reads.load();
+    RawPeer peer;
+    ASSERT_EQ(peer.Connect(server.listener->address()), "");
+    ASSERT_TRUE(peer.Send(c.frame));
+    EXPECT_TRUE(peer.Disconnected(absl::Seconds(10))) << "the server kept the connection";
+    EXPECT_FALSE(peer.NextFrame(absl::Milliseconds(100)).has_value()) << "it was answered";
+    auto why = server.answerer.ClosedAfter(closed_before);
+    ASSERT_TRUE(why.has_value()) << "the server's side did not end";
+    EXPECT_EQ(why->code(), absl::StatusCode::kInternal) << *why;
+    EXPECT_NE(why->message().find("malformed frame from rdma://"), std::string::npos) << *why;
+    EXPECT_NE(why->message().find(c.error), std::string::npos) << *why;
+    EXPECT_EQ(Counters().reads.load(), reads_before) << "a READ was spent on a bad frame";
+    EXPECT_TRUE(good_observer.Call(**good, good_id++).ok()) << "the good client was not served";
+  }
+  (*good)->Close();
+}
+
+// A lying length that the wire format allows: the header advertises more
+// than the server's max_message_size. The server cannot know whether the
+// bytes exist and must not try; it answers that call and keeps the
+// connection.
+TEST(RdmaBadInput, AdvertisementOverTheMessageLimitIsAnsweredWithoutARead) {
+  Server server;
+  ASSERT_TRUE(server.Start(1u << 20));
+  RawPeer peer;
+  ASSERT_EQ(peer.Connect(server.listener->address()), "");
+  const uint64_t reads_before = Counters().reads.load();
+  Header lying = SmallRequest(7, 64u << 20);
+  lying.flags = kFlagRemotePayload;
+  lying.remote = RemoteDescriptor{0x1000, 0x1234, 1};  // nothing there: a READ would fail
+  ASSERT_TRUE(peer.Send(Frame(lying)));
+  auto answer = peer.NextFrame(absl::Seconds(10));
+  ASSERT_TRUE(answer.has_value()) << "not answered";
+  EXPECT_EQ(answer->kind, MessageKind::kResponse);
+  EXPECT_EQ(answer->call_id, 7u);
+  EXPECT_EQ(answer->status, static_cast<uint16_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(Counters().reads.load(), reads_before) << "the server READ an oversize payload";
+
+  // The same connection still serves a good request.
+  ASSERT_TRUE(peer.Send(Frame(SmallRequest(8, 3), "abc")));
+  auto next = peer.NextFrame(absl::Seconds(10));
+  ASSERT_TRUE(next.has_value()) << "the connection stopped serving";
+  EXPECT_EQ(next->call_id, 8u);
+  EXPECT_EQ(next->status, 0);
+  EXPECT_FALSE(peer.Disconnected(absl::Milliseconds(200)));
+  EXPECT_EQ(server.answerer.closed_count(), 0u);
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport::rdma
