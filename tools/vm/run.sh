@@ -85,8 +85,9 @@ write_cmd() {  # $1 = io dir, $2 = role, $3 = self ip, $4 = peer ip, rest = comm
 # init_on_alloc=0: Debian's kernel zeroes every kmalloc by default, and
 # Soft-RoCE allocates one buffer per packet, so that memset was 8-9 % of all
 # CPU samples of a 1 MiB READ stream (ib_read_bw and ours alike); without it
-# both run ~25 % faster and their ratio is unchanged. A NIC does this work in
-# hardware; the guest is a throwaway test machine.
+# both run ~25 % faster at the same ratio (README, Benchmarks, has what it
+# did to latency). A NIC does this work in hardware; the guest is a
+# throwaway test machine.
 boot() {  # $1 = io dir, $2 = prefix for output lines, rest = extra qemu args
   local io=$1 prefix=$2; shift 2
   timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
