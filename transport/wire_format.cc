@@ -93,6 +93,9 @@ absl::StatusOr<Header> DecodeHeader(const char* in, size_t len) {
   if (!h.remote_payload() && (h.remote.addr || h.remote.rkey)) {
     return absl::InvalidArgumentError("remote descriptor set without kFlagRemotePayload");
   }
+  if (h.remote_payload() && h.payload_len == 0) {
+    return absl::InvalidArgumentError("it advertises a payload of 0 bytes");
+  }
   return h;
 }
 

@@ -20,7 +20,7 @@
 //  28  u32 credits      receive slots the sender has freed (RDMA flow control)
 //  32  u64 timeout_us   time left to the call's deadline when sent; 0 = none
 //  40  u64 remote.addr  } where the payload can be READ, valid with
-//  48  u32 remote.rkey  } kFlagRemotePayload; length is payload_len
+//  48  u32 remote.rkey  } kFlagRemotePayload; length is payload_len (> 0)
 //  52  u32 reserved     must be 0
 //  56  u64 remote.token identifies the advertised buffer in a kRelease
 //

@@ -87,6 +87,7 @@ class RawPeer {
 
   // One SEND of exactly `frame`; true once the device has sent it.
   bool Send(const std::string& frame) {
+    if (frame.size() > sizeof send_buf_) return false;
     memcpy(send_buf_, frame.data(), frame.size());
     ibv_sge sge{reinterpret_cast<uintptr_t>(send_buf_), static_cast<uint32_t>(frame.size()),
                 send_mr_->lkey};

@@ -431,11 +431,6 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
     return Fail(absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ", length,
                                                  " bytes received, header says ", expected)));
   }
-  if (h->remote_payload() && h->payload_len == 0) {
-    endpoint_->ReleaseSlot(slot);
-    return Fail(absl::InternalError(
-        absl::StrCat("malformed frame from ", peer_, ": it advertises a payload of 0 bytes")));
-  }
   if (h->kind != MessageKind::kCredit) owed_.fetch_add(1);
   bool queued;
   {
