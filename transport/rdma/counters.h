@@ -27,6 +27,12 @@ struct RdmaCounters {
   std::atomic<uint64_t> reads{0};              // RDMA READ work requests posted
   std::atomic<uint64_t> bytes_read{0};         // bytes fetched by READ
   std::atomic<uint64_t> payloads_advertised{0};
+  // Response payloads a client did not release within release_timeout_ms:
+  // revoked and back in the pool (without windows: their connection closed).
+  std::atomic<uint64_t> releases_expired{0};
+  // Response payloads a client did not READ because it got to them too late
+  // in the server's release timeout; their calls end DEADLINE_EXCEEDED.
+  std::atomic<uint64_t> late_reads_skipped{0};
   std::atomic<uint64_t> srq_slots_posted{0};
   std::atomic<uint64_t> srq_slots_consumed{0};
   std::atomic<uint64_t> srq_short{0};          // times the SRQ could not be refilled

@@ -50,7 +50,15 @@ absl::StatusOr<std::shared_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
 
 Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target,
                    std::string owner)
-    : verbs_(verbs), options_(options), target_(target), owner_(std::move(owner)) {}
+    : verbs_(verbs),
+      options_(options),
+      target_(target),
+      owner_(std::move(owner)),
+      sweep_interval_(options.release_timeout_ms == 0
+                          ? std::chrono::milliseconds(100)
+                          : std::clamp<std::chrono::nanoseconds>(
+                                std::chrono::milliseconds(options.release_timeout_ms) / 4,
+                                std::chrono::milliseconds(1), std::chrono::milliseconds(100))) {}
 
 absl::Status Endpoint::Init() {
   device_name_ = ibv_get_device_name(verbs_->device);
@@ -69,13 +77,16 @@ absl::Status Endpoint::Init() {
   sa.attr.max_wr = static_cast<uint32_t>(std::min<size_t>(target_, device_attr_.max_srq_wr));
   sa.attr.max_sge = 1;
   if (!(srq_ = ibv_create_srq(pd_, &sa))) return Errno("ibv_create_srq", device_name_);
-  const bool windows = device_attr_.device_cap_flags &
-                       (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B);
+  const bool device_windows = device_attr_.device_cap_flags &
+                              (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B);
+  const bool windows = device_windows && options_.memory_windows;
   if (!windows) {
     fprintf(stderr,
-            "rdmarpc[%s]: %s has no type-2 memory windows: advertised payloads are exposed "
-            "through per-block registrations (whole block, until deregistered)\n",
-            owner_.c_str(), device_name_.c_str());
+            "rdmarpc[%s]: %s: advertised payloads are exposed through per-block registrations "
+            "(whole block, until deregistered): %s\n",
+            owner_.c_str(), device_name_.c_str(),
+            device_windows ? "RdmaOptions::memory_windows is off"
+                           : "the device has no type-2 memory windows");
   }
   pool_ = std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_,
                                            windows);
@@ -386,6 +397,7 @@ bool Endpoint::PollOnce(int* completions) {
   }
   for (auto& t : tasks) t();
   if (posted_ < target_) RefillSrq();
+  if (++polls_since_sweep_ >= kSweepEveryPolls) SweepIfDue();
   for (size_t i = 0; i < draining_.size();) {
     if (draining_[i]->FinishTeardown()) {
       draining_[i] = draining_.back();
@@ -395,6 +407,20 @@ bool Endpoint::PollOnce(int* completions) {
     }
   }
   return n > 0 || !tasks.empty();
+}
+
+void Endpoint::SweepIfDue() {
+  polls_since_sweep_ = 0;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_sweep_ < sweep_interval_) return;
+  last_sweep_ = now;
+  const absl::Time t = absl::Now();
+  // Collected first: expiring may close a connection, and closing calls out.
+  std::vector<std::shared_ptr<RdmaConnection>> due;
+  for (auto& [qp, conn] : by_qp_) {
+    if (!conn->torn_down() && conn->TimeoutsDue(t)) due.push_back(conn);
+  }
+  for (auto& conn : due) conn->ExpireTimeouts(t);
 }
 
 bool Endpoint::Drive(absl::FunctionRef<bool()> done) {
@@ -500,13 +526,14 @@ void Endpoint::PollLoop() {
     if (!TryOwnIo()) continue;
     ibv_req_notify_cq(cq_, 0);
     const bool raced = PollOnce();
+    SweepIfDue();
     ReleaseIo();
     if (raced) {
       last_activity = std::chrono::steady_clock::now();
       continue;
     }
     MutableCounters().poller_sleeps.fetch_add(1);
-    // A bounded sleep keeps teardown timers (drain deadlines) moving.
+    // A bounded sleep keeps timers (drain deadlines, release timeouts) moving.
     SleepUntilWoken(100);
     last_activity = std::chrono::steady_clock::now();
   }

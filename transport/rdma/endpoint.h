@@ -144,6 +144,10 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // One round of I/O work; true when there was any. I/O context only.
   bool PollOnce(int* completions = nullptr);
   bool DrivenRecently() const;
+  // Release timeouts (RdmaConnection::ExpireTimeouts), looked at every
+  // kSweepEveryPolls rounds and before the poller sleeps, at most every
+  // sweep_interval_: the fast path reads no clock for them.
+  void SweepIfDue();
   void SleepUntilWoken(int timeout_ms);
   void DrainWakeups();
   void HandleCompletion(const ibv_wc& wc);
@@ -197,6 +201,12 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::unordered_map<uint32_t, std::shared_ptr<RdmaConnection>> by_qp_;   // poller thread
   std::unordered_map<uint32_t, RdmaConnection*> by_serial_;               // poller thread
   std::vector<RdmaConnection*> draining_;                                 // poller thread
+  static constexpr uint32_t kSweepEveryPolls = 256;
+  // A quarter of release_timeout_ms, within [1 ms, 100 ms]; 100 ms without
+  // one (the peer's still matters: ReadOp::give_up).
+  const std::chrono::nanoseconds sweep_interval_;
+  uint32_t polls_since_sweep_ = 0;                   // I/O context
+  std::chrono::steady_clock::time_point last_sweep_;  // I/O context
 };
 
 }  // namespace rdmarpc::transport::rdma

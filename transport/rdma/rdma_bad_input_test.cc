@@ -3,7 +3,9 @@
 // rdmarpc client would. A frame that breaks the wire format ends only that
 // connection, naming the peer; a well-formed request that advertises more
 // than the server accepts is answered RESOURCE_EXHAUSTED without a READ and
-// the connection goes on. Throughout, a good client is served.
+// the connection goes on; a response payload the peer never releases is
+// revoked at the server's release timeout. Throughout, a good client is
+// served.
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
@@ -30,6 +32,7 @@ namespace {
 
 constexpr uint32_t kRawSlot = 4096;  // what the raw peer receives at most
 constexpr int kRawRecvs = 16;
+constexpr uint32_t kRawReadMax = 64 * 1024;  // what the raw peer READs at most
 
 // One rdma_cm connection to an rdmarpc server, driven by hand.
 class RawPeer {
@@ -38,6 +41,7 @@ class RawPeer {
     if (id_ != nullptr && id_->qp != nullptr) rdma_destroy_qp(id_);
     if (send_mr_) ibv_dereg_mr(send_mr_);
     if (recv_mr_) ibv_dereg_mr(recv_mr_);
+    if (read_mr_) ibv_dereg_mr(read_mr_);
     if (cq_) ibv_destroy_cq(cq_);
     if (pd_) ibv_dealloc_pd(pd_);
     if (id_) rdma_destroy_id(id_);
@@ -63,7 +67,8 @@ class RawPeer {
     cq_ = ibv_create_cq(id_->verbs, 64, nullptr, nullptr, 0);
     send_mr_ = ibv_reg_mr(pd_, send_buf_, sizeof send_buf_, IBV_ACCESS_LOCAL_WRITE);
     recv_mr_ = ibv_reg_mr(pd_, recv_buf_.data(), recv_buf_.size(), IBV_ACCESS_LOCAL_WRITE);
-    if (!pd_ || !cq_ || !send_mr_ || !recv_mr_) return "verbs resources";
+    read_mr_ = ibv_reg_mr(pd_, read_buf_.data(), read_buf_.size(), IBV_ACCESS_LOCAL_WRITE);
+    if (!pd_ || !cq_ || !send_mr_ || !recv_mr_ || !read_mr_) return "verbs resources";
     ibv_qp_init_attr qa{};
     qa.send_cq = qa.recv_cq = cq_;
     qa.qp_type = IBV_QPT_RC;
@@ -98,17 +103,26 @@ class RawPeer {
     wr.opcode = IBV_WR_SEND;
     wr.send_flags = IBV_SEND_SIGNALED;
     if (ibv_post_send(id_->qp, &wr, &bad) != 0) return false;
-    const absl::Time until = absl::Now() + absl::Seconds(10);
-    while (absl::Now() < until) {
-      ibv_wc wc{};
-      if (ibv_poll_cq(cq_, 1, &wc) <= 0) {
-        sched_yield();  // the server shares this machine's CPUs
-        continue;
-      }
-      if (wc.wr_id == kSendId) return wc.status == IBV_WC_SUCCESS;
-      OnRecv(wc);
-    }
-    return false;
+    return Completion(kSendId) == IBV_WC_SUCCESS;
+  }
+
+  // One RDMA READ of `length` bytes at what `remote` advertises, into
+  // `*out`; the completion's status (IBV_WC_GENERAL_ERR: none came).
+  ibv_wc_status Read(const RemoteDescriptor& remote, uint32_t length, std::string* out) {
+    if (length > read_buf_.size()) return IBV_WC_LOC_LEN_ERR;
+    ibv_sge sge{reinterpret_cast<uintptr_t>(read_buf_.data()), length, read_mr_->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = kReadId;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = remote.addr;
+    wr.wr.rdma.rkey = remote.rkey;
+    if (ibv_post_send(id_->qp, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
+    const ibv_wc_status status = Completion(kReadId);
+    if (status == IBV_WC_SUCCESS) out->assign(read_buf_.data(), length);
+    return status;
   }
 
   // The next response or request the server sends (credit frames are
@@ -118,7 +132,7 @@ class RawPeer {
     do {
       ibv_wc wc{};
       if (ibv_poll_cq(cq_, 1, &wc) > 0) {
-        if (wc.wr_id != kSendId) OnRecv(wc);
+        if (wc.wr_id < kRawRecvs) OnRecv(wc);
       } else {
         sched_yield();
       }
@@ -134,6 +148,23 @@ class RawPeer {
 
  private:
   static constexpr uint64_t kSendId = ~uint64_t{0};
+  static constexpr uint64_t kReadId = kSendId - 1;
+
+  // The status of work request `id`'s completion; frames that arrive
+  // meanwhile are kept.
+  ibv_wc_status Completion(uint64_t id) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < until) {
+      ibv_wc wc{};
+      if (ibv_poll_cq(cq_, 1, &wc) <= 0) {
+        sched_yield();  // the server shares this machine's CPUs
+        continue;
+      }
+      if (wc.wr_id == id) return wc.status;
+      if (wc.wr_id < kRawRecvs) OnRecv(wc);
+    }
+    return IBV_WC_GENERAL_ERR;
+  }
 
   void PostRecv(int i) {
     ibv_sge sge{reinterpret_cast<uintptr_t>(&recv_buf_[i * kRawSlot]), kRawSlot, recv_mr_->lkey};
@@ -171,8 +202,10 @@ class RawPeer {
   ibv_cq* cq_ = nullptr;
   ibv_mr* send_mr_ = nullptr;
   ibv_mr* recv_mr_ = nullptr;
+  ibv_mr* read_mr_ = nullptr;
   char send_buf_[kRawSlot];
   std::vector<char> recv_buf_ = std::vector<char>(kRawRecvs * kRawSlot);
+  std::vector<char> read_buf_ = std::vector<char>(kRawReadMax);
   std::vector<Header> frames_;
 };
 
@@ -190,8 +223,16 @@ Header SmallRequest(uint64_t call_id, uint32_t payload_len) {
   return h;
 }
 
-// Server side: answers each request with an empty response carrying the
-// request's payload status, and records how connections ended.
+// The bytes of a response payload of `size` bytes.
+std::string ResponseBytes(size_t size) {
+  std::string s(size, '\0');
+  for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>(i * 7 + 3);
+  return s;
+}
+
+// Server side: answers each request with a response carrying the request's
+// payload status (and, when response_bytes is set, that many bytes of
+// ResponseBytes), and records how connections ended.
 class Answerer : public ConnectionObserver {
  public:
   void OnMessage(Connection& conn, InboundMessage msg) override {
@@ -200,6 +241,13 @@ class Answerer : public ConnectionObserver {
     r.header.kind = MessageKind::kResponse;
     r.header.call_id = msg.header.call_id;
     r.header.status = static_cast<uint16_t>(msg.payload_status.code());
+    if (response_bytes > 0) {
+      auto b = conn.AllocatePayload(response_bytes);
+      ASSERT_TRUE(b.ok()) << b.status();
+      const std::string bytes = ResponseBytes(response_bytes);
+      memcpy(b->data(), bytes.data(), bytes.size());
+      r.payload = std::move(*b);
+    }
     conn.Send(std::move(r)).IgnoreError();
   }
   void OnClosed(Connection&, const absl::Status& why) override {
@@ -222,6 +270,7 @@ class Answerer : public ConnectionObserver {
     std::lock_guard<std::mutex> lock(mu_);
     return closed_.size();
   }
+  size_t response_bytes = 0;  // set before the first request
 
  private:
   std::mutex mu_;
@@ -271,14 +320,14 @@ struct Server {
   std::unique_ptr<Listener> listener;
   std::unique_ptr<RdmaTransport> client_transport;
 
-  bool Start(size_t max_message_size) {
+  bool Start(size_t max_message_size, const RdmaOptions& server_options = RdmaOptions()) {
     const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
     if (ip.empty()) return false;
     TransportOptions so;
     so.name = "bad-input-server";
     so.listening = true;
     so.max_message_size = max_message_size;
-    transport = std::make_unique<RdmaTransport>(so, RdmaOptions(), true);
+    transport = std::make_unique<RdmaTransport>(so, server_options, true);
     auto l = transport->Listen(*ParseAddress("rdma://" + ip + ":0"),
                                [this](std::shared_ptr<Connection>) { return &answerer; });
     EXPECT_TRUE(l.ok()) << l.status();
@@ -375,6 +424,122 @@ TEST(RdmaBadInput, AdvertisementOverTheMessageLimitIsAnsweredWithoutARead) {
   EXPECT_EQ(next->status, 0);
   EXPECT_FALSE(peer.Disconnected(absl::Milliseconds(200)));
   EXPECT_EQ(server.answerer.closed_count(), 0u);
+}
+
+// True once `counter` exceeds `above`, within 10 s.
+bool CountsPast(const std::atomic<uint64_t>& counter, uint64_t above) {
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (counter.load() <= above) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+Header Release(uint64_t token) {
+  Header h;
+  h.kind = MessageKind::kRelease;
+  h.remote.token = token;
+  return h;
+}
+
+constexpr uint32_t kLargeResponse = 64 * 1024;  // goes by READ, fits the raw peer
+constexpr uint32_t kReleaseTimeoutMs = 300;
+
+// Sends request `id` to an Answerer with response_bytes = kLargeResponse and
+// READs the payload its response advertises; the response's header, or
+// nullopt (and a test failure) when a step fails.
+std::optional<Header> AskAndRead(RawPeer& peer, uint64_t id) {
+  if (!peer.Send(Frame(SmallRequest(id, 0)))) {
+    ADD_FAILURE() << "request " << id << " was not sent";
+    return std::nullopt;
+  }
+  auto h = peer.NextFrame(absl::Seconds(10));
+  if (!h.has_value() || !h->remote_payload() || h->payload_len != kLargeResponse) {
+    ADD_FAILURE() << "request " << id << " was not answered with an advertised payload";
+    return std::nullopt;
+  }
+  std::string bytes;
+  const ibv_wc_status status = peer.Read(h->remote, h->payload_len, &bytes);
+  if (status != IBV_WC_SUCCESS || bytes != ResponseBytes(kLargeResponse)) {
+    ADD_FAILURE() << "READ of response " << id << ": " << ibv_wc_status_str(status);
+    return std::nullopt;
+  }
+  return h;
+}
+
+// A client that READs a response and never releases it must not hold the
+// server's registered memory: at the release timeout the window is revoked,
+// the block goes back to the pool (the next response reuses it, under a new
+// rkey), and the old (addr, rkey) no longer reads. A released payload is not
+// counted. Other clients are served throughout.
+TEST(RdmaBadInput, UnreleasedResponsePayloadIsRevokedAtTheReleaseTimeout) {
+  GoodClient good_observer;
+  Server server;
+  RdmaOptions options;
+  options.release_timeout_ms = kReleaseTimeoutMs;
+  server.answerer.response_bytes = kLargeResponse;
+  ASSERT_TRUE(server.Start(1u << 20, options));
+  auto good = server.client_transport->Connect(server.listener->address(), &good_observer,
+                                               absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(good.ok()) << good.status();
+  RawPeer peer;
+  ASSERT_EQ(peer.Connect(server.listener->address()), "");
+  const uint64_t expired_before = Counters().releases_expired.load();
+  auto released = AskAndRead(peer, 1);
+  ASSERT_TRUE(released.has_value());
+  ASSERT_TRUE(peer.Send(Frame(Release(released->remote.token))));
+  auto kept = AskAndRead(peer, 2);  // and never released
+  ASSERT_TRUE(kept.has_value());
+
+  ASSERT_TRUE(CountsPast(Counters().releases_expired, expired_before))
+      << "an unreleased response payload was never revoked";
+  EXPECT_EQ(Counters().releases_expired.load(), expired_before + 1)
+      << "a released payload was counted too";
+  const uint64_t registered = Counters().registered_bytes.load();
+  ASSERT_TRUE(peer.Send(Frame(SmallRequest(3, 0))));
+  auto next = peer.NextFrame(absl::Seconds(10));
+  ASSERT_TRUE(next.has_value()) << "not answered";
+  EXPECT_EQ(Counters().registered_bytes.load(), registered) << "the revoked block was not reused";
+  EXPECT_EQ(next->remote.addr, kept->remote.addr);
+  EXPECT_NE(next->remote.rkey, kept->remote.rkey);
+  // The stale advertisement reads nothing, though its bytes are exposed
+  // again under the new rkey.
+  std::string bytes;
+  EXPECT_EQ(peer.Read(kept->remote, kept->payload_len, &bytes), IBV_WC_REM_ACCESS_ERR);
+  EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
+  (*good)->Close();
+}
+
+// Without memory windows a block's registration exposes it to the peer and
+// cannot be revoked for one QP: the unreleased payload's connection is
+// closed (which takes the QP out of RTS) and only that one.
+TEST(RdmaBadInput, WithoutMemoryWindowsAnUnreleasedResponseClosesItsConnection) {
+  GoodClient good_observer;
+  Server server;
+  RdmaOptions options;
+  options.release_timeout_ms = kReleaseTimeoutMs;
+  options.memory_windows = false;
+  server.answerer.response_bytes = kLargeResponse;
+  ASSERT_TRUE(server.Start(1u << 20, options));
+  auto good = server.client_transport->Connect(server.listener->address(), &good_observer,
+                                               absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(good.ok()) << good.status();
+  RawPeer peer;
+  ASSERT_EQ(peer.Connect(server.listener->address()), "");
+  const uint64_t expired_before = Counters().releases_expired.load();
+  ASSERT_TRUE(AskAndRead(peer, 1).has_value());  // and never released
+  EXPECT_TRUE(peer.Disconnected(absl::Seconds(10))) << "the server kept the connection";
+  auto why = server.answerer.ClosedAfter(0);
+  ASSERT_TRUE(why.has_value()) << "the server's side did not end";
+  EXPECT_EQ(why->code(), absl::StatusCode::kDeadlineExceeded) << *why;
+  EXPECT_NE(why->message().find("did not release 1 response payload(s) within 300ms"),
+            std::string::npos)
+      << *why;
+  EXPECT_EQ(Counters().releases_expired.load(), expired_before + 1);
+  EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
+  EXPECT_EQ(server.answerer.closed_count(), 1u);
+  (*good)->Close();
 }
 
 }  // namespace

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
 
@@ -41,7 +43,8 @@ RdmaConnection::RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string p
       options_(options),
       frame_limit_(endpoint->slot_size()),
       credit_window_(local_credits),
-      rd_atom_(std::max<uint32_t>(1, rd_atom)) {
+      rd_atom_(std::max<uint32_t>(1, rd_atom)),
+      release_timeout_(absl::Milliseconds(endpoint->options().release_timeout_ms)) {
   SetPeer(peer_handshake);
 }
 
@@ -62,6 +65,7 @@ void RdmaConnection::ReleaseId() {
 void RdmaConnection::SetPeer(const Handshake& peer) {
   std::lock_guard<std::mutex> lock(mu_);
   credits_ = peer.credits;
+  peer_release_timeout_ms_ = peer.release_timeout_ms;
   if (peer.slot_size) frame_limit_ = std::min<size_t>(endpoint_->slot_size(), peer.slot_size);
   const size_t derived = frame_limit_ - kHeaderSize;
   read_threshold_ = endpoint_->options().read_threshold
@@ -214,13 +218,20 @@ absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
   p.header.credits = owed_.exchange(0);
   const size_t frame = kHeaderSize + p.metadata.size() + p.payload.size();
   const bool inl = frame <= max_inline_;
+  Advertised* adv = nullptr;  // what this frame advertises
+  if (p.header.remote_payload()) {
+    auto it = advertised_.find(p.header.remote.token);
+    if (it != advertised_.end()) adv = &it->second;
+  }
+  if (adv != nullptr && p.header.kind == MessageKind::kResponse &&
+      release_timeout_ > absl::ZeroDuration()) {
+    adv->release_by = absl::Now() + release_timeout_;
+    next_release_due_ = std::min(next_release_due_, adv->release_by);
+  }
+  const bool bind = adv != nullptr && adv->mw != nullptr;
   // With a window to bind, the bind takes one sequence number and the SEND
   // the next, so completions free them in order.
-  auto adv_it = p.header.remote_payload() ? advertised_.find(p.header.remote.token)
-                                          : advertised_.end();
-  Advertised* adv =
-      adv_it != advertised_.end() && adv_it->second.mw != nullptr ? &adv_it->second : nullptr;
-  const uint32_t bind_seq = adv != nullptr ? next_seq_++ : 0;
+  const uint32_t bind_seq = bind ? next_seq_++ : 0;
   const uint32_t seq = next_seq_++;
   const bool signaled = ++unsignaled_ >= endpoint_->options().signal_every ||
                         (!inl && free_send_slots_.size() == 1) ||
@@ -230,7 +241,7 @@ absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
   // to this QP over exactly its bytes; the bind is queued just before the
   // SEND, and the SQ runs in order, so the window exists before the peer
   // can learn of it.
-  if (adv != nullptr) {
+  if (bind) {
     const uint32_t rkey = ibv_inc_rkey(adv->rkey);
     Outgoing& out = QueueLocked();
     out.bound_mw = adv->mw;
@@ -365,6 +376,74 @@ void RdmaConnection::ReleaseAdvertisedLocked(uint64_t token) {
   FlushInvalidationsLocked();
 }
 
+bool RdmaConnection::TimeoutsDue(absl::Time now) {
+  if (now >= next_give_up_) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  return !closed_ && now >= next_release_due_;
+}
+
+void RdmaConnection::ExpireTimeouts(absl::Time now) {
+  if (!FailStalledReads(now)) ExpireUnreleased(now);
+}
+
+bool RdmaConnection::FailStalledReads(absl::Time now) {
+  if (now < next_give_up_ || torn_down_) return false;
+  next_give_up_ = absl::InfiniteFuture();
+  bool stalled = false;
+  for (const auto& [op_id, op] : reads_) {
+    stalled = stalled || (op.in_flight > 0 && op.give_up <= now);
+    next_give_up_ = std::min(next_give_up_, op.give_up);
+  }
+  if (!stalled) return false;
+  uint32_t peer_release_ms;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_release_ms = peer_release_timeout_ms_;
+  }
+  // The peer revoked the buffer under the READ, and the device neither
+  // finished nor failed it (Soft-RoCE retries such a READ for ever).
+  Fail(absl::UnavailableError(absl::StrCat(
+      "RDMA READ of a response from ", peer_, " not done ", 2 * peer_release_ms,
+      " ms after the response arrived: the peer revokes a response's buffer ", peer_release_ms,
+      " ms after sending it (its release_timeout_ms)")));
+  return true;
+}
+
+void RdmaConnection::ExpireUnreleased(absl::Time now) {
+  size_t expired = 0;
+  bool windows = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || now < next_release_due_) return;
+    next_release_due_ = absl::InfiniteFuture();
+    for (auto it = advertised_.begin(); it != advertised_.end();) {
+      auto next = std::next(it);
+      if (it->second.release_by <= now) {
+        ++expired;
+        windows = it->second.mw != nullptr;
+        it->second.expired = true;
+        if (windows) ReleaseAdvertisedLocked(it->first);  // erases only `it`
+      } else {
+        next_release_due_ = std::min(next_release_due_, it->second.release_by);
+      }
+      it = next;
+    }
+  }
+  if (expired == 0) return;
+  const std::string what =
+      absl::StrCat(peer_, " did not release ", expired, " response payload(s) within ",
+                   absl::FormatDuration(release_timeout_), " (RdmaOptions::release_timeout_ms)");
+  if (!windows) {
+    // A registration cannot be revoked for one peer: only the QP's leaving
+    // RTS ends its access.
+    MutableCounters().releases_expired.fetch_add(expired);
+    return Fail(absl::DeadlineExceededError(
+        absl::StrCat(what, "; without memory windows the connection is closed to revoke them")));
+  }
+  fprintf(stderr, "rdmarpc[%s]: %s; revoked them\n", options_.name.c_str(), what.c_str());
+  FlushOutbox().IgnoreError();
+}
+
 void RdmaConnection::FlushInvalidationsLocked() {
   while (!to_invalidate_.empty() && !closed_ && sq_used_ + rd_atom_ + 1 <= sq_depth_) {
     Advertised& adv = to_invalidate_.front();
@@ -433,8 +512,10 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   }
   if (h->kind != MessageKind::kCredit) owed_.fetch_add(1);
   bool queued;
+  uint32_t peer_release_ms;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    peer_release_ms = peer_release_timeout_ms_;
     if (h->credits) {
       credits_ += h->credits;
       FlushBacklogLocked();
@@ -470,6 +551,13 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       last_remote_ = {h->remote.addr, h->remote.rkey};
       if (h->kind == MessageKind::kRequest && h->timeout_us) {
         op.expiry = absl::Now() + absl::Microseconds(h->timeout_us);
+      } else if (h->kind == MessageKind::kResponse && peer_release_ms > 0) {
+        // The peer revokes it at its release timeout, counted from before
+        // it sent; half leaves room for the READ itself.
+        const absl::Time now = absl::Now();
+        op.expiry = now + absl::Milliseconds(peer_release_ms) / 2;
+        op.give_up = now + absl::Milliseconds(peer_release_ms) * 2;
+        next_give_up_ = std::min(next_give_up_, op.give_up);
       }
       if (h->payload_len > options_.max_message_size) {
         op.msg = std::move(m);
@@ -497,8 +585,16 @@ void RdmaConnection::StartReads() {
     const size_t len = op.msg.header.payload_len;
     if (op.block == nullptr) {
       if (absl::Now() > op.expiry) {
-        op.msg.payload_status = absl::DeadlineExceededError(
-            "deadline passed before the request's payload was read");
+        if (op.msg.header.kind == MessageKind::kRequest) {
+          op.msg.payload_status = absl::DeadlineExceededError(
+              "deadline passed before the request's payload was read");
+        } else {
+          std::lock_guard<std::mutex> lock(mu_);
+          op.msg.payload_status = absl::DeadlineExceededError(absl::StrCat(
+              "the response's payload from ", peer_, " was not read in time: the server revokes "
+              "it ", peer_release_timeout_ms_, " ms after sending (its release_timeout_ms)"));
+          MutableCounters().late_reads_skipped.fetch_add(1);
+        }
         read_queue_.pop_front();
         DeliverRead(op_id);
         continue;
@@ -577,20 +673,26 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
     }
     queued = !outbox_.empty();
   } else if (kind == kWrInvalidate) {
-    std::lock_guard<std::mutex> lock(mu_);
-    --sq_used_;
-    auto node = invalidating_.extract(index);
-    if (!node.empty() && wc.status == IBV_WC_SUCCESS) {
-      free_mws_.push_back(Window{node.mapped().mw, node.mapped().rkey});
-      node.mapped().mw = nullptr;  // its block returns to the pool with the node
-    } else if (!node.empty()) {
-      invalidating_.insert(std::move(node));  // freed with the QP at teardown
+    bool expired = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --sq_used_;
+      auto node = invalidating_.extract(index);
+      if (!node.empty() && wc.status == IBV_WC_SUCCESS) {
+        free_mws_.push_back(Window{node.mapped().mw, node.mapped().rkey});
+        node.mapped().mw = nullptr;  // its block returns to the pool with the node
+        expired = node.mapped().expired;
+      } else if (!node.empty()) {
+        invalidating_.insert(std::move(node));  // freed with the QP at teardown
+      }
+      if (wc.status == IBV_WC_SUCCESS) {
+        FlushInvalidationsLocked();
+        FlushBacklogLocked();
+      }
+      queued = !outbox_.empty();
     }
-    if (wc.status == IBV_WC_SUCCESS) {
-      FlushInvalidationsLocked();
-      FlushBacklogLocked();
-    }
-    queued = !outbox_.empty();
+    // Counted once the block is back in the pool.
+    if (expired) MutableCounters().releases_expired.fetch_add(1);
   } else if (kind == kWrRead) {
     {
       // The room this READ held may be what a waiting frame needs.
@@ -620,6 +722,14 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
     std::string hint;
     if (wc.status == IBV_WC_REM_ACCESS_ERR) {
       hint = " (the peer advertised a bad rkey, address or length, or released the buffer)";
+      auto it = kind == kWrRead ? reads_.find(index) : reads_.end();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (it != reads_.end() && it->second.msg.header.kind == MessageKind::kResponse &&
+          peer_release_timeout_ms_ > 0) {
+        hint = absl::StrCat(" (the peer revokes a response's buffer ", peer_release_timeout_ms_,
+                            " ms after sending it, its release_timeout_ms; or it advertised a "
+                            "bad rkey, address or length)");
+      }
     } else if (wc.status == IBV_WC_RETRY_EXC_ERR) {
       hint = " (the peer is gone or unreachable; on RoCE check the GID index)";
     }

@@ -35,7 +35,15 @@
 //   - for a request: the response to that call id arrives on this connection
 //     (even when the caller already gave up: cancel and timeout do not free it);
 //   - for a response: the peer's kRelease for its token (sent when its READ
-//     is done or when it decided not to READ);
+//     is done or when it decided not to READ), or, failing that,
+//     RdmaOptions::release_timeout_ms after its SEND was queued: a peer that
+//     never releases must not hold our memory (ExpireUnreleased). The peer
+//     learns the timeout in the handshake and skips a READ it would start
+//     late; a READ still running at the timeout fails and ends its
+//     connection (and where the device neither finishes nor fails it, as
+//     Soft-RoCE, the peer ends the connection at twice the timeout).
+//     Without windows nothing but the QP's leaving RTS revokes access, so
+//     there the connection is closed instead;
 //   - or the connection is torn down and its QP has left RTS.
 // Then a LOCAL_INV revokes the window, and only when that has completed does
 // the block return to the pool; a replayed (addr, rkey) is refused by the NIC.
@@ -90,7 +98,10 @@ struct Handshake {
   uint8_t reserved = 0;
   uint32_t credits = 0;    // frames the sender of this handshake accepts unacked
   uint32_t slot_size = 0;  // largest frame the sender of this handshake receives
-  uint32_t reserved2 = 0;
+  // How long the sender keeps a response payload exposed without a release
+  // (RdmaOptions::release_timeout_ms); 0: until released. The receiver does
+  // not start a READ of such a payload once half of it has passed.
+  uint32_t release_timeout_ms = 0;
 };
 static_assert(sizeof(Handshake) == 16, "handshake fits any rdma_cm private data");
 
@@ -140,6 +151,14 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   bool FinishTeardown();
   // Client side: the server's handshake, once ESTABLISHED.
   void SetPeer(const Handshake& peer);
+  // True when a release timeout may have passed by `now` (ExpireTimeouts);
+  // cheap. I/O context.
+  bool TimeoutsDue(absl::Time now);
+  // Revokes the advertised responses whose release timeout passed by `now`
+  // (or, without memory windows, closes the connection); closes it too when
+  // a READ of the peer's response is still running well past the peer's
+  // release timeout. I/O context.
+  void ExpireTimeouts(absl::Time now);
   // Called (I/O context) when the connection is fully gone, with its
   // rdma_cm id for the owner to destroy; without it the id is destroyed here.
   void set_on_freed(std::function<void(RdmaConnection*, rdma_cm_id*)> f) {
@@ -164,6 +183,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     RegisteredPool::Block* block = nullptr;
     ibv_mw* mw = nullptr;  // bound when its frame is queued; null without windows
     uint32_t rkey = 0;     // the window's rkey (the new one once bound)
+    // A response's: revoked then if not released (set when its SEND is queued).
+    absl::Time release_by = absl::InfiniteFuture();
+    bool expired = false;  // revoked at release_by, not released by the peer
   };
   struct Posted {
     uint32_t seq;
@@ -192,7 +214,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     uint32_t rkey = 0;
     size_t next = 0;  // next offset to post
     int in_flight = 0;
+    // Not READ after this: a request's deadline, or for a response half the
+    // peer's release timeout.
     absl::Time expiry = absl::InfiniteFuture();
+    // A response's: the connection fails if its READ is still running then
+    // (twice the peer's release timeout after it arrived).
+    absl::Time give_up = absl::InfiniteFuture();
   };
 
   absl::Status SendLocked(Header header, std::string metadata, Buffer payload);
@@ -205,6 +232,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   absl::Status FlushOutbox();
   void FlushBacklogLocked();
   void ReleaseAdvertisedLocked(uint64_t token);
+  void ExpireUnreleased(absl::Time now);
+  // True when it failed the connection.
+  bool FailStalledReads(absl::Time now);
   void FlushInvalidationsLocked();
   void FreeWindowsLocked();
   void SendControl(MessageKind kind, uint64_t token);
@@ -240,6 +270,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t signaled_outstanding_ = 0;   // guarded by mu_
   uint32_t sq_depth_ = 0;
   uint64_t next_token_ = 1;             // guarded by mu_
+  const absl::Duration release_timeout_;  // ours; zero: none
+  absl::Time next_release_due_ = absl::InfiniteFuture();  // earliest release_by; mu_
+  uint32_t peer_release_timeout_ms_ = 0;  // from the peer's handshake; mu_
   std::unordered_map<uint64_t, Advertised> advertised_;      // token -> payload, mu_
   std::vector<Window> free_mws_;                              // mu_
   std::deque<Advertised> to_invalidate_;                      // released, window still bound; mu_
@@ -257,6 +290,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t next_read_op_ = 1;
   std::pair<uint64_t, uint32_t> last_remote_{0, 0};  // for FaultInjection::StaleReads
   int reads_in_flight_ = 0;
+  absl::Time next_give_up_ = absl::InfiniteFuture();  // earliest ReadOp::give_up
   bool torn_down_ = false;
   absl::Time teardown_started_;
   std::shared_ptr<RdmaConnection> keep_alive_;  // held from Teardown until freed

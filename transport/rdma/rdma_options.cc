@@ -26,6 +26,7 @@ RdmaOptions RdmaOptionsFromEnv() {
   FromEnv("RDMARPC_RDMA_SLOT_SIZE", &o.slot_size);
   FromEnv("RDMARPC_RDMA_CREDITS", &o.credits);
   FromEnv("RDMARPC_RDMA_READ_THRESHOLD", &o.read_threshold);
+  FromEnv("RDMARPC_RDMA_RELEASE_TIMEOUT_MS", &o.release_timeout_ms);
   return o;
 }
 

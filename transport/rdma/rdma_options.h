@@ -47,6 +47,20 @@ struct RdmaOptions {
   size_t read_threshold = 0;
   // Bound on all registered memory of the transport (slots and payload pools).
   size_t max_registered_bytes = size_t{1} << 30;
+  // How long a response payload stays exposed to the client's READ (from the
+  // moment its SEND is queued) when the client sends no release: then the
+  // memory window is revoked and the block reused, and a READ after that
+  // fails and ends that client's connection; without memory windows the
+  // connection is closed instead. 0: until release or disconnect, so a client
+  // that never releases holds our registered memory. Sent to the client in
+  // the handshake, which then does not start a READ after half of it.
+  uint32_t release_timeout_ms = 30000;
+  // Expose advertised payloads through type-2 memory windows (bound to one
+  // QP, exactly the payload's bytes, revocable) when the device has them.
+  // false registers each block for REMOTE_READ instead, as on a device
+  // without windows: the whole block, until deregistered, with no way to
+  // revoke it but closing the connection. For comparison and tests.
+  bool memory_windows = true;
   PollMode poll_mode = PollMode::kAdaptive;
   // Adaptive mode: how long to keep spinning after the last completion. One
   // completion-channel wake-up costs ~140 us on Soft-RoCE, a polled round
@@ -65,7 +79,7 @@ struct RdmaOptions {
 // Defaults overridden by RDMARPC_RDMA_POLL (adaptive|busy|event),
 // RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE, RDMARPC_RDMA_PORT,
 // RDMARPC_RDMA_GID_INDEX, RDMARPC_RDMA_SLOT_SIZE, RDMARPC_RDMA_CREDITS,
-// RDMARPC_RDMA_READ_THRESHOLD.
+// RDMARPC_RDMA_READ_THRESHOLD, RDMARPC_RDMA_RELEASE_TIMEOUT_MS.
 RdmaOptions RdmaOptionsFromEnv();
 
 }  // namespace rdmarpc::transport::rdma

@@ -208,6 +208,7 @@ Handshake RdmaTransport::LocalHandshake() const {
   Handshake hs;
   hs.credits = LocalCredits();
   hs.slot_size = static_cast<uint32_t>(rdma_.slot_size);
+  hs.release_timeout_ms = rdma_.release_timeout_ms;
   return hs;
 }
 

@@ -361,6 +361,111 @@ TEST(RdmaTransport, RequestPastItsDeadlineIsNotRead) {
   (*conn)->Close();
 }
 
+// Server side: request 1 is answered after the server pushes a request of
+// its own with a 32 MiB payload, so the client, with one READ at a time,
+// reaches the response's payload only after that READ. Everything else is
+// echoed.
+class AnswerBehindABigPush : public ConnectionObserver {
+ public:
+  void OnMessage(Connection& conn, InboundMessage msg) override {
+    if (msg.header.kind != MessageKind::kRequest || msg.header.call_id != 1) {
+      return echo_.OnMessage(conn, std::move(msg));
+    }
+    ASSERT_TRUE(conn.Send(Request(kPushId, Filled(conn, kPush, kPushId))).ok());
+    OutboundMessage r;
+    r.header.kind = MessageKind::kResponse;
+    r.header.call_id = 1;
+    r.payload = Filled(conn, kAnswer, 1);
+    ASSERT_TRUE(conn.Send(std::move(r)).ok());
+  }
+  void OnClosed(Connection& conn, const absl::Status& why) override { echo_.OnClosed(conn, why); }
+
+  static constexpr uint64_t kPushId = 100;
+  static constexpr size_t kPush = size_t{32} << 20;
+  static constexpr size_t kAnswer = size_t{64} << 10;
+
+ private:
+  EchoObserver echo_;
+};
+
+// The server's release timeout travels in the handshake; a client that gets
+// to a response's payload after half of it does not READ it (the server may
+// have revoked it, and a READ that fails ends the connection): that call
+// ends DEADLINE_EXCEEDED, saying why, and the connection goes on.
+TEST(RdmaTransport, ResponseReachedAfterTheServersReleaseTimeoutIsNotRead) {
+  Waiter waiter;
+  AnswerBehindABigPush server_side;  // outlives the transports too
+  Fixture fx;
+  fx.server_observer = &server_side;
+  RdmaOptions server_opts;
+  // Half of it, 1 ms, is far less than a 32 MiB READ takes on Soft-RoCE.
+  server_opts.release_timeout_ms = 2;
+  RdmaOptions one_read;
+  one_read.max_reads_in_flight = 1;
+  ASSERT_TRUE(fx.Start(server_opts, one_read));
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const uint64_t bytes_read_before = Counters().bytes_read.load();
+  const uint64_t skipped_before = Counters().late_reads_skipped.load();
+  auto push = waiter.Expect(AnswerBehindABigPush::kPushId);
+  auto answer = waiter.Expect(1);
+  ASSERT_TRUE((*conn)->Send(Request(1, Buffer())).ok());
+  ASSERT_EQ(answer.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+  InboundMessage late = answer.get();
+  EXPECT_EQ(late.payload_status.code(), absl::StatusCode::kDeadlineExceeded)
+      << late.payload_status;
+  EXPECT_NE(late.payload_status.message().find("was not read in time: the server revokes it 2 ms"),
+            std::string::npos)
+      << late.payload_status;
+  EXPECT_EQ(late.payload.size(), 0u);
+  ASSERT_EQ(push.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+  InboundMessage pushed = push.get();
+  ASSERT_TRUE(pushed.payload_status.ok()) << pushed.payload_status;
+  EXPECT_TRUE(Matches(pushed.payload, AnswerBehindABigPush::kPush, AnswerBehindABigPush::kPushId));
+  EXPECT_EQ(Counters().bytes_read.load() - bytes_read_before, AnswerBehindABigPush::kPush)
+      << "the late response's payload was READ";
+  EXPECT_EQ(Counters().late_reads_skipped.load(), skipped_before + 1);
+  // The connection goes on (a payload small enough to go by SEND: one that
+  // goes by READ would race the 2 ms timeout).
+  auto after = Call(**conn, waiter, 3, Filled(**conn, 3, 3));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(Matches(after->payload, 3, 3));
+  EXPECT_FALSE(waiter.closed.load());
+  (*conn)->Close();
+}
+
+// A READ still running when the server revokes the response's buffer does
+// not complete: the device fails it, or (Soft-RoCE, which retries it for
+// ever) the client gives up at twice the server's release timeout. Either
+// way the client's connection ends UNAVAILABLE saying why, and the server
+// goes on serving (a new connection is answered).
+TEST(RdmaTransport, ResponseRevokedDuringItsReadEndsTheConnectionSayingWhy) {
+  Waiter waiter;
+  Waiter second_waiter;
+  Fixture fx;
+  RdmaOptions server_opts;
+  // Far less than a 32 MiB READ takes on Soft-RoCE, but the client starts
+  // the READ at once, so only the revocation stops it.
+  server_opts.release_timeout_ms = 2;
+  ASSERT_TRUE(fx.Start(server_opts));
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const size_t big = size_t{32} << 20;
+  auto cut = Call(**conn, waiter, 1, Filled(**conn, big, 1));
+  ASSERT_FALSE(cut.ok()) << "the whole payload was READ after its release timeout";
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kUnavailable) << cut.status();
+  EXPECT_NE(cut.status().message().find("revokes a response's buffer 2 ms after sending it"),
+            std::string::npos)
+      << cut.status();
+  EXPECT_TRUE(waiter.closed.load());
+  auto second = fx.Connect(&second_waiter);
+  ASSERT_TRUE(second.ok()) << second.status();
+  auto served = Call(**second, second_waiter, 2, Filled(**second, 3, 2));
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_TRUE(Matches(served->payload, 3, 2));
+  (*second)->Close();
+}
+
 // The device, port and GID table entry that carry `ip` (IPv4) on RoCE.
 struct GidPlace {
   std::string device;
