@@ -25,6 +25,16 @@ constexpr absl::Duration kDrainBound = absl::Seconds(5);
 // wr_id: kind (4 bits) | signaled (1 bit) | connection serial (27 bits) | index.
 constexpr uint64_t kSignaledBit = uint64_t{1} << 59;
 
+// When a peer with release timeout `ms` revokes a buffer it advertised in a
+// frame of `kind`, for the messages that explain a failed READ.
+std::string RevocationRule(MessageKind kind, uint32_t ms) {
+  return kind == MessageKind::kResponse
+             ? absl::StrCat("the peer revokes a response's buffer ", ms,
+                            " ms after sending it, by its release_timeout_ms")
+             : absl::StrCat("the peer revokes a request's buffer ", ms,
+                            " ms after the request's deadline, by its release_timeout_ms");
+}
+
 uint64_t WrId(uint64_t kind, uint32_t serial, uint32_t index, bool signaled) {
   return (kind << 60) | (signaled ? kSignaledBit : 0) | (uint64_t{serial & 0x07ffffff} << 32) |
          index;
@@ -164,6 +174,8 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
     h.remote = RemoteDescriptor{reinterpret_cast<uintptr_t>(payload.data()), b->mr->rkey, token};
     Advertised adv;
     adv.block = b;
+    adv.kind = h.kind;
+    adv.call_id = h.call_id;
     if (pool.memory_windows()) {
       if (free_mws_.empty()) {
         ibv_mw* mw = ibv_alloc_mw(endpoint_->pd(), IBV_MW_TYPE_2);
@@ -223,9 +235,17 @@ absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
     auto it = advertised_.find(p.header.remote.token);
     if (it != advertised_.end()) adv = &it->second;
   }
-  if (adv != nullptr && p.header.kind == MessageKind::kResponse &&
-      release_timeout_ > absl::ZeroDuration()) {
-    adv->release_by = absl::Now() + release_timeout_;
+  if (adv != nullptr && release_timeout_ > absl::ZeroDuration()) {
+    // A response waits for its release; a request with a deadline for its
+    // answer, but the peer starts no READ past the deadline, so the timeout
+    // then only covers a READ already running. Without windows an expired
+    // request would cost the whole connection: it waits for its answer.
+    if (p.header.kind == MessageKind::kResponse) {
+      adv->release_by = absl::Now() + release_timeout_;
+    } else if (p.header.kind == MessageKind::kRequest && p.header.timeout_us > 0 &&
+               adv->mw != nullptr) {
+      adv->release_by = absl::Now() + absl::Microseconds(p.header.timeout_us) + release_timeout_;
+    }
     next_release_due_ = std::min(next_release_due_, adv->release_by);
   }
   const bool bind = adv != nullptr && adv->mw != nullptr;
@@ -389,12 +409,12 @@ void RdmaConnection::ExpireTimeouts(absl::Time now) {
 bool RdmaConnection::FailStalledReads(absl::Time now) {
   if (now < next_give_up_ || torn_down_) return false;
   next_give_up_ = absl::InfiniteFuture();
-  bool stalled = false;
+  const ReadOp* stalled = nullptr;
   for (const auto& [op_id, op] : reads_) {
-    stalled = stalled || (op.in_flight > 0 && op.give_up <= now);
+    if (stalled == nullptr && op.in_flight > 0 && op.give_up <= now) stalled = &op;
     next_give_up_ = std::min(next_give_up_, op.give_up);
   }
-  if (!stalled) return false;
+  if (stalled == nullptr) return false;
   uint32_t peer_release_ms;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -402,15 +422,16 @@ bool RdmaConnection::FailStalledReads(absl::Time now) {
   }
   // The peer revoked the buffer under the READ, and the device neither
   // finished nor failed it (Soft-RoCE retries such a READ for ever).
+  const MessageKind kind = stalled->msg.header.kind;
   Fail(absl::UnavailableError(absl::StrCat(
-      "RDMA READ of a response from ", peer_, " not done ", 2 * peer_release_ms,
-      " ms after the response arrived: the peer revokes a response's buffer ", peer_release_ms,
-      " ms after sending it (its release_timeout_ms)")));
+      "RDMA READ of a ", kind == MessageKind::kResponse ? "response" : "request", " from ", peer_,
+      " not done at twice the peer's release timeout: ", RevocationRule(kind, peer_release_ms))));
   return true;
 }
 
 void RdmaConnection::ExpireUnreleased(absl::Time now) {
-  size_t expired = 0;
+  size_t responses = 0;
+  size_t requests = 0;
   bool windows = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -418,21 +439,40 @@ void RdmaConnection::ExpireUnreleased(absl::Time now) {
     next_release_due_ = absl::InfiniteFuture();
     for (auto it = advertised_.begin(); it != advertised_.end();) {
       auto next = std::next(it);
-      if (it->second.release_by <= now) {
-        ++expired;
-        windows = it->second.mw != nullptr;
-        it->second.expired = true;
+      Advertised& adv = it->second;
+      if (adv.release_by <= now) {
+        ++(adv.kind == MessageKind::kRequest ? requests : responses);
+        windows = adv.mw != nullptr;
+        adv.expired = true;
+        if (adv.kind == MessageKind::kRequest) {
+          auto range = request_tokens_.equal_range(adv.call_id);
+          for (auto t = range.first; t != range.second; ++t) {
+            if (t->second == it->first) {
+              request_tokens_.erase(t);
+              break;
+            }
+          }
+        }
         if (windows) ReleaseAdvertisedLocked(it->first);  // erases only `it`
       } else {
-        next_release_due_ = std::min(next_release_due_, it->second.release_by);
+        next_release_due_ = std::min(next_release_due_, adv.release_by);
       }
       it = next;
     }
   }
-  if (expired == 0) return;
-  const std::string what =
-      absl::StrCat(peer_, " did not release ", expired, " response payload(s) within ",
-                   absl::FormatDuration(release_timeout_), " (RdmaOptions::release_timeout_ms)");
+  if (responses + requests == 0) return;
+  const std::string within = absl::FormatDuration(release_timeout_);
+  const std::string what = absl::StrCat(
+      peer_,
+      responses > 0
+          ? absl::StrCat(" did not release ", responses, " response payload(s) within ", within)
+          : "",
+      responses > 0 && requests > 0 ? " and" : "",
+      requests > 0 ? absl::StrCat(" did not answer ", requests, " request(s) within ", within,
+                                  " after their deadline")
+                   : "",
+      " (RdmaOptions::release_timeout_ms)");
+  const size_t expired = responses + requests;
   if (!windows) {
     // A registration cannot be revoked for one peer: only the QP's leaving
     // RTS ends its access.
@@ -551,6 +591,10 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       last_remote_ = {h->remote.addr, h->remote.rkey};
       if (h->kind == MessageKind::kRequest && h->timeout_us) {
         op.expiry = absl::Now() + absl::Microseconds(h->timeout_us);
+        if (peer_release_ms > 0) {
+          op.give_up = op.expiry + absl::Milliseconds(peer_release_ms) * 2;
+          next_give_up_ = std::min(next_give_up_, op.give_up);
+        }
       } else if (h->kind == MessageKind::kResponse && peer_release_ms > 0) {
         // The peer revokes it at its release timeout, counted from before
         // it sent; half leaves room for the READ itself.
@@ -724,11 +768,10 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
       hint = " (the peer advertised a bad rkey, address or length, or released the buffer)";
       auto it = kind == kWrRead ? reads_.find(index) : reads_.end();
       std::lock_guard<std::mutex> lock(mu_);
-      if (it != reads_.end() && it->second.msg.header.kind == MessageKind::kResponse &&
-          peer_release_timeout_ms_ > 0) {
-        hint = absl::StrCat(" (the peer revokes a response's buffer ", peer_release_timeout_ms_,
-                            " ms after sending it, its release_timeout_ms; or it advertised a "
-                            "bad rkey, address or length)");
+      if (it != reads_.end() && it->second.give_up != absl::InfiniteFuture()) {
+        hint = absl::StrCat(" (", RevocationRule(it->second.msg.header.kind,
+                                                 peer_release_timeout_ms_),
+                            "; or it advertised a bad rkey, address or length)");
       }
     } else if (wc.status == IBV_WC_RETRY_EXC_ERR) {
       hint = " (the peer is gone or unreachable; on RoCE check the GID index)";

@@ -33,7 +33,11 @@
 // bytes, by a bind posted just before the SEND that advertises it. It stays
 // bound, untouched and out of the pool until
 //   - for a request: the response to that call id arrives on this connection
-//     (even when the caller already gave up: cancel and timeout do not free it);
+//     (even when the caller already gave up: cancel and timeout do not free
+//     it), or, for a request with a deadline, release_timeout_ms after the
+//     deadline: the peer starts no READ past the deadline, so this only
+//     cuts off a READ that started in time and ran that much longer (which
+//     then ends the connection). Without windows it waits for the response;
 //   - for a response: the peer's kRelease for its token (sent when its READ
 //     is done or when it decided not to READ), or, failing that,
 //     RdmaOptions::release_timeout_ms after its SEND was queued: a peer that
@@ -183,7 +187,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     RegisteredPool::Block* block = nullptr;
     ibv_mw* mw = nullptr;  // bound when its frame is queued; null without windows
     uint32_t rkey = 0;     // the window's rkey (the new one once bound)
-    // A response's: revoked then if not released (set when its SEND is queued).
+    MessageKind kind = MessageKind::kResponse;  // of the frame that advertises it
+    uint64_t call_id = 0;
+    // Revoked then if not released (set when its SEND is queued): a response
+    // release_timeout_ms later, a request with a deadline that much after it.
     absl::Time release_by = absl::InfiniteFuture();
     bool expired = false;  // revoked at release_by, not released by the peer
   };
@@ -217,8 +224,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     // Not READ after this: a request's deadline, or for a response half the
     // peer's release timeout.
     absl::Time expiry = absl::InfiniteFuture();
-    // A response's: the connection fails if its READ is still running then
-    // (twice the peer's release timeout after it arrived).
+    // The connection fails if the READ is still running then: twice the
+    // peer's release timeout after a response arrived or a request's
+    // deadline (the peer has revoked the buffer by then).
     absl::Time give_up = absl::InfiniteFuture();
   };
 

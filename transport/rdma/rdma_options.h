@@ -54,6 +54,9 @@ struct RdmaOptions {
   // connection is closed instead. 0: until release or disconnect, so a client
   // that never releases holds our registered memory. Sent to the client in
   // the handshake, which then does not start a READ after half of it.
+  // Likewise, with memory windows, a request's payload is revoked this long
+  // after the request's deadline if no answer came (the server starts no
+  // READ past the deadline).
   uint32_t release_timeout_ms = 30000;
   // Expose advertised payloads through type-2 memory windows (bound to one
   // QP, exactly the payload's bytes, revocable) when the device has them.

@@ -15,9 +15,11 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -463,6 +465,114 @@ TEST(RdmaTransport, ResponseRevokedDuringItsReadEndsTheConnectionSayingWhy) {
   auto served = Call(**second, second_waiter, 2, Filled(**second, 3, 2));
   ASSERT_TRUE(served.ok()) << served.status();
   EXPECT_TRUE(Matches(served->payload, 3, 2));
+  (*second)->Close();
+}
+
+// Server side: takes requests and never answers them; records what it got
+// and how connections ended.
+class NeverAnswers : public ConnectionObserver {
+ public:
+  void OnMessage(Connection&, InboundMessage msg) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    received_.push_back(msg.payload_status.ok() ? msg.payload.size() : 0);
+  }
+  void OnClosed(Connection&, const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_.push_back(why);
+  }
+  // The payload size of the n-th request (0 when its payload failed), after
+  // waiting up to 30 s for it; -1 if it did not come.
+  int64_t Received(size_t n) {
+    return WaitFor([&] { return received_.size() > n; }) ? static_cast<int64_t>(received_[n]) : -1;
+  }
+  // How the first connection ended, after waiting up to 30 s.
+  std::optional<absl::Status> FirstClosed() {
+    if (!WaitFor([&] { return !closed_.empty(); })) return std::nullopt;
+    return closed_[0];
+  }
+
+ private:
+  bool WaitFor(const std::function<bool()>& ready) {
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (ready()) return true;
+      }
+      if (absl::Now() > until) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<size_t> received_;      // guarded by mu_
+  std::vector<absl::Status> closed_;  // guarded by mu_
+};
+
+// A request that is never answered does not hold the client's registered
+// memory for ever: its window is revoked release_timeout_ms after its
+// deadline and the block goes back to the pool (the next request reuses
+// it). The connection goes on.
+TEST(RdmaTransport, UnansweredRequestPayloadIsRevokedAfterItsDeadline) {
+  Waiter waiter;
+  NeverAnswers server_side;
+  Fixture fx;
+  fx.server_observer = &server_side;
+  RdmaOptions client_opts;
+  client_opts.release_timeout_ms = 300;
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_opts));
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const size_t size = size_t{64} << 10;  // goes by READ
+  const uint64_t expired_before = Counters().releases_expired.load();
+  OutboundMessage first = Request(1, Filled(**conn, size, 1));
+  first.header.timeout_us = 100000;
+  ASSERT_TRUE((*conn)->Send(std::move(first)).ok());
+  ASSERT_EQ(server_side.Received(0), static_cast<int64_t>(size)) << "the server did not READ it";
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (Counters().releases_expired.load() == expired_before && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(Counters().releases_expired.load(), expired_before + 1)
+      << "the unanswered request's payload was not revoked";
+  const uint64_t registered = Counters().registered_bytes.load();
+  OutboundMessage second = Request(2, Filled(**conn, size, 2));
+  second.header.timeout_us = 100000;
+  ASSERT_TRUE((*conn)->Send(std::move(second)).ok());
+  ASSERT_EQ(server_side.Received(1), static_cast<int64_t>(size));
+  EXPECT_EQ(Counters().registered_bytes.load(), registered) << "the revoked block was not reused";
+  EXPECT_FALSE(waiter.closed.load());
+  (*conn)->Close();
+}
+
+// The server's side of the same rule: a request READ still running when the
+// client revokes the buffer (its deadline plus the client's release timeout)
+// does not complete; the server ends that connection UNAVAILABLE saying why
+// and serves others.
+TEST(RdmaTransport, RequestRevokedDuringItsReadEndsTheConnectionSayingWhy) {
+  Waiter waiter;
+  Waiter second_waiter;
+  NeverAnswers server_side;
+  Fixture fx;
+  fx.server_observer = &server_side;
+  RdmaOptions client_opts;
+  client_opts.release_timeout_ms = 2;
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_opts));
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  OutboundMessage big = Request(1, Filled(**conn, size_t{32} << 20, 1));
+  big.header.timeout_us = 1000;  // the server starts the READ well within it
+  ASSERT_TRUE((*conn)->Send(std::move(big)).ok());
+  auto why = server_side.FirstClosed();
+  ASSERT_TRUE(why.has_value()) << "the server kept the connection";
+  EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
+  EXPECT_NE(why->message().find("revokes a request's buffer 2 ms after the request's deadline"),
+            std::string::npos)
+      << *why;
+  auto second = fx.Connect(&second_waiter);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE((*second)->Send(Request(2, Filled(**second, 3, 2))).ok());
+  EXPECT_EQ(server_side.Received(0), 3) << "the server did not serve a new connection";
   (*second)->Close();
 }
 
