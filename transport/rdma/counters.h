@@ -27,8 +27,9 @@ struct RdmaCounters {
   std::atomic<uint64_t> reads{0};              // RDMA READ work requests posted
   std::atomic<uint64_t> bytes_read{0};         // bytes fetched by READ
   std::atomic<uint64_t> payloads_advertised{0};
-  // Response payloads a client did not release within release_timeout_ms:
-  // revoked and back in the pool (without windows: their connection closed).
+  // Advertised payloads revoked by release_timeout_ms and back in the pool:
+  // responses the client did not release in time, requests left unanswered
+  // that long past their deadline (without windows: the connection closed).
   std::atomic<uint64_t> releases_expired{0};
   // Response payloads a client did not READ because it got to them too late
   // in the server's release timeout; their calls end DEADLINE_EXCEEDED.
