@@ -82,6 +82,7 @@ std::string RdmaCounters::ToString() const {
       " device_rnr_naks_sent=", Show(naks.sent),
       " rnr_retry_exhausted=", rnr_retry_exhausted.load(),
       " credit_stalls=", credit_stalls.load(), " credit_msgs=", credit_messages.load(),
+      " keepalives=", keepalives.load(),
       " conns_opened=", connections_opened.load(), " conns_closed=", connections_closed.load(),
       " registered_bytes=", registered_bytes.load(), " poller_sleeps=", poller_sleeps.load(),
       " caller_completions=", caller_completions.load());

@@ -37,6 +37,16 @@ absl::Status Errno(const std::string& what, const std::string& device) {
   return absl::UnavailableError(absl::StrCat(what, " on ", device, " failed: ", strerror(errno)));
 }
 
+// A quarter of the shortest timer the sweep serves, within 1-100 ms.
+std::chrono::nanoseconds SweepInterval(const RdmaOptions& o) {
+  uint32_t shortest_ms = 400;
+  for (uint32_t ms : {o.release_timeout_ms, o.keepalive_ms}) {
+    if (ms != 0) shortest_ms = std::min(shortest_ms, ms);
+  }
+  return std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(shortest_ms) / 4,
+                                            std::chrono::milliseconds(1));
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
@@ -54,11 +64,7 @@ Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target
       options_(options),
       target_(target),
       owner_(std::move(owner)),
-      sweep_interval_(options.release_timeout_ms == 0
-                          ? std::chrono::milliseconds(100)
-                          : std::clamp<std::chrono::nanoseconds>(
-                                std::chrono::milliseconds(options.release_timeout_ms) / 4,
-                                std::chrono::milliseconds(1), std::chrono::milliseconds(100))) {}
+      sweep_interval_(SweepInterval(options)) {}
 
 absl::Status Endpoint::Init() {
   device_name_ = ibv_get_device_name(verbs_->device);

@@ -144,7 +144,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   // One round of I/O work; true when there was any. I/O context only.
   bool PollOnce(int* completions = nullptr);
   bool DrivenRecently() const;
-  // Release timeouts (RdmaConnection::ExpireTimeouts), looked at every
+  // Timers (RdmaConnection::ExpireTimeouts: release timeouts, stalled
+  // READs, keepalives), looked at every
   // kSweepEveryPolls rounds and before the poller sleeps, at most every
   // sweep_interval_: the fast path reads no clock for them.
   void SweepIfDue();

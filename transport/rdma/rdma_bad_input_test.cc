@@ -4,8 +4,9 @@
 // connection, naming the peer; a well-formed request that advertises more
 // than the server accepts is answered RESOURCE_EXHAUSTED without a READ and
 // the connection goes on; a response payload the peer never releases is
-// revoked at the server's release timeout. Throughout, a good client is
-// served.
+// revoked at the server's release timeout; a peer that vanishes without a
+// disconnect, as when its machine dies, is noticed by the keepalive.
+// Throughout, a good client is served.
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
@@ -34,7 +35,7 @@ constexpr uint32_t kRawSlot = 4096;  // what the raw peer receives at most
 constexpr int kRawRecvs = 16;
 constexpr uint32_t kRawReadMax = 64 * 1024;  // what the raw peer READs at most
 
-// One rdma_cm connection to an rdmarpc server, driven by hand.
+// One rdma_cm connection to (or from) an rdmarpc peer, driven by hand.
 class RawPeer {
  public:
   ~RawPeer() {
@@ -45,11 +46,13 @@ class RawPeer {
     if (cq_) ibv_destroy_cq(cq_);
     if (pd_) ibv_dealloc_pd(pd_);
     if (id_) rdma_destroy_id(id_);
+    if (listen_id_) rdma_destroy_id(listen_id_);
     if (channel_) rdma_destroy_event_channel(channel_);
   }
 
-  // Connects with a valid rdmarpc handshake; "" or what failed.
-  std::string Connect(const Address& server) {
+  // Connects with a valid rdmarpc handshake, asking for `retry_count`
+  // transport retries; "" or what failed.
+  std::string Connect(const Address& server, uint8_t retry_count = 7) {
     if (!(channel_ = rdma_create_event_channel())) return "rdma_create_event_channel";
     if (rdma_create_id(channel_, &id_, nullptr, RDMA_PS_TCP) != 0) return "rdma_create_id";
     sockaddr_in dst{};
@@ -63,31 +66,44 @@ class RawPeer {
     if (rdma_resolve_route(id_, 2000) != 0 || !Await(RDMA_CM_EVENT_ROUTE_RESOLVED)) {
       return "resolve route";
     }
-    pd_ = ibv_alloc_pd(id_->verbs);
-    cq_ = ibv_create_cq(id_->verbs, 64, nullptr, nullptr, 0);
-    send_mr_ = ibv_reg_mr(pd_, send_buf_, sizeof send_buf_, IBV_ACCESS_LOCAL_WRITE);
-    recv_mr_ = ibv_reg_mr(pd_, recv_buf_.data(), recv_buf_.size(), IBV_ACCESS_LOCAL_WRITE);
-    read_mr_ = ibv_reg_mr(pd_, read_buf_.data(), read_buf_.size(), IBV_ACCESS_LOCAL_WRITE);
-    if (!pd_ || !cq_ || !send_mr_ || !recv_mr_ || !read_mr_) return "verbs resources";
-    ibv_qp_init_attr qa{};
-    qa.send_cq = qa.recv_cq = cq_;
-    qa.qp_type = IBV_QPT_RC;
-    qa.cap.max_send_wr = 8;
-    qa.cap.max_recv_wr = kRawRecvs;
-    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
-    if (rdma_create_qp(id_, pd_, &qa) != 0) return "rdma_create_qp";
-    for (int i = 0; i < kRawRecvs; ++i) PostRecv(i);
-    Handshake hs;
-    hs.credits = kRawRecvs;
-    hs.slot_size = kRawSlot;
-    rdma_conn_param param{};
-    param.private_data = &hs;
-    param.private_data_len = sizeof hs;
-    param.responder_resources = param.initiator_depth = 1;
-    param.retry_count = 7;
-    param.rnr_retry_count = 7;
+    if (std::string error = CreateQp(); !error.empty()) return error;
+    rdma_conn_param param = ConnParam();
+    param.retry_count = retry_count;
     if (rdma_connect(id_, &param) != 0 || !Await(RDMA_CM_EVENT_ESTABLISHED)) return "connect";
     return "";
+  }
+
+  // As a server: listens on `ip` and returns the address to connect to.
+  std::optional<Address> Listen(const std::string& ip) {
+    if (!(channel_ = rdma_create_event_channel())) return std::nullopt;
+    if (rdma_create_id(channel_, &listen_id_, nullptr, RDMA_PS_TCP) != 0) return std::nullopt;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1 ||
+        rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr*>(&addr)) != 0 ||
+        rdma_listen(listen_id_, 4) != 0) {
+      return std::nullopt;
+    }
+    return ParseAddress(
+               absl::StrCat("rdma://", ip, ":", ntohs(rdma_get_src_port(listen_id_))))
+        .value();
+  }
+
+  // Accepts one connection with a valid rdmarpc handshake; "" or what failed.
+  std::string Accept() {
+    if (!Await(RDMA_CM_EVENT_CONNECT_REQUEST, absl::Seconds(10), &id_)) return "no connection";
+    if (std::string error = CreateQp(); !error.empty()) return error;
+    rdma_conn_param param = ConnParam();
+    if (rdma_accept(id_, &param) != 0 || !Await(RDMA_CM_EVENT_ESTABLISHED)) return "accept";
+    return "";
+  }
+
+  // As if this machine died: the QP stops answering, and no disconnect is
+  // sent (the rdma_cm id lives on until the peer is destroyed).
+  bool Vanish() {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    return ibv_modify_qp(id_->qp, &attr, IBV_QP_STATE) == 0;
   }
 
   // One SEND of exactly `frame`; true once the device has sent it.
@@ -166,6 +182,36 @@ class RawPeer {
     return IBV_WC_GENERAL_ERR;
   }
 
+  std::string CreateQp() {
+    pd_ = ibv_alloc_pd(id_->verbs);
+    cq_ = ibv_create_cq(id_->verbs, 64, nullptr, nullptr, 0);
+    send_mr_ = ibv_reg_mr(pd_, send_buf_, sizeof send_buf_, IBV_ACCESS_LOCAL_WRITE);
+    recv_mr_ = ibv_reg_mr(pd_, recv_buf_.data(), recv_buf_.size(), IBV_ACCESS_LOCAL_WRITE);
+    read_mr_ = ibv_reg_mr(pd_, read_buf_.data(), read_buf_.size(), IBV_ACCESS_LOCAL_WRITE);
+    if (!pd_ || !cq_ || !send_mr_ || !recv_mr_ || !read_mr_) return "verbs resources";
+    ibv_qp_init_attr qa{};
+    qa.send_cq = qa.recv_cq = cq_;
+    qa.qp_type = IBV_QPT_RC;
+    qa.cap.max_send_wr = 8;
+    qa.cap.max_recv_wr = kRawRecvs;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    if (rdma_create_qp(id_, pd_, &qa) != 0) return "rdma_create_qp";
+    for (int i = 0; i < kRawRecvs; ++i) PostRecv(i);
+    return "";
+  }
+
+  // One READ each way at a time, with a valid rdmarpc handshake.
+  rdma_conn_param ConnParam() {
+    handshake_.credits = kRawRecvs;
+    handshake_.slot_size = kRawSlot;
+    rdma_conn_param param{};
+    param.private_data = &handshake_;
+    param.private_data_len = sizeof handshake_;
+    param.responder_resources = param.initiator_depth = 1;
+    param.rnr_retry_count = 7;
+    return param;
+  }
+
   void PostRecv(int i) {
     ibv_sge sge{reinterpret_cast<uintptr_t>(&recv_buf_[i * kRawSlot]), kRawSlot, recv_mr_->lkey};
     ibv_recv_wr wr{}, *bad = nullptr;
@@ -182,7 +228,9 @@ class RawPeer {
     PostRecv(static_cast<int>(wc.wr_id));
   }
 
-  bool Await(rdma_cm_event_type want, absl::Duration timeout = absl::Seconds(10)) {
+  // Waits for an event of type `want`; `id`, if given, gets its rdma_cm id.
+  bool Await(rdma_cm_event_type want, absl::Duration timeout = absl::Seconds(10),
+             rdma_cm_id** id = nullptr) {
     pollfd p{channel_->fd, POLLIN, 0};
     const absl::Time until = absl::Now() + timeout;
     while (absl::Now() < until) {
@@ -190,6 +238,7 @@ class RawPeer {
       rdma_cm_event* ev = nullptr;
       if (rdma_get_cm_event(channel_, &ev) != 0) return false;
       const rdma_cm_event_type type = ev->event;
+      if (type == want && id != nullptr) *id = ev->id;
       rdma_ack_cm_event(ev);
       if (type == want) return true;
     }
@@ -198,6 +247,8 @@ class RawPeer {
 
   rdma_event_channel* channel_ = nullptr;
   rdma_cm_id* id_ = nullptr;
+  rdma_cm_id* listen_id_ = nullptr;
+  Handshake handshake_;  // what rdma_connect / rdma_accept send
   ibv_pd* pd_ = nullptr;
   ibv_cq* cq_ = nullptr;
   ibv_mr* send_mr_ = nullptr;
@@ -540,6 +591,128 @@ TEST(RdmaBadInput, WithoutMemoryWindowsAnUnreleasedResponseClosesItsConnection) 
   EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
   EXPECT_EQ(server.answerer.closed_count(), 1u);
   (*good)->Close();
+}
+
+constexpr uint32_t kKeepaliveMs = 200;
+constexpr uint32_t kPeerTimeoutMs = 500;
+// keepalive_ms + peer_timeout_ms, the sweep's 100 ms and the VM's slowness,
+// with room to spare; rdma_cm's own ACK timeout alone would take ~17 s.
+constexpr absl::Duration kNoticedWithin = absl::Seconds(5);
+
+RdmaOptions KeepaliveOptions() {
+  RdmaOptions options;
+  options.keepalive_ms = kKeepaliveMs;
+  options.peer_timeout_ms = kPeerTimeoutMs;
+  return options;
+}
+
+// A client whose machine vanishes (its QP stops answering, no disconnect
+// comes) while the server has nothing to send it: the server's keepalive
+// notices, and ends that connection only. Whatever retry count the client
+// asked for at connect, which the server's QP takes: 6 fails the keepalive
+// on the device, 7 makes Soft-RoCE retry it for ever, and then the server
+// gives up at twice the device's retry time.
+TEST(RdmaBadInput, ClientThatVanishesIsNoticedByTheServersKeepalive) {
+  GoodClient good_observer;
+  Server server;
+  ASSERT_TRUE(server.Start(1u << 20, KeepaliveOptions()));
+  auto good = server.client_transport->Connect(server.listener->address(), &good_observer,
+                                               absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(good.ok()) << good.status();
+  size_t closed = 0;
+  for (const uint8_t retry_count : {uint8_t{6}, uint8_t{7}}) {
+    SCOPED_TRACE(absl::StrCat("the client asked for ", retry_count, " retries"));
+    RawPeer peer;
+    ASSERT_EQ(peer.Connect(server.listener->address(), retry_count), "");
+    ASSERT_TRUE(peer.Send(Frame(SmallRequest(1, 0))));
+    ASSERT_TRUE(peer.NextFrame(absl::Seconds(10)).has_value()) << "not answered";
+    const uint64_t keepalives_before = Counters().keepalives.load();
+    ASSERT_TRUE(peer.Vanish());
+    const absl::Time vanished = absl::Now();
+    auto why = server.answerer.ClosedAfter(closed);
+    ASSERT_TRUE(why.has_value()) << "the server never noticed";
+    EXPECT_LT(absl::Now() - vanished, kNoticedWithin);
+    EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
+    EXPECT_NE(why->message().find("keepalive"), std::string::npos) << *why;
+    EXPECT_NE(why->message().find("rdma://"), std::string::npos) << *why;
+    EXPECT_NE(why->message().find(retry_count == 6 ? "retry counter exceeded"
+                                                   : "neither acknowledged nor failed"),
+              std::string::npos)
+        << *why;
+    EXPECT_GT(Counters().keepalives.load(), keepalives_before);
+    EXPECT_EQ(server.answerer.closed_count(), ++closed) << "other connections were closed too";
+    EXPECT_TRUE(good_observer.Call(**good, closed).ok()) << "the good client was not served";
+  }
+  (*good)->Close();
+}
+
+// Records how its connection ended.
+class EndWatcher : public ConnectionObserver {
+ public:
+  void OnMessage(Connection&, InboundMessage) override {}
+  void OnClosed(Connection&, const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!why_.has_value()) why_ = why;
+  }
+  std::optional<absl::Status> EndedWithin(absl::Duration timeout) {
+    const absl::Time until = absl::Now() + timeout;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (why_.has_value() || absl::Now() > until) return why_;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::optional<absl::Status> why_;
+};
+
+// A server whose machine vanishes while a request waits for its answer:
+// nothing of the client's is outstanding on the wire, so only the client's
+// keepalive can notice. The connection ends UNAVAILABLE naming the server,
+// which ends the calls waiting on it (the runtime's rule).
+TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
+  const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  RawPeer raw_server;
+  const std::optional<Address> address = raw_server.Listen(ip);
+  ASSERT_TRUE(address.has_value());
+  EndWatcher watcher;  // outlives the transport, which calls it
+  TransportOptions co;
+  co.name = "keepalive-client";
+  RdmaTransport client(co, KeepaliveOptions(), false);
+  auto connecting = std::async(std::launch::async, [&] {
+    return client.Connect(*address, &watcher, absl::Now() + absl::Seconds(30));
+  });
+  ASSERT_EQ(raw_server.Accept(), "");
+  auto conn = connecting.get();
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  OutboundMessage request;
+  request.header.kind = MessageKind::kRequest;
+  request.header.call_id = 1;
+  ASSERT_TRUE((*conn)->Send(std::move(request)).ok());
+  auto received = raw_server.NextFrame(absl::Seconds(10));
+  ASSERT_TRUE(received.has_value() && received->call_id == 1) << "the request never arrived";
+  const uint64_t keepalives_before = Counters().keepalives.load();
+  EXPECT_FALSE(watcher.EndedWithin(absl::Milliseconds(3 * kKeepaliveMs)).has_value())
+      << "a live server's connection ended";
+  EXPECT_GT(Counters().keepalives.load(), keepalives_before) << "a silent peer was not probed";
+
+  ASSERT_TRUE(raw_server.Vanish());
+  const absl::Time vanished = absl::Now();
+  auto why = watcher.EndedWithin(kNoticedWithin);
+  ASSERT_TRUE(why.has_value()) << "the client never noticed";
+  EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
+  EXPECT_NE(why->message().find("keepalive (a zero-byte RDMA READ) to " +
+                                std::string((*conn)->peer())),
+            std::string::npos)
+      << *why;
+  EXPECT_NE(why->message().find("peer_timeout_ms"), std::string::npos) << *why;
+  printf("noticed after %s: %s\n", absl::FormatDuration(absl::Now() - vanished).c_str(),
+         std::string(why->message()).c_str());
 }
 
 }  // namespace

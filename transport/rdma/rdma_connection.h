@@ -59,6 +59,18 @@
 // Devices without type-2 windows fall back to a REMOTE_READ registration per
 // block, which is neither QP-bound nor revocable (logged at start).
 //
+// Dead peers. A peer whose machine, NIC or link dies sends no disconnect;
+// only a work request of ours that its device never acknowledges shows it.
+// The QP's ACK timeout (RdmaOptions::peer_timeout_ms) and kTransportRetries
+// bound that wait, after which the request fails (RETRY_EXC_ERR) and the
+// connection ends UNAVAILABLE. Frames and completions from the peer count as
+// signs of life; a connection with none for keepalive_ms and no READ in
+// flight (a READ shows it as well) sends a zero-byte RDMA READ, which the
+// peer's device answers without its software and which costs the peer no
+// receive slot or credit. Where the device neither answers nor fails it
+// (Soft-RoCE retries for ever when the peer asked for 7 retries), the
+// connection ends at twice the device's retry time anyway.
+//
 // Threading: Send/AllocatePayload/Close from any thread; everything else runs
 // in the endpoint's I/O context (its poller thread or a caller driving it, one
 // at a time; see endpoint.h). A mutex guards the send side's bookkeeping, but
@@ -112,7 +124,7 @@ static_assert(sizeof(Handshake) == 16, "handshake fits any rdma_cm private data"
 class RdmaConnection : public Connection, public std::enable_shared_from_this<RdmaConnection> {
  public:
   // wr_id kinds (top 4 bits of a non-RECV wr_id).
-  enum : uint64_t { kWrSend = 1, kWrRead = 2, kWrBind = 3, kWrInvalidate = 4 };
+  enum : uint64_t { kWrSend = 1, kWrRead = 2, kWrBind = 3, kWrInvalidate = 4, kWrKeepalive = 5 };
   // Inline sends' header and metadata are copied into the outbox entry;
   // larger inline limits are not used.
   static constexpr uint32_t kMaxInlineUsed = 512;
@@ -155,13 +167,24 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   bool FinishTeardown();
   // Client side: the server's handshake, once ESTABLISHED.
   void SetPeer(const Handshake& peer);
-  // True when a release timeout may have passed by `now` (ExpireTimeouts);
+  // Learns from the QP, once it is connected, how long its device waits for
+  // an acknowledgement before it fails a work request (ACK timeout x tries).
+  void LearnRetryPolicy();
+  // "ACK timeout ..., N tries: a silent peer fails after ~T", for logs.
+  std::string DescribeRetryPolicy();
+  // rdma_cm says both sides are connected: keepalives may start (a READ
+  // posted before the QP is ready to send would fail the connection).
+  void MarkEstablished() { established_.store(true, std::memory_order_release); }
+  // True when ExpireTimeouts has something to do at `now`: a release
+  // timeout passed, a READ or keepalive overdue, a keepalive to send;
   // cheap. I/O context.
   bool TimeoutsDue(absl::Time now);
   // Revokes the advertised responses whose release timeout passed by `now`
   // (or, without memory windows, closes the connection); closes it too when
   // a READ of the peer's response is still running well past the peer's
-  // release timeout. I/O context.
+  // release timeout, or a keepalive is neither acknowledged nor failed
+  // well past the device's retry time. Sends a keepalive when the peer has
+  // been silent for RdmaOptions::keepalive_ms. I/O context.
   void ExpireTimeouts(absl::Time now);
   // Called (I/O context) when the connection is fully gone, with its
   // rdma_cm id for the owner to destroy; without it the id is destroyed here.
@@ -243,6 +266,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void ExpireUnreleased(absl::Time now);
   // True when it failed the connection.
   bool FailStalledReads(absl::Time now);
+  bool FailUnansweredKeepalive(absl::Time now);
+  // True when the peer has been silent for keepalive_ms and no READ (which
+  // would be answered or fail the same way) is in flight. Notes whether the
+  // peer was heard from since the last look.
+  bool KeepaliveDue(absl::Time now);
+  void SendKeepalive(absl::Time now);
   void FlushInvalidationsLocked();
   void FreeWindowsLocked();
   void SendControl(MessageKind kind, uint64_t token);
@@ -281,6 +310,11 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   const absl::Duration release_timeout_;  // ours; zero: none
   absl::Time next_release_due_ = absl::InfiniteFuture();  // earliest release_by; mu_
   uint32_t peer_release_timeout_ms_ = 0;  // from the peer's handshake; mu_
+  // How long the device tries a work request the peer does not acknowledge
+  // (LearnRetryPolicy; until then what peer_timeout_ms asks for); mu_.
+  absl::Duration unacked_limit_;
+  int ack_timeout_exp_ = -1;  // the QP's, once learnt; mu_
+  int retries_ = -1;          // the QP's retry count, once learnt; mu_
   std::unordered_map<uint64_t, Advertised> advertised_;      // token -> payload, mu_
   std::vector<Window> free_mws_;                              // mu_
   std::deque<Advertised> to_invalidate_;                      // released, window still bound; mu_
@@ -299,6 +333,15 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::pair<uint64_t, uint32_t> last_remote_{0, 0};  // for FaultInjection::StaleReads
   int reads_in_flight_ = 0;
   absl::Time next_give_up_ = absl::InfiniteFuture();  // earliest ReadOp::give_up
+  // Keepalive: completions and frames from the peer so far, the count the
+  // last look saw, and since when it has not moved.
+  const absl::Duration keepalive_;
+  std::atomic<bool> established_{false};
+  uint64_t heard_ = 0;
+  uint64_t heard_at_check_ = 0;
+  absl::Time silent_since_;
+  bool keepalive_outstanding_ = false;
+  absl::Time keepalive_sent_;
   bool torn_down_ = false;
   absl::Time teardown_started_;
   std::shared_ptr<RdmaConnection> keep_alive_;  // held from Teardown until freed

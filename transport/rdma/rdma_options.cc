@@ -1,5 +1,6 @@
 #include "transport/rdma/rdma_options.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -27,7 +28,17 @@ RdmaOptions RdmaOptionsFromEnv() {
   FromEnv("RDMARPC_RDMA_CREDITS", &o.credits);
   FromEnv("RDMARPC_RDMA_READ_THRESHOLD", &o.read_threshold);
   FromEnv("RDMARPC_RDMA_RELEASE_TIMEOUT_MS", &o.release_timeout_ms);
+  FromEnv("RDMARPC_RDMA_PEER_TIMEOUT_MS", &o.peer_timeout_ms);
+  FromEnv("RDMARPC_RDMA_KEEPALIVE_MS", &o.keepalive_ms);
   return o;
+}
+
+int AckTimeoutExponent(uint32_t peer_timeout_ms) {
+  if (peer_timeout_ms == 0) return -1;
+  const double per_try_us = peer_timeout_ms * 1000.0 / (kTransportRetries + 1);
+  int e = 1;  // 0 would mean no timeout at all
+  while (e < 31 && 4.096 * std::ldexp(1.0, e + 1) <= per_try_us) ++e;
+  return e;
 }
 
 }  // namespace rdmarpc::transport::rdma

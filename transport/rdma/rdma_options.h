@@ -77,12 +77,38 @@ struct RdmaOptions {
   uint32_t device_port = 0;
   int gid_index = -1;
   uint32_t connect_timeout_ms = 10000;
+  // Dead peers. A peer whose machine, device or link dies sends no
+  // disconnect: only an operation of ours that its device never acknowledges
+  // reveals it. peer_timeout_ms bounds how long our device waits for an
+  // acknowledgement before the connection fails UNAVAILABLE (it sets the
+  // QP's ACK timeout, tried kTransportRetries + 1 times; the device rounds
+  // it down to a power of two, and a real NIC may impose a minimum). 0 keeps
+  // rdma_cm's own, ~17 s on RoCE.
+  uint32_t peer_timeout_ms = 2000;
+  // A connection that has heard nothing from its peer for this long sends
+  // it a keepalive: a zero-byte RDMA READ, which the peer's device answers
+  // without its software, spending none of its receive slots or credits. So
+  // a vanished peer ends its connection, and every call waiting on it,
+  // within about keepalive_ms + peer_timeout_ms even when nothing else is
+  // being sent. It cannot tell a live but stuck peer process (its device
+  // still answers): deadlines are for that. 0: no keepalive.
+  uint32_t keepalive_ms = 1000;
 };
+
+// Transport retries of an RC queue pair (IBA "retry count"). Not 7: the
+// specification allows 7 retries, but Soft-RoCE (Linux 6.1) treats 7 as
+// "retry for ever", so a vanished peer would never be noticed there.
+inline constexpr int kTransportRetries = 6;
+
+// The QP ACK timeout exponent (4.096 us x 2^e per try) that keeps
+// kTransportRetries + 1 tries within peer_timeout_ms; -1 when it is 0.
+int AckTimeoutExponent(uint32_t peer_timeout_ms);
 
 // Defaults overridden by RDMARPC_RDMA_POLL (adaptive|busy|event),
 // RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE, RDMARPC_RDMA_PORT,
 // RDMARPC_RDMA_GID_INDEX, RDMARPC_RDMA_SLOT_SIZE, RDMARPC_RDMA_CREDITS,
-// RDMARPC_RDMA_READ_THRESHOLD, RDMARPC_RDMA_RELEASE_TIMEOUT_MS.
+// RDMARPC_RDMA_READ_THRESHOLD, RDMARPC_RDMA_RELEASE_TIMEOUT_MS,
+// RDMARPC_RDMA_PEER_TIMEOUT_MS, RDMARPC_RDMA_KEEPALIVE_MS.
 RdmaOptions RdmaOptionsFromEnv();
 
 }  // namespace rdmarpc::transport::rdma

@@ -173,11 +173,27 @@ absl::StatusOr<Endpoint*> RdmaTransport::EndpointFor(rdma_cm_id* id) {
   return ep.get();
 }
 
-void RdmaTransport::DescribeOnce(const Endpoint* ep, rdma_cm_id* id) {
+void RdmaTransport::DescribeOnce(const Endpoint* ep, rdma_cm_id* id, RdmaConnection& conn) {
   if (!described_.insert(ep).second) return;
-  fprintf(stderr, "rdmarpc[%s]: RDMA %s, %zu receive slots of %zu bytes on one SRQ\n",
+  fprintf(stderr, "rdmarpc[%s]: RDMA %s, %zu receive slots of %zu bytes on one SRQ; %s\n",
           options_.name.c_str(), DescribeChoice(id).c_str(),
-          server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots, rdma_.slot_size);
+          server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots, rdma_.slot_size,
+          conn.DescribeRetryPolicy().c_str());
+}
+
+void RdmaTransport::SetAckTimeout(rdma_cm_id* id) {
+  const int exp = AckTimeoutExponent(rdma_.peer_timeout_ms);
+  if (exp < 0) return;
+  uint8_t value = static_cast<uint8_t>(exp);
+  if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &value, sizeof value) != 0 &&
+      !ack_timeout_warned_) {
+    ack_timeout_warned_ = true;
+    fprintf(stderr,
+            "rdmarpc[%s]: cannot set the QP ACK timeout (rdma_set_option: %s; kernel before "
+            "4.17?): RdmaOptions::peer_timeout_ms is not applied, a vanished peer is noticed "
+            "after the device's default\n",
+            options_.name.c_str(), strerror(errno));
+  }
 }
 
 void RdmaTransport::Track(const std::shared_ptr<RdmaConnection>& conn) {
@@ -360,6 +376,9 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
               "connection to ", conn->peer(), " lost (", rdma_event_str(type), ")")));
         });
         break;
+      case RDMA_CM_EVENT_ESTABLISHED:  // an accepted connection
+        conn->MarkEstablished();
+        break;
       default:
         break;
     }
@@ -409,8 +428,10 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       param.private_data_len = sizeof hs;
       param.responder_resources = static_cast<uint8_t>(std::min(255, dev.max_qp_rd_atom));
       param.initiator_depth = static_cast<uint8_t>(rd_atom);
-      param.retry_count = 7;
+      // The passive side's QP takes the same retry count from this request.
+      param.retry_count = kTransportRetries;
       param.rnr_retry_count = 7;  // infinite: the safety net behind credits
+      SetAckTimeout(id);
       if (rdma_connect(id, &param) != 0) fail(absl::StrCat("rdma_connect: ", strerror(errno)));
       break;
     }
@@ -431,7 +452,9 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         break;
       }
       auto conn = at->conn;
-      DescribeOnce(conn->endpoint(), id);
+      conn->LearnRetryPolicy();
+      conn->MarkEstablished();
+      DescribeOnce(conn->endpoint(), id, *conn);
       conn->SetPeer(hs);
       cm_targets_[id] = CmTarget{nullptr, nullptr, conn};
       at->Finish(absl::OkStatus());
@@ -501,6 +524,7 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
       static_cast<uint8_t>(std::min<int>(ev->param.conn.initiator_depth, dev.max_qp_rd_atom));
   param.initiator_depth = static_cast<uint8_t>(rd_atom);
   param.rnr_retry_count = 7;
+  SetAckTimeout(child);
   if (rdma_accept(child, &param) != 0) {
     const std::string why = absl::StrCat("rdma_accept: ", strerror(errno));
     (*ep)->RunOnPoller([conn, why] { conn->Teardown(absl::UnavailableError(why)); });
@@ -512,7 +536,8 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
     (*ep)->RunOnPoller([conn, s] { conn->Teardown(s); });
     return;
   }
-  DescribeOnce(*ep, child);
+  conn->LearnRetryPolicy();
+  DescribeOnce(*ep, child, *conn);
 }
 
 void RdmaTransport::Shutdown() {

@@ -71,8 +71,12 @@ class RdmaTransport : public Transport {
   void OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener);
   void AbandonAttempt(Attempt* at);
   absl::StatusOr<Endpoint*> EndpointFor(rdma_cm_id* id);
-  // Logs the device, port and GID of the endpoint's first connection.
-  void DescribeOnce(const Endpoint* ep, rdma_cm_id* id);
+  // Logs the device, port and GID of the endpoint's first connection, and
+  // how soon a peer that stops answering is noticed.
+  void DescribeOnce(const Endpoint* ep, rdma_cm_id* id, RdmaConnection& conn);
+  // Asks for the QP ACK timeout that RdmaOptions::peer_timeout_ms implies,
+  // before the QP is connected.
+  void SetAckTimeout(rdma_cm_id* id);
   void Track(const std::shared_ptr<RdmaConnection>& conn);
   std::string PeerOf(rdma_cm_id* id) const;
   uint32_t LocalCredits() const;
@@ -92,6 +96,7 @@ class RdmaTransport : public Transport {
   std::unordered_map<rdma_cm_id*, CmTarget> cm_targets_;  // CM thread
   rdma_cm_id* destroy_after_ack_ = nullptr;                // CM thread
   std::set<const Endpoint*> described_;                    // CM thread
+  bool ack_timeout_warned_ = false;                        // CM thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
