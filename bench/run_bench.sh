@@ -7,9 +7,12 @@
 #
 # Targets: small-call RTT p50 <= 1.15 x (2 x ib_send_lat typical), busy-poll;
 #          1 MiB request bandwidth >= 0.95 x ib_read_bw (1 MiB), default mode.
+# The peer framework measured beside them is UCX (ucx_perftest: tag_lat, the
+# eager SEND path of a whole messaging stack, and ucp_get, an RDMA READ).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${RDMARPC_VM_ROLE:-}" ]; then
+  tools/deps.sh --bench
   bazel build -c opt //bench:rpc_bench //transport/rdma:pingpong_probe
   export RDMARPC_VM_DIR=${RDMARPC_VM_DIR:-$PWD/.cache/vm}
   exec tools/vm/run.sh bench/run_bench.sh
@@ -41,6 +44,17 @@ read_bw() {
   echo "$bw $(awk -v a="$before" -v b="$(softirq_s)" 'BEGIN {printf "%.2f", (b - a) * 1e3 / 200}')"
   wait
 }
+# UCX over the same device and verbs (rc_verbs); on Soft-RoCE it needs the
+# GID named (../shared/notes/softroce-vm.md). ucx_perftest prints one-way
+# latency like perftest and MB/s of 2^20 bytes.
+ucx_env=(UCX_NET_DEVICES="$dev:1")
+case $dev in rxe*) ucx_env+=(UCX_TLS=rc_verbs,ud_verbs:aux,self UCX_IB_GID_INDEX=0) ;; esac
+ucx() {  # test size iterations column-of-Final
+  env "${ucx_env[@]}" ucx_perftest -t "$1" -s "$2" -n "$3" >/dev/null 2>&1 &
+  sleep 2
+  env "${ucx_env[@]}" ucx_perftest "$ip" -t "$1" -s "$2" -n "$3" 2>/dev/null | awk -v c="$4" '$1 == "Final:" {print $c}'
+  wait
+}
 field() { echo "$1" | awk -v k="$2" '$1 == k {print $2}'; }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 
@@ -53,17 +67,19 @@ awk -v b="$(field "$probe" probe_bare_rtt_p50_us)" -v c="$(field "$probe" probe_
   printf "probe: bare verbs RTT %.1f us; after %.1f us of user code %.1f us: +%.1f us that the code does not explain\n", b, c, a, a - b;
 }'
 
-# Each round measures perftest and rdmarpc back to back, so a slow spell of
-# the machine hits both; the ratios reported are the medians over rounds.
+# Each round measures perftest, UCX and rdmarpc back to back, so a slow spell
+# of the machine hits all three; the ratios reported are the medians over rounds.
 # Latency: busy-poll mode (the target's terms) with handlers inline on the
 # I/O thread (SetWorkerThreads(0)). Bandwidth: the defaults (adaptive poll,
 # one worker per core), which leave the CPU to the kernel's READ processing
 # and run the protobuf copies beside it.
-t_ratios="" s_ratios="" tb_ratios="" b_ratios=""
+ratios=""
 for round in $(seq 1 "$rounds"); do
   lat=$(send_lat)
   set -- $(read_bw)
   rbw=$1 rsi=$2
+  ulat=$(ucx tag_lat $frame 5000 3)
+  ubw=$(ucx ucp_get 1048576 200 7)
   ping=$(RDMARPC_RDMA_POLL=busy bazel-bin/bench/rpc_bench --pulls 0 --workers 0 2>&1)
   pull=$(bazel-bin/bench/rpc_bench --pings 0 --pulls 200 2>&1)
   if [ "$round" = 1 ]; then echo "$ping
@@ -75,20 +91,27 @@ $pull" | grep "^counters"; fi
   echo "round $round: softirq ms per MiB (Soft-RoCE's packet work): ib_read_bw $rsi," \
        "transport pull $(field "$pull" transport_pull_softirq_ms_per_mib)," \
        "call pull $(field "$pull" rpc_pull_softirq_ms_per_mib)"
-  line=$(awk -v lat="$lat" -v rbw="$rbw" -v trtt="$trtt" -v rtt="$rtt" -v tbw="$tbw" -v bw="$bw" \
-             -v r="$round" 'BEGIN {
-    printf "round %d: ib_send_lat %.2f us one-way, frame RTT %.1f us, call RTT %.1f us;", r, lat, trtt, rtt;
-    printf " ib_read_bw %.1f MiB/s, transport pull %.1f MiB/s, call pull %.1f MiB/s", rbw, tbw, bw;
-    printf " | %.3f %.3f %.3f %.3f", trtt / (2 * lat), rtt / (2 * lat), tbw / rbw, bw / rbw;
+  line=$(awk -v lat="$lat" -v rbw="$rbw" -v ulat="$ulat" -v ubw="$ubw" -v trtt="$trtt" -v rtt="$rtt" \
+             -v tbw="$tbw" -v bw="$bw" -v r="$round" 'BEGIN {
+    printf "round %d: ib_send_lat %.2f us one-way, UCX tag_lat %.2f, frame RTT %.1f us, call RTT %.1f us;", r, lat, ulat, trtt, rtt;
+    printf " ib_read_bw %.1f MiB/s, UCX ucp_get %.1f, transport pull %.1f, call pull %.1f", rbw, ubw, tbw, bw;
+    printf " | %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f", ulat / lat, trtt / (2 * lat), rtt / (2 * lat),
+           rtt / (2 * ulat), ubw / rbw, tbw / rbw, bw / rbw, bw / ubw;
   }')
   echo "${line% | *}"
-  set -- ${line##* | }
-  t_ratios="$t_ratios $1" s_ratios="$s_ratios $2" tb_ratios="$tb_ratios $3" b_ratios="$b_ratios $4"
+  ratios="$ratios
+${line##* | }"
 done
-awk -v t="$(echo $t_ratios | median)" -v s="$(echo $s_ratios | median)" \
-    -v tb="$(echo $tb_ratios | median)" -v b="$(echo $b_ratios | median)" 'BEGIN {
+# Medians per column over the rounds.
+med() { echo "$ratios" | awk -v c="$1" 'NF {print $c}' | median; }
+awk -v ul="$(med 1)" -v t="$(med 2)" -v s="$(med 3)" -v su="$(med 4)" -v ub="$(med 5)" \
+    -v tb="$(med 6)" -v b="$(med 7)" -v bu="$(med 8)" 'BEGIN {
+  printf "ratio UCX tag_lat RTT / (2 x ib_send_lat) = %.2f (median; the peer framework)\n", ul;
   printf "ratio transport frame RTT / (2 x ib_send_lat) = %.2f (median)\n", t;
   printf "ratio small-call RTT / (2 x ib_send_lat) = %.2f (median; target <= 1.15)\n", s;
+  printf "ratio small-call RTT / UCX tag_lat RTT = %.2f (median)\n", su;
+  printf "ratio UCX ucp_get 1 MiB / ib_read_bw = %.2f (median; the peer framework)\n", ub;
   printf "ratio 1 MiB transport pull / ib_read_bw = %.2f (median)\n", tb;
   printf "ratio 1 MiB call pull / ib_read_bw = %.2f (median; target >= 0.95)\n", b;
+  printf "ratio 1 MiB call pull / UCX ucp_get = %.2f (median)\n", bu;
 }'

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what building and testing rdmarpc needs on Debian 12, then prepares
-# the Soft-RoCE VM image. Idempotent: with everything present it installs
+# Installs what building and testing rdmarpc needs on Debian 12 (with
+# --bench, also what the benchmark compares against), then prepares the
+# Soft-RoCE VM image. Idempotent: with everything present it installs
 # nothing and runs no apt-get update.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,9 @@ packages=(
   rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest iproute2
   qemu-system-x86 busybox-static kmod cpio
 )
+
+# --bench: also what bench/run_bench.sh measures beside rdmarpc (UCX).
+[ "${1:-}" = --bench ] && packages+=(ucx-utils)
 
 missing=()
 for p in "${packages[@]}"; do
