@@ -34,6 +34,7 @@ ABSL_FLAG(std::string, address, "", "server address; default rdma://$RDMARPC_TES
 ABSL_FLAG(int, pings, 5000, "small calls (0: skip the latency figures)");
 ABSL_FLAG(int, pulls, 100, "1 MiB requests (0: skip the bandwidth figure)");
 ABSL_FLAG(int, in_flight, 8, "1 MiB requests in flight at once");
+ABSL_FLAG(bool, rpc, true, "false: only the transport figures (no server, no protobuf)");
 ABSL_FLAG(int, workers, -1,
           "server worker threads (0: handlers inline on the I/O thread; -1: one per core)");
 
@@ -232,6 +233,12 @@ int main(int argc, char** argv) {
   }
   const int pings = absl::GetFlag(FLAGS_pings);
   if (pings > 0) printf("transport_rtt_p50_us %.2f\n", TransportRttP50(address, pings));
+  const int pulls = absl::GetFlag(FLAGS_pulls);
+  if (pulls > 0 && !absl::GetFlag(FLAGS_rpc)) {
+    printf("transport_pull_1mib_mib_per_s %.2f\n",
+           TransportPullMiBps(address, pulls, absl::GetFlag(FLAGS_in_flight)));
+  }
+  if (!absl::GetFlag(FLAGS_rpc)) return 0;
   BenchImpl service;
   auto server = rdmarpc::ServerBuilder()
                     .AddListeningPort(address)
@@ -262,7 +269,6 @@ int main(int argc, char** argv) {
     printf("rpc_small_rtt_p99_us %.2f\n", rtt[rtt.size() * 99 / 100]);
   }
 
-  const int pulls = absl::GetFlag(FLAGS_pulls);
   if (pulls > 0) {
     printf("transport_pull_1mib_mib_per_s %.2f\n",
            TransportPullMiBps(address, pulls, absl::GetFlag(FLAGS_in_flight)));

@@ -16,8 +16,8 @@ packages=(
   qemu-system-x86 busybox-static kmod cpio
 )
 
-# --bench: also what bench/run_bench.sh measures beside rdmarpc (UCX).
-[ "${1:-}" = --bench ] && packages+=(ucx-utils)
+# --bench: also what bench/ measures beside rdmarpc (UCX) and with (callgrind).
+[ "${1:-}" = --bench ] && packages+=(ucx-utils valgrind)
 
 missing=()
 for p in "${packages[@]}"; do

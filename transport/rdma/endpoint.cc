@@ -63,6 +63,7 @@ Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target
     : verbs_(verbs),
       options_(options),
       target_(target),
+      refill_below_(target + 1 - std::clamp<size_t>(target / 8, 1, kSrqRefillBatch)),
       owner_(std::move(owner)),
       sweep_interval_(SweepInterval(options)) {}
 
@@ -180,10 +181,13 @@ absl::Status Endpoint::GrowSlots() {
 }
 
 void Endpoint::RefillSrq() {
-  // Usually one slot per call (one was just consumed); spares are taken in
-  // bounded batches so the receive path makes no heap allocation.
+  // Spares are taken and posted in bounded batches, one chained post each,
+  // so the receive path makes no heap allocation and one provider call per
+  // batch.
   constexpr size_t kRefillBatch = 64;
   uint32_t take[kRefillBatch];
+  ibv_sge sges[kRefillBatch];
+  ibv_recv_wr wrs[kRefillBatch];
   bool failed = false;
   while (posted_ < target_ && !failed) {
     size_t taken = 0;
@@ -195,31 +199,29 @@ void Endpoint::RefillSrq() {
       }
     }
     if (taken == 0 && !GrowSlots().ok()) break;
+    if (taken == 0) continue;
     for (size_t i = 0; i < taken; ++i) {
-      const uint32_t slot = take[i];
-      if (failed) {
-        ReleaseSlot(slot);
-        continue;
-      }
-      const Region& r = regions_[slot / kSlotsPerRegion];
-      ibv_sge sge{
-          reinterpret_cast<uintptr_t>(r.base + (slot % kSlotsPerRegion) * options_.slot_size),
+      const Region& r = regions_[take[i] / kSlotsPerRegion];
+      sges[i] = ibv_sge{
+          reinterpret_cast<uintptr_t>(r.base + (take[i] % kSlotsPerRegion) * options_.slot_size),
           static_cast<uint32_t>(options_.slot_size), r.mr->lkey};
-      ibv_recv_wr wr{};
-      wr.wr_id = slot;
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      ibv_recv_wr* bad = nullptr;
-      if (ibv_post_srq_recv(srq_, &wr, &bad) != 0) {
-        fprintf(stderr, "rdmarpc[%s]: ibv_post_srq_recv on %s failed: %s\n", owner_.c_str(),
-                device_name_.c_str(), strerror(errno));
-        ReleaseSlot(slot);
-        failed = true;
-        continue;
-      }
-      ++posted_;
-      MutableCounters().srq_slots_posted.fetch_add(1);
+      wrs[i] = ibv_recv_wr{};
+      wrs[i].wr_id = take[i];
+      wrs[i].sg_list = &sges[i];
+      wrs[i].num_sge = 1;
+      wrs[i].next = i + 1 < taken ? &wrs[i + 1] : nullptr;
     }
+    ibv_recv_wr* bad = nullptr;
+    size_t posted = taken;
+    if (ibv_post_srq_recv(srq_, wrs, &bad) != 0) {
+      fprintf(stderr, "rdmarpc[%s]: ibv_post_srq_recv on %s failed: %s\n", owner_.c_str(),
+              device_name_.c_str(), strerror(errno));
+      posted = bad != nullptr ? static_cast<size_t>(bad - wrs) : 0;
+      for (size_t i = posted; i < taken; ++i) ReleaseSlot(take[i]);
+      failed = true;
+    }
+    posted_ += posted;
+    MutableCounters().srq_slots_posted.fetch_add(posted);
   }
   const bool short_now = posted_ < target_;
   if (short_now && !short_.load()) MutableCounters().srq_short.fetch_add(1);
@@ -402,7 +404,9 @@ bool Endpoint::PollOnce(int* completions) {
     has_tasks_.store(false, std::memory_order_relaxed);
   }
   for (auto& t : tasks) t();
-  if (posted_ < target_) RefillSrq();
+  if (posted_ < refill_below_ || (short_.load(std::memory_order_relaxed) && posted_ < target_)) {
+    RefillSrq();
+  }
   if (++polls_since_sweep_ >= kSweepEveryPolls) SweepIfDue();
   for (size_t i = 0; i < draining_.size();) {
     if (draining_[i]->FinishTeardown()) {

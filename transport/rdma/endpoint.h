@@ -4,9 +4,10 @@
 // thread that drives them.
 //
 // Why one SRQ: receive memory must not grow with the number of connections.
-// The SRQ keeps `target` slots posted; a slot consumed by a SEND is handed to
-// the runtime as the message's payload (no copy) and a spare slot is posted in
-// its place at once. When the runtime releases the message, the slot becomes a
+// The SRQ keeps about `target` slots posted; a slot consumed by a SEND is
+// handed to the runtime as the message's payload (no copy), and spare slots
+// are posted in its place in batches (kSrqRefillBatch; at once while the SRQ
+// is short of spares). When the runtime releases the message, the slot becomes a
 // spare again. Slots are fixed-size pieces of a few registered regions that
 // grow (by 64 slots) up to target + max_held_slots.
 //
@@ -158,6 +159,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   ibv_context* const verbs_;
   const RdmaOptions options_;
   const size_t target_;  // slots kept posted
+  const size_t refill_below_;  // RefillSrq once posted_ is below it
   const std::string owner_;
   std::string device_name_;
   ibv_device_attr device_attr_{};

@@ -146,11 +146,14 @@ absl::StatusOr<Buffer> RdmaConnection::AllocatePayload(size_t size) {
 
 absl::Status RdmaConnection::Send(OutboundMessage msg) {
   absl::Status queued;
+  bool took;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queued = SendLocked(msg.header, std::move(msg.metadata), std::move(msg.payload));
+    took = TakeOutboxLocked();
   }
-  absl::Status posted = FlushOutbox();
+  if (!took) return queued;
+  absl::Status posted = PostTaken();
   return queued.ok() ? posted : queued;
 }
 
@@ -344,49 +347,56 @@ absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
 }
 
 absl::Status RdmaConnection::FlushOutbox() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!TakeOutboxLocked()) return absl::OkStatus();
+  }
+  return PostTaken();
+}
+
+bool RdmaConnection::TakeOutboxLocked() {
+  if (outbox_.empty() || post_token_.exchange(true, std::memory_order_acquire)) return false;
+  posting_.swap(outbox_);
+  return true;
+}
+
+absl::Status RdmaConnection::PostTaken() {
   absl::Status result;
   for (;;) {
-    if (post_token_.exchange(true, std::memory_order_acquire)) return result;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      posting_.swap(outbox_);
+    for (size_t i = 0; i < posting_.size(); ++i) {
+      Outgoing& o = posting_[i];
+      if (o.wr.num_sge > 0) o.wr.sg_list = o.sge;
+      if (o.inline_bytes) o.sge[0].addr = reinterpret_cast<uintptr_t>(o.bytes);
+      o.wr.next = i + 1 < posting_.size() ? &posting_[i + 1].wr : nullptr;
     }
-    if (!posting_.empty()) {
-      for (size_t i = 0; i < posting_.size(); ++i) {
-        Outgoing& o = posting_[i];
-        if (o.wr.num_sge > 0) o.wr.sg_list = o.sge;
-        if (o.inline_bytes) o.sge[0].addr = reinterpret_cast<uintptr_t>(o.bytes);
-        o.wr.next = i + 1 < posting_.size() ? &posting_[i + 1].wr : nullptr;
-      }
-      ibv_send_wr* bad = nullptr;
-      FaultInjection::MaybeHoldPost();
-      const int rc = ibv_post_send(id_->qp, &posting_[0].wr, &bad);
-      for (Outgoing& o : posting_) {
-        if (rc != 0 && &o.wr == bad) break;
-        if (o.bound_mw != nullptr) o.bound_mw->rkey = o.bound_rkey;
-      }
-      if (rc != 0) {
-        result = absl::UnavailableError(
-            absl::StrCat("ibv_post_send to ", peer_, " failed: ", strerror(rc)));
-        uint32_t lost_signaled = 0;
-        for (ibv_send_wr* w = bad; w != nullptr; w = w->next) {
-          if (w->send_flags & IBV_SEND_SIGNALED) ++lost_signaled;
-        }
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          closed_ = true;
-          signaled_outstanding_ -= lost_signaled;
-        }
-        // Calls whose frames were lost end when the connection does.
-        if (auto self = weak_from_this().lock()) {
-          endpoint_->RunOnPoller([self, result] { self->Teardown(result); });
-        }
-      }
-      posting_.clear();
+    ibv_send_wr* bad = nullptr;
+    FaultInjection::MaybeHoldPost();
+    const int rc = ibv_post_send(id_->qp, &posting_[0].wr, &bad);
+    for (Outgoing& o : posting_) {
+      if (rc != 0 && &o.wr == bad) break;
+      if (o.bound_mw != nullptr) o.bound_mw->rkey = o.bound_rkey;
     }
+    if (rc != 0) {
+      result = absl::UnavailableError(
+          absl::StrCat("ibv_post_send to ", peer_, " failed: ", strerror(rc)));
+      uint32_t lost_signaled = 0;
+      for (ibv_send_wr* w = bad; w != nullptr; w = w->next) {
+        if (w->send_flags & IBV_SEND_SIGNALED) ++lost_signaled;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        closed_ = true;
+        signaled_outstanding_ -= lost_signaled;
+      }
+      // Calls whose frames were lost end when the connection does.
+      if (auto self = weak_from_this().lock()) {
+        endpoint_->RunOnPoller([self, result] { self->Teardown(result); });
+      }
+    }
+    posting_.clear();
     post_token_.store(false, std::memory_order_release);
     std::lock_guard<std::mutex> lock(mu_);
-    if (outbox_.empty()) return result;
+    if (!TakeOutboxLocked()) return result;
   }
 }
 

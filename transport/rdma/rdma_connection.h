@@ -225,6 +225,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // A work request waiting in the outbox. Pointers into the entry itself
   // (sg_list, inline bytes) are set when it is posted: the vector may move.
   struct Outgoing {
+    // Not value-initialized: QueueLocked sets every field but `bytes`, of
+    // which a frame uses only what it writes.
+    Outgoing() {}
     ibv_send_wr wr;
     // A SEND gathers header and metadata (sge[0]) and the payload where it
     // was serialized (sge[1]); see QueueFrameLocked.
@@ -261,6 +264,14 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // Posts the outbox if this thread gets the post token; never under mu_.
   // The error is that of a failed post (the connection then tears down).
   absl::Status FlushOutbox();
+  // Takes the post token and the outbox's requests into posting_, if there
+  // are any and no other thread holds the token; the caller then owes a
+  // PostTaken. Under mu_, so a sender queues and takes in one critical
+  // section.
+  bool TakeOutboxLocked();
+  // Posts posting_, lets the token go and posts again while others queued
+  // meanwhile; never under mu_.
+  absl::Status PostTaken();
   void FlushBacklogLocked();
   void ReleaseAdvertisedLocked(uint64_t token);
   void ExpireUnreleased(absl::Time now);

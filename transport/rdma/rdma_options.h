@@ -100,6 +100,13 @@ struct RdmaOptions {
 // "retry for ever", so a vanished peer would never be noticed there.
 inline constexpr int kTransportRetries = 6;
 
+// The SRQ is refilled once this many of its slots have been consumed (or
+// fewer, for an SRQ of under 8x this many), in one chain of receive WRs: one
+// post per batch instead of one per message. The slots it lacks meanwhile
+// are within the safety margin that credits keep (at most half the slots per
+// connection).
+inline constexpr size_t kSrqRefillBatch = 16;
+
 // The QP ACK timeout exponent (4.096 us x 2^e per try) that keeps
 // kTransportRetries + 1 tries within peer_timeout_ms; -1 when it is 0.
 int AckTimeoutExponent(uint32_t peer_timeout_ms);
