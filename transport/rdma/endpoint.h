@@ -7,9 +7,9 @@
 // The SRQ keeps about `target` slots posted; a slot consumed by a SEND is
 // handed to the runtime as the message's payload (no copy), and spare slots
 // are posted in its place in batches (kSrqRefillBatch; at once while the SRQ
-// is short of spares). When the runtime releases the message, the slot becomes a
-// spare again. Slots are fixed-size pieces of a few registered regions that
-// grow (by 64 slots) up to target + max_held_slots.
+// is short of spares). When the runtime releases the message, the slot
+// becomes a spare again. Slots are fixed-size pieces of a few registered
+// regions that grow (by 64 slots) up to target + max_held_slots.
 //
 // Small payloads on the way out live in registered blocks of slot size
 // (SmallBuffer), so a SEND gathers them where they were serialized; large

@@ -76,9 +76,11 @@
 // at a time; see endpoint.h). A mutex guards the send side's bookkeeping, but
 // no lock is held across ibv_post_send: work requests are built under the
 // mutex into an outbox, in the order their sequence numbers were taken, and
-// posted outside it by whichever thread holds the post token (FlushOutbox);
-// a thread that finds the token taken leaves its requests to the holder, who
-// looks again before it lets go. One doorbell may carry several requests.
+// posted outside it by whichever thread holds the post token (a sender takes
+// it with the outbox in the critical section that queued its frame; see
+// TakeOutboxLocked and PostTaken); a thread that finds the token taken leaves
+// its requests to the holder, who looks again after it lets go. One doorbell
+// may carry several requests.
 // Teardown takes the token for good before it destroys the QP.
 #ifndef RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_H_
 #define RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_H_
