@@ -451,8 +451,12 @@ std::string RdmaConnection::DescribeRetryPolicy() {
 bool RdmaConnection::TimeoutsDue(absl::Time now) {
   if (now >= next_give_up_ || KeepaliveDue(now)) return true;
   std::lock_guard<std::mutex> lock(mu_);
-  if (keepalive_outstanding_ && now - keepalive_sent_ >= 2 * unacked_limit_) return true;
+  if (KeepaliveOverdueLocked(now)) return true;
   return !closed_ && now >= next_release_due_;
+}
+
+bool RdmaConnection::KeepaliveOverdueLocked(absl::Time now) const {
+  return keepalive_outstanding_ && now - keepalive_sent_ >= 2 * unacked_limit_;
 }
 
 void RdmaConnection::ExpireTimeouts(absl::Time now) {
@@ -492,13 +496,13 @@ void RdmaConnection::SendKeepalive(absl::Time now) {
 }
 
 bool RdmaConnection::FailUnansweredKeepalive(absl::Time now) {
-  if (!keepalive_outstanding_ || torn_down_) return false;
+  if (torn_down_) return false;
   absl::Duration limit;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!KeepaliveOverdueLocked(now)) return false;
     limit = unacked_limit_;
   }
-  if (now - keepalive_sent_ < 2 * limit) return false;
   // The device should have failed it by now (RETRY_EXC_ERR); Soft-RoCE
   // retries for ever when the peer asked for 7 retries at connect.
   Fail(absl::UnavailableError(absl::StrCat(

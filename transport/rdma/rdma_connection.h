@@ -277,6 +277,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void FlushBacklogLocked();
   void ReleaseAdvertisedLocked(uint64_t token);
   void ExpireUnreleased(absl::Time now);
+  // The keepalive is still unanswered at twice the device's retry time
+  // (the backstop for a device that neither acknowledges nor fails it).
+  bool KeepaliveOverdueLocked(absl::Time now) const;
   // True when it failed the connection.
   bool FailStalledReads(absl::Time now);
   bool FailUnansweredKeepalive(absl::Time now);
