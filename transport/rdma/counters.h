@@ -40,7 +40,7 @@ struct RdmaCounters {
   std::atomic<uint64_t> rnr_retry_exhausted{0};  // RNR retries ran out (the safety net failed)
   std::atomic<uint64_t> credit_stalls{0};      // sends queued for lack of credit or slot
   std::atomic<uint64_t> credit_messages{0};    // credit-only frames sent
-  // Zero-byte READs sent to peers silent for RdmaOptions::keepalive_ms.
+  // Zero-byte WRITEs sent to peers silent for RdmaOptions::keepalive_ms.
   std::atomic<uint64_t> keepalives{0};
   std::atomic<uint64_t> connections_opened{0};
   std::atomic<uint64_t> connections_closed{0};

@@ -673,7 +673,9 @@ class EndWatcher : public ConnectionObserver {
 // A server whose machine vanishes while a request waits for its answer:
 // nothing of the client's is outstanding on the wire, so only the client's
 // keepalive can notice. The connection ends UNAVAILABLE naming the server,
-// which ends the calls waiting on it (the runtime's rule).
+// which ends the calls waiting on it (the runtime's rule). The request has
+// no deadline and a large payload still advertised for the server's READ:
+// neither may keep the keepalive from going out.
 TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
   const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
   ASSERT_FALSE(ip.empty());
@@ -693,9 +695,13 @@ TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
   OutboundMessage request;
   request.header.kind = MessageKind::kRequest;
   request.header.call_id = 1;
+  auto payload = (*conn)->AllocatePayload(1u << 20);
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  request.payload = std::move(*payload);
   ASSERT_TRUE((*conn)->Send(std::move(request)).ok());
   auto received = raw_server.NextFrame(absl::Seconds(10));
   ASSERT_TRUE(received.has_value() && received->call_id == 1) << "the request never arrived";
+  ASSERT_TRUE(received->remote_payload()) << "1 MiB went by SEND, not advertised for READ";
   const uint64_t keepalives_before = Counters().keepalives.load();
   EXPECT_FALSE(watcher.EndedWithin(absl::Milliseconds(3 * kKeepaliveMs)).has_value())
       << "a live server's connection ended";
@@ -706,7 +712,7 @@ TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
   auto why = watcher.EndedWithin(kNoticedWithin);
   ASSERT_TRUE(why.has_value()) << "the client never noticed";
   EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
-  EXPECT_NE(why->message().find("keepalive (a zero-byte RDMA READ) to " +
+  EXPECT_NE(why->message().find("keepalive (a zero-byte RDMA WRITE) to " +
                                 std::string((*conn)->peer())),
             std::string::npos)
       << *why;

@@ -472,13 +472,7 @@ bool RdmaConnection::KeepaliveDue(absl::Time now) {
     silent_since_ = now;
     return false;
   }
-  if (reads_in_flight_ != 0 || now - silent_since_ < keepalive_) return false;
-  // Not while the peer may be READing from us: on Soft-RoCE (Linux 6.1) an
-  // 8 MiB request READ stalled for good when the requester's keepalive met
-  // it (seen once in make test, in a plain build with VMs running side by
-  // side). Such calls are bounded by their deadline and release timeout.
-  std::lock_guard<std::mutex> lock(mu_);
-  return advertised_.empty();
+  return !keepalive_outstanding_ && reads_in_flight_ == 0 && now - silent_since_ >= keepalive_;
 }
 
 void RdmaConnection::SendKeepalive(absl::Time now) {
@@ -487,14 +481,12 @@ void RdmaConnection::SendKeepalive(absl::Time now) {
     if (closed_ || sq_used_ >= sq_depth_) return;
     ibv_send_wr& wr = QueueLocked().wr;
     wr.wr_id = WrId(kWrKeepalive, serial_, 0, true);
-    // Zero bytes: no address or rkey is checked (IBA C9-88), and the peer's
-    // device answers it like any READ; it counts against rd_atom_ as one.
-    wr.opcode = IBV_WR_RDMA_READ;
+    // Zero bytes: no address or rkey is checked (IBA C9-88).
+    wr.opcode = IBV_WR_RDMA_WRITE;
     wr.send_flags = IBV_SEND_SIGNALED;
     ++sq_used_;
     ++signaled_outstanding_;
   }
-  ++reads_in_flight_;
   keepalive_outstanding_ = true;
   keepalive_sent_ = now;
   MutableCounters().keepalives.fetch_add(1);
@@ -735,10 +727,11 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
 }
 
 void RdmaConnection::StartReads() {
-  // Not behind a keepalive: on Soft-RoCE (Linux 6.1) READs posted while a
-  // zero-byte READ was outstanding never completed nor failed (seen under
-  // ASan, where calls are slow enough for a keepalive to go out mid-call).
-  // Its completion starts them, one round trip later.
+  // Not behind a keepalive: on Soft-RoCE (Linux 6.1) READs posted while the
+  // keepalive was a zero-byte READ once never completed nor failed (seen
+  // under ASan, where calls are slow enough for a keepalive to go out
+  // mid-call; not reproduced in isolation, so kept for the WRITE). Its
+  // completion starts them, one round trip later.
   if (keepalive_outstanding_) return;
   bool queued = false;
   while (!read_queue_.empty() && reads_in_flight_ < static_cast<int>(rd_atom_) && !torn_down_) {
@@ -858,15 +851,19 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
     if (expired) MutableCounters().releases_expired.fetch_add(1);
   } else if (kind == kWrRead || kind == kWrKeepalive) {
     {
-      // The room this READ held may be what a waiting frame needs.
+      // The room this work request held may be what a waiting frame needs.
       std::lock_guard<std::mutex> lock(mu_);
       --sq_used_;
       if (wc.status == IBV_WC_SUCCESS) FlushBacklogLocked();
       queued = !outbox_.empty();
     }
-    --reads_in_flight_;
-    auto it = kind == kWrRead ? reads_.find(index) : reads_.end();
-    if (kind == kWrKeepalive) keepalive_outstanding_ = false;
+    auto it = reads_.end();
+    if (kind == kWrKeepalive) {
+      keepalive_outstanding_ = false;
+    } else {
+      --reads_in_flight_;
+      it = reads_.find(index);
+    }
     if (it != reads_.end()) {
       --it->second.in_flight;
       if (wc.status == IBV_WC_SUCCESS && it->second.in_flight == 0 &&
@@ -880,7 +877,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS && !torn_down_) {
     if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) MutableCounters().rnr_retry_exhausted.fetch_add(1);
     const char* what = kind == kWrRead         ? "RDMA READ from"
-                       : kind == kWrKeepalive  ? "keepalive (a zero-byte RDMA READ) to"
+                       : kind == kWrKeepalive  ? "keepalive (a zero-byte RDMA WRITE) to"
                        : kind == kWrBind       ? "memory-window bind for"
                        : kind == kWrInvalidate ? "memory-window invalidation for"
                                                : "SEND to";

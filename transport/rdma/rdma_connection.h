@@ -65,9 +65,12 @@
 // bound that wait, after which the request fails (RETRY_EXC_ERR) and the
 // connection ends UNAVAILABLE. Frames and completions from the peer count as
 // signs of life; a connection with none for keepalive_ms and no READ in
-// flight (a READ shows it as well) sends a zero-byte RDMA READ, which the
-// peer's device answers without its software and which costs the peer no
-// receive slot or credit. Where the device neither answers nor fails it
+// flight (a READ shows it as well) sends a zero-byte RDMA WRITE, which the
+// peer's device acknowledges without its software. It costs the peer no
+// receive slot or credit and, unlike a zero-byte READ, none of the READ
+// resources (max_qp_rd_atom) that the peer's own READs of our payloads use;
+// zero bytes check no address or rkey (IBA C9-88), so nothing of ours needs
+// remote write access. Where the device neither acknowledges nor fails it
 // (Soft-RoCE retries for ever when the peer asked for 7 retries), the
 // connection ends at twice the device's retry time anyway.
 //
@@ -174,7 +177,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void LearnRetryPolicy();
   // "ACK timeout ..., N tries: a silent peer fails after ~T", for logs.
   std::string DescribeRetryPolicy();
-  // rdma_cm says both sides are connected: keepalives may start (a READ
+  // rdma_cm says both sides are connected: keepalives may start (one
   // posted before the QP is ready to send would fail the connection).
   void MarkEstablished() { established_.store(true, std::memory_order_release); }
   // True when ExpireTimeouts has something to do at `now`: a release
@@ -283,9 +286,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // True when it failed the connection.
   bool FailStalledReads(absl::Time now);
   bool FailUnansweredKeepalive(absl::Time now);
-  // True when the peer has been silent for keepalive_ms and no READ (which
-  // would be answered or fail the same way) is in flight. Notes whether the
-  // peer was heard from since the last look.
+  // True when the peer has been silent for keepalive_ms and neither a
+  // keepalive nor a READ (which would be answered or fail the same way) is
+  // in flight. Notes whether the peer was heard from since the last look.
   bool KeepaliveDue(absl::Time now);
   void SendKeepalive(absl::Time now);
   void FlushInvalidationsLocked();

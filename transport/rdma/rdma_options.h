@@ -86,11 +86,11 @@ struct RdmaOptions {
   // rdma_cm's own, ~17 s on RoCE.
   uint32_t peer_timeout_ms = 2000;
   // A connection that has heard nothing from its peer for this long sends
-  // it a keepalive: a zero-byte RDMA READ, which the peer's device answers
-  // without its software, spending none of its receive slots or credits. So
-  // a vanished peer ends its connection, and every call waiting on it,
-  // within about keepalive_ms + peer_timeout_ms even when nothing else is
-  // being sent. It cannot tell a live but stuck peer process (its device
+  // it a keepalive: a zero-byte RDMA WRITE, which the peer's device
+  // acknowledges without its software, spending none of its receive slots,
+  // credits or READ resources. So a vanished peer ends its connection, and
+  // every call waiting on it, within about keepalive_ms + peer_timeout_ms
+  // even when nothing else is being sent. It cannot tell a live but stuck peer process (its device
   // still answers): deadlines are for that. 0: no keepalive.
   uint32_t keepalive_ms = 1000;
 };
