@@ -109,6 +109,15 @@ struct TransportOptions {
   std::string name = "rdmarpc";
   // A server's transport: sizes receive resources for many peers.
   bool listening = false;
+  // Dead peers over TCP (RDMA has its own, RdmaOptions::keepalive_ms and
+  // peer_timeout_ms, same defaults). A peer whose machine or link dies sends
+  // no FIN or RST, and the kernel's defaults notice only after hours. So a
+  // connection idle for tcp_keepalive_ms sends keepalive probes
+  // (SO_KEEPALIVE, TCP_KEEPIDLE; whole seconds, at least 1), and one whose
+  // data or probes stay unacknowledged for tcp_peer_timeout_ms ends
+  // UNAVAILABLE (TCP_USER_TIMEOUT), with every call on it. 0: the kernel's.
+  uint32_t tcp_keepalive_ms = 1000;
+  uint32_t tcp_peer_timeout_ms = 2000;
 };
 
 // Returns the observer for a new connection (never null), or null to refuse it.

@@ -14,6 +14,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <future>
@@ -28,6 +29,24 @@ constexpr size_t kMaxQueuedSendBytes = 256u << 20;
 constexpr size_t kReadChunk = 64 * 1024;
 
 std::string ErrnoText(int err) { return strerror(err); }
+
+// Options every connected socket gets: no Nagle delay (frames are whole
+// messages), and TransportOptions' keepalive and peer timeout.
+void ConfigureConnectedSocket(int fd, const TransportOptions& options) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (options.tcp_keepalive_ms > 0) {
+    const int idle_s = std::max<int>(1, options.tcp_keepalive_ms / 1000);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof one);
+  }
+  if (options.tcp_peer_timeout_ms > 0) {
+    // Also bounds the keepalive probes, in place of TCP_KEEPCNT.
+    const unsigned int ms = options.tcp_peer_timeout_ms;
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+  }
+}
 
 std::string SockaddrToString(const sockaddr_storage& ss) {
   char host[INET6_ADDRSTRLEN] = "?";
@@ -230,6 +249,12 @@ void TcpConnection::OnReadable() {
     if (want > 0) {
       if (r < 0 && errno == EINTR) continue;
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (r < 0 && errno == ETIMEDOUT) {
+        return Finish(absl::UnavailableError(absl::StrCat(
+            "connection to ", peer_, " timed out: nothing acknowledged for ",
+            transport_->options_.tcp_peer_timeout_ms,
+            " ms (TransportOptions::tcp_peer_timeout_ms): the peer's machine or link is down")));
+      }
       if (r < 0) {
         return Finish(absl::UnavailableError(absl::StrCat("read from ", peer_, ": ",
                                                           ErrnoText(errno))));
@@ -355,8 +380,7 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
         }
         return;
       }
-      const int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      ConfigureConnectedSocket(fd, transport_->options_);
       auto conn = std::make_shared<TcpConnection>(transport_, fd, SockaddrToString(ss), nullptr);
       ConnectionObserver* observer = on_accept_(conn);
       if (observer == nullptr) continue;  // refused: conn closes its fd
@@ -482,8 +506,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
       break;
     }
   }
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ConfigureConnectedSocket(fd, options_);
   auto conn = std::make_shared<TcpConnection>(this, fd, target, observer);
   bool adopted = false;
   RunInLoopAndWait([&] {
