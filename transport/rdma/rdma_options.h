@@ -90,8 +90,9 @@ struct RdmaOptions {
   // acknowledges without its software, spending none of its receive slots,
   // credits or READ resources. So a vanished peer ends its connection, and
   // every call waiting on it, within about keepalive_ms + peer_timeout_ms
-  // even when nothing else is being sent. It cannot tell a live but stuck peer process (its device
-  // still answers): deadlines are for that. 0: no keepalive.
+  // even when nothing else is being sent. It cannot tell a live but stuck
+  // peer process (its device still answers): deadlines are for that.
+  // 0: no keepalive.
   uint32_t keepalive_ms = 1000;
 };
 
