@@ -215,35 +215,35 @@ void RunCutClient(const std::string& address, const std::string& why) {
   EXPECT_LT(took, kCutFor) << "not noticed while the wire was down";
 }
 
+// The cut-wire test over `scheme` on `port`, in whichever role this VM has;
+// `why` as for RunCutClient.
+void RunWireCut(const std::string& scheme, int port, const std::string& why) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  const std::string port_part = ":" + std::to_string(port);
+  if (rdma::testing::Role() == "server") {
+    RunCutServer(scheme + "://" + ip + port_part, ip);
+  } else {
+    RunCutClient(scheme + "://" + rdma::testing::PeerAddress() + port_part, why);
+  }
+}
+
 // The server's machine drops off the wire (no disconnect, no more
 // acknowledgements) while a call without a deadline waits for it: the
 // client's keepalive ends the call UNAVAILABLE, naming the server, before
 // the wire is back. Over TCP (the fallback) first, then over RDMA.
 TEST(TwoVms, CallWithoutDeadlineEndsWhenTheServersWireIsCutTcp) {
-  const std::string ip = rdma::testing::RequireRdmaTestAddress();
-  ASSERT_FALSE(ip.empty());
-  if (rdma::testing::Role() == "server") {
-    RunCutServer("tcp://" + ip + ":" + std::to_string(kPort + 1), ip);
-  } else {
-    RunCutClient("tcp://" + rdma::testing::PeerAddress() + ":" + std::to_string(kPort + 1),
-                 "tcp_peer_timeout_ms");
-  }
+  RunWireCut("tcp", kPort + 1, "tcp_peer_timeout_ms");
 }
 
 // Last in this file: on Soft-RoCE (Linux 6.1) the server VM accepted no new
 // rdma_cm connection after its link came back from this test, although
-// addresses, routes, port and GID all looked sound. The link's coming and
-// going alone does not do that (the TCP test before this one flaps it too):
-// it follows RDMA sends that met the down link.
+// addresses, routes, port, GID and its CM queue pair (QP1, in RTS) all
+// looked sound; it had no neighbour entry for the client. The link's coming
+// and going alone does not do that (the TCP test before this one flaps it
+// too): it follows RDMA sends that met the down link.
 TEST(TwoVms, CallWithoutDeadlineEndsWhenTheServersWireIsCutRdma) {
-  const std::string ip = rdma::testing::RequireRdmaTestAddress();
-  ASSERT_FALSE(ip.empty());
-  if (rdma::testing::Role() == "server") {
-    RunCutServer("rdma://" + ip + ":" + std::to_string(kPort + 2), ip);
-  } else {
-    RunCutClient("rdma://" + rdma::testing::PeerAddress() + ":" + std::to_string(kPort + 2),
-                 "keepalive");
-  }
+  RunWireCut("rdma", kPort + 2, "keepalive");
 }
 
 }  // namespace
