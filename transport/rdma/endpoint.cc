@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "transport/rdma/counters.h"
@@ -53,13 +54,13 @@ absl::StatusOr<std::shared_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
                                                            const RdmaOptions& options,
                                                            size_t receive_slots,
                                                            const std::string& owner) {
-  std::shared_ptr<Endpoint> ep(new Endpoint(verbs, options, receive_slots, owner));
+  std::shared_ptr<Endpoint> ep(new Endpoint(verbs, options, receive_slots, owner),
+                               [](Endpoint* e) { e->EndLoan(); });
   if (absl::Status s = ep->Init(); !s.ok()) return s;
   return ep;
 }
 
-Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target,
-                   std::string owner)
+Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target, std::string owner)
     : verbs_(verbs),
       options_(options),
       target_(target),
@@ -95,8 +96,8 @@ absl::Status Endpoint::Init() {
             device_windows ? "RdmaOptions::memory_windows is off"
                            : "the device has no type-2 memory windows");
   }
-  pool_ = std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_,
-                                           windows);
+  pool_ =
+      std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_, windows);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   // Final capacity now: SlotOf reads regions_ from other threads while the
   // poller may append, which is safe only if the vector never reallocates.
@@ -115,6 +116,10 @@ void Endpoint::Stop() {
     Wake();
     poller_.join();
   }
+}
+
+void Endpoint::EndLoan() {
+  if (loans_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
 Endpoint::~Endpoint() {
@@ -164,9 +169,9 @@ const Endpoint::Region* Endpoint::RegionHolding(const Region* regions, size_t co
 absl::Status Endpoint::GrowSlots() {
   const size_t bytes = kSlotsPerRegion * options_.slot_size;
   if (slot_count_.load() + kSlotsPerRegion > target_ + options_.max_held_slots) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "receive slots on ", device_name_, " reached their bound of ",
-        target_ + options_.max_held_slots, " (RdmaOptions::max_held_slots)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("receive slots on ", device_name_, " reached their bound of ",
+                     target_ + options_.max_held_slots, " (RdmaOptions::max_held_slots)"));
   }
   auto region = NewRegion(bytes, IBV_ACCESS_LOCAL_WRITE, "receive slots");
   if (!region.ok()) return region.status();
@@ -246,8 +251,13 @@ Buffer Endpoint::SlotBuffer(uint32_t slot, size_t offset, size_t length) {
   char* data = r.base + (slot % kSlotsPerRegion) * options_.slot_size + offset;
   // The releaser finds the slot again from the data pointer: capturing only
   // the Endpoint keeps it within Buffer's inline storage (no allocation).
-  return Buffer(data, length,
-                [self = shared_from_this()](char* d, size_t) { self->ReleaseSlot(self->SlotOf(d)); });
+  const auto release = [ep = this](char* d, size_t) {
+    ep->ReleaseSlot(ep->SlotOf(d));
+    ep->EndLoan();
+  };
+  static_assert(std::is_trivially_copyable_v<decltype(release)>, "see Lifetime in endpoint.h");
+  Lend();
+  return Buffer(data, length, release);
 }
 
 uint32_t Endpoint::SlotOf(const char* p) const {
@@ -302,24 +312,35 @@ Buffer Endpoint::SmallBuffer(size_t size) {
   if (block == nullptr) {
     return Buffer(new char[options_.slot_size], size, [](char* d, size_t) { delete[] d; });
   }
-  return Buffer(block, size, [self = shared_from_this()](char* d, size_t) {
-    std::lock_guard<std::mutex> lock(self->small_mu_);
-    self->small_free_.push_back(d);
-  });
+  const auto release = [ep = this](char* d, size_t) {
+    {
+      std::lock_guard<std::mutex> lock(ep->small_mu_);
+      ep->small_free_.push_back(d);
+    }
+    ep->EndLoan();
+  };
+  static_assert(std::is_trivially_copyable_v<decltype(release)>, "see Lifetime in endpoint.h");
+  Lend();
+  return Buffer(block, size, release);
 }
 
 bool Endpoint::SmallBlockLkey(const char* p, uint32_t* lkey) const {
-  const Region* r = RegionHolding(small_regions_.data(),
-                                  small_region_count_.load(std::memory_order_acquire),
-                                  kSmallBlocksPerRegion * options_.slot_size, p);
+  const Region* r =
+      RegionHolding(small_regions_.data(), small_region_count_.load(std::memory_order_acquire),
+                    kSmallBlocksPerRegion * options_.slot_size, p);
   if (r == nullptr) return false;
   *lkey = r->mr->lkey;
   return true;
 }
 
 Buffer Endpoint::BlockBuffer(RegisteredPool::Block* block, size_t size) {
-  return Buffer(block->data, size,
-                [self = shared_from_this(), block](char*, size_t) { self->pool_->Put(block); });
+  const auto release = [ep = this, block](char*, size_t) {
+    ep->pool_->Put(block);
+    ep->EndLoan();
+  };
+  static_assert(std::is_trivially_copyable_v<decltype(release)>, "see Lifetime in endpoint.h");
+  Lend();
+  return Buffer(block->data, size, release);
 }
 
 void Endpoint::Wake() {
@@ -477,7 +498,8 @@ bool Endpoint::DrivenRecently() const {
   if (drivers_.load(std::memory_order_acquire) > 0) return true;
   const int64_t last_ns = last_driven_ns_.load(std::memory_order_relaxed);
   if (last_ns == 0) return false;
-  const auto last = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_ns));
+  const auto last =
+      std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(last_ns));
   return std::chrono::steady_clock::now() - last < kDriveGrace;
 }
 

@@ -27,10 +27,14 @@
 // Whoever owns the I/O context is "the poller" below; code that runs there
 // must not assume which thread it is.
 //
-// Lifetime: buffers handed to the runtime (receive slots, payload blocks)
-// hold a reference to their Endpoint, so its registered memory outlives every
-// message the runtime still holds. Stop() ends the poller; the last reference
-// frees the verbs resources.
+// Lifetime: every Buffer handed to the runtime (receive slot, small payload,
+// pool block) is a loan on its Endpoint, and the shared_ptr owners together
+// hold one more; the last loan to end deletes the Endpoint, so its registered
+// memory outlives every message the runtime still holds. A loan is one atomic
+// count, not a shared_ptr in the Buffer's releaser: a releaser that captures
+// only a raw pointer is trivially relocatable, and a Buffer is moved several
+// times per message. Stop() ends the poller; the last loan frees the verbs
+// resources, on whichever thread releases it.
 //
 // Work-request ids: RECV wr_id is the slot index; every other wr_id is
 // (connection serial << 32 | per-connection index), looked up in a map, so a
@@ -61,13 +65,12 @@ namespace rdmarpc::transport::rdma {
 
 class RdmaConnection;
 
-class Endpoint : public std::enable_shared_from_this<Endpoint> {
+class Endpoint {
  public:
   static absl::StatusOr<std::shared_ptr<Endpoint>> Create(ibv_context* verbs,
                                                           const RdmaOptions& options,
                                                           size_t receive_slots,
                                                           const std::string& owner);
-  ~Endpoint();
   // Stops the poller thread (joins it); connections must be gone. Idempotent;
   // never from the poller thread itself.
   void Stop();
@@ -125,6 +128,9 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
 
  private:
   Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target, std::string owner);
+  ~Endpoint();  // through EndLoan only
+  void Lend() { loans_.fetch_add(1, std::memory_order_relaxed); }
+  void EndLoan();
   absl::Status Init();
   absl::Status GrowSlots();  // poller thread or Init
   // Registered memory that slots or small payload blocks are carved from.
@@ -158,7 +164,7 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
 
   ibv_context* const verbs_;
   const RdmaOptions options_;
-  const size_t target_;  // slots kept posted
+  const size_t target_;        // slots kept posted
   const size_t refill_below_;  // RefillSrq once posted_ is below it
   const std::string owner_;
   std::string device_name_;
@@ -172,11 +178,11 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
 
   // Receive slots.
   static constexpr uint32_t kSlotsPerRegion = 64;
-  std::vector<Region> regions_;   // appended by the poller thread; see SlotOf
+  std::vector<Region> regions_;  // appended by the poller thread; see SlotOf
   std::atomic<uint32_t> slot_count_{0};
-  size_t posted_ = 0;             // poller thread
+  size_t posted_ = 0;  // poller thread
   std::mutex spare_mu_;
-  std::vector<uint32_t> spare_;   // guarded by spare_mu_
+  std::vector<uint32_t> spare_;  // guarded by spare_mu_
   std::atomic<bool> short_{false};
 
   // Small payload blocks: regions of kSmallBlocksPerRegion slot-sized blocks,
@@ -189,6 +195,8 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::atomic<size_t> small_region_count_{0};
   std::mutex small_mu_;
   std::vector<char*> small_free_;  // registered blocks only; guarded by small_mu_
+  // Buffers lent out, plus one for the shared_ptr owners (see "Lifetime").
+  std::atomic<int64_t> loans_{1};
 
   // How long the poller thread stays off the CQ after a Drive finished.
   static constexpr std::chrono::milliseconds kDriveGrace{1};
@@ -201,14 +209,14 @@ class Endpoint : public std::enable_shared_from_this<Endpoint> {
   std::mutex tasks_mu_;
   std::vector<std::function<void()>> tasks_;  // guarded by tasks_mu_
   std::atomic<bool> has_tasks_{false};
-  std::unordered_map<uint32_t, std::shared_ptr<RdmaConnection>> by_qp_;   // poller thread
-  std::unordered_map<uint32_t, RdmaConnection*> by_serial_;               // poller thread
-  std::vector<RdmaConnection*> draining_;                                 // poller thread
+  std::unordered_map<uint32_t, std::shared_ptr<RdmaConnection>> by_qp_;  // poller thread
+  std::unordered_map<uint32_t, RdmaConnection*> by_serial_;              // poller thread
+  std::vector<RdmaConnection*> draining_;                                // poller thread
   static constexpr uint32_t kSweepEveryPolls = 256;
   // A quarter of release_timeout_ms, within [1 ms, 100 ms]; 100 ms without
   // one (the peer's still matters: ReadOp::give_up).
   const std::chrono::nanoseconds sweep_interval_;
-  uint32_t polls_since_sweep_ = 0;                   // I/O context
+  uint32_t polls_since_sweep_ = 0;                    // I/O context
   std::chrono::steady_clock::time_point last_sweep_;  // I/O context
 };
 

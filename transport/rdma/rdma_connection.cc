@@ -165,8 +165,8 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
                      frame_limit_, " bytes on ", peer_, " (RdmaOptions::slot_size)"));
   }
   if (payload.size() > kMaxPayloadBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("payload of ", payload.size(),
-                                                     " bytes exceeds the wire limit"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("payload of ", payload.size(), " bytes exceeds the wire limit"));
   }
   h.flags = 0;
   h.remote = RemoteDescriptor{};
@@ -198,8 +198,8 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
       if (free_mws_.empty()) {
         ibv_mw* mw = ibv_alloc_mw(endpoint_->pd(), IBV_MW_TYPE_2);
         if (mw == nullptr) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "ibv_alloc_mw on ", endpoint_->device_name(), ": ", strerror(errno)));
+          return absl::ResourceExhaustedError(
+              absl::StrCat("ibv_alloc_mw on ", endpoint_->device_name(), ": ", strerror(errno)));
         }
         free_mws_.push_back(Window{mw, mw->rkey});
       }
@@ -317,8 +317,8 @@ absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
   // device reads it until completion, so it must be registered and stays
   // held by the posted_ entry until then. Anything else is copied.
   uint32_t payload_lkey = 0;
-  const bool gather = !p.payload.empty() &&
-                      (inl || endpoint_->SmallBlockLkey(p.payload.data(), &payload_lkey));
+  const bool gather =
+      !p.payload.empty() && (inl || endpoint_->SmallBlockLkey(p.payload.data(), &payload_lkey));
   if (!p.payload.empty() && !gather) {
     memcpy(dst + head, p.payload.data(), p.payload.size());
     MutableCounters().send_payload_copies.fetch_add(1);
@@ -434,8 +434,8 @@ void RdmaConnection::LearnRetryPolicy() {
   // Timeout 0 means the device waits for ever: keep what was asked for, for
   // the keepalive's own bound.
   if (attr.timeout != 0) {
-    unacked_limit_ = absl::Nanoseconds(4096.0 * std::ldexp(1.0, attr.timeout)) *
-                     (attr.retry_cnt + 1);
+    unacked_limit_ =
+        absl::Nanoseconds(4096.0 * std::ldexp(1.0, attr.timeout)) * (attr.retry_cnt + 1);
   }
 }
 
@@ -443,9 +443,8 @@ std::string RdmaConnection::DescribeRetryPolicy() {
   std::lock_guard<std::mutex> lock(mu_);
   if (ack_timeout_exp_ < 0) return "the QP's retry policy could not be read";
   return absl::StrCat("ACK timeout 4.096 us x 2^", ack_timeout_exp_, ", ", retries_ + 1,
-                      " tries: a peer that stops answering fails after ~",
-                      Rounded(unacked_limit_), ", keepalive after ",
-                      Rounded(keepalive_), " of silence");
+                      " tries: a peer that stops answering fails after ~", Rounded(unacked_limit_),
+                      ", keepalive after ", Rounded(keepalive_), " of silence");
 }
 
 bool RdmaConnection::TimeoutsDue(absl::Time now) {
@@ -503,10 +502,10 @@ bool RdmaConnection::FailUnansweredKeepalive(absl::Time now) {
   }
   // The device should have failed it by now (RETRY_EXC_ERR); Soft-RoCE
   // retries for ever when the peer asked for 7 retries at connect.
-  Fail(absl::UnavailableError(absl::StrCat(
-      "keepalive to ", peer_, " neither acknowledged nor failed by the device in ",
-      Rounded(now - keepalive_sent_), " (twice its retry time, ~",
-      Rounded(limit), "): the peer's machine, device or link is down")));
+  Fail(absl::UnavailableError(
+      absl::StrCat("keepalive to ", peer_, " neither acknowledged nor failed by the device in ",
+                   Rounded(now - keepalive_sent_), " (twice its retry time, ~", Rounded(limit),
+                   "): the peer's machine, device or link is down")));
   return true;
 }
 
@@ -645,8 +644,8 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   auto h = DecodeHeader(data, length);
   if (!h.ok()) {
     endpoint_->ReleaseSlot(slot);
-    return Fail(absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ",
-                                                 h.status().message())));
+    return Fail(absl::InternalError(
+        absl::StrCat("malformed frame from ", peer_, ": ", h.status().message())));
   }
   const size_t expected =
       kHeaderSize + h->metadata_len + (h->remote_payload() ? 0 : h->payload_len);
@@ -741,13 +740,15 @@ void RdmaConnection::StartReads() {
     if (op.block == nullptr) {
       if (absl::Now() > op.expiry) {
         if (op.msg.header.kind == MessageKind::kRequest) {
-          op.msg.payload_status = absl::DeadlineExceededError(
-              "deadline passed before the request's payload was read");
+          op.msg.payload_status =
+              absl::DeadlineExceededError("deadline passed before the request's payload was read");
         } else {
           std::lock_guard<std::mutex> lock(mu_);
-          op.msg.payload_status = absl::DeadlineExceededError(absl::StrCat(
-              "the response's payload from ", peer_, " was not read in time: the server revokes "
-              "it ", peer_release_timeout_ms_, " ms after sending (its release_timeout_ms)"));
+          op.msg.payload_status = absl::DeadlineExceededError(
+              absl::StrCat("the response's payload from ", peer_,
+                           " was not read in time: the server revokes "
+                           "it ",
+                           peer_release_timeout_ms_, " ms after sending (its release_timeout_ms)"));
           MutableCounters().late_reads_skipped.fetch_add(1);
         }
         read_queue_.pop_front();
@@ -887,9 +888,9 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
       auto it = kind == kWrRead ? reads_.find(index) : reads_.end();
       std::lock_guard<std::mutex> lock(mu_);
       if (it != reads_.end() && it->second.give_up != absl::InfiniteFuture()) {
-        hint = absl::StrCat(" (", RevocationRule(it->second.msg.header.kind,
-                                                 peer_release_timeout_ms_),
-                            "; or it advertised a bad rkey, address or length)");
+        hint =
+            absl::StrCat(" (", RevocationRule(it->second.msg.header.kind, peer_release_timeout_ms_),
+                         "; or it advertised a bad rkey, address or length)");
       }
     } else if (wc.status == IBV_WC_RETRY_EXC_ERR) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -897,8 +898,8 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
                           ", RdmaOptions::peer_timeout_ms: the peer's machine, device or link "
                           "is down; if it never worked, on RoCE check the GID index)");
     }
-    Fail(absl::UnavailableError(absl::StrCat(what, " ", peer_, " failed: ",
-                                             ibv_wc_status_str(wc.status), hint)));
+    Fail(absl::UnavailableError(
+        absl::StrCat(what, " ", peer_, " failed: ", ibv_wc_status_str(wc.status), hint)));
   }
 }
 
@@ -912,8 +913,8 @@ void RdmaConnection::Close() {
   // after setup, so a disconnect never races with its destruction.
   if (auto self = weak_from_this().lock()) {
     endpoint_->RunOnPoller([self] {
-      self->Teardown(absl::UnavailableError(absl::StrCat("connection to ", self->peer_,
-                                                         " closed locally")));
+      self->Teardown(
+          absl::UnavailableError(absl::StrCat("connection to ", self->peer_, " closed locally")));
     });
   }
 }
@@ -921,7 +922,29 @@ void RdmaConnection::Close() {
 void RdmaConnection::OnPeerGone(absl::Status why) {
   if (freed_) return;
   rdma_disconnect(id_);
-  Teardown(std::move(why));
+  Teardown(RevocationHint(std::move(why)));
+}
+
+absl::Status RdmaConnection::RevocationHint(absl::Status why) {
+  // A READ past its expiry may meet the peer's revocation in the middle of a
+  // multi-packet response; the peer's QP then fails without NAKing anything
+  // we would complete, and its disconnect is all we see.
+  const absl::Time now = absl::Now();
+  for (const auto& [index, op] : reads_) {
+    if (op.in_flight == 0 || op.give_up == absl::InfiniteFuture() || now < op.expiry) continue;
+    uint32_t peer_release_ms;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peer_release_ms = peer_release_timeout_ms_;
+    }
+    return absl::Status(
+        why.code(),
+        absl::StrCat(why.message(), " while our RDMA READ of its buffer ran past ",
+                     op.msg.header.kind == MessageKind::kRequest ? "the request's deadline"
+                                                                 : "half its release timeout",
+                     " (likely cause: ", RevocationRule(op.msg.header.kind, peer_release_ms), ")"));
+  }
+  return why;
 }
 
 void RdmaConnection::Fail(absl::Status why) {

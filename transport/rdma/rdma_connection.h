@@ -261,6 +261,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     absl::Time give_up = absl::InfiniteFuture();
   };
 
+  // `why`, plus the peer's revocation rule when one of our READs is running
+  // past its expiry: what most likely took the peer down. I/O context.
+  absl::Status RevocationHint(absl::Status why);
   absl::Status SendLocked(Header header, std::string metadata, Buffer payload);
   bool CanPostLocked(const Header& h) const;
   // Builds the frame's work requests (bind, SEND) into the outbox.
@@ -312,42 +315,42 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t max_inline_ = 0;
   ConnectionObserver* observer_ = nullptr;
 
-  std::mutex mu_;  // send side
-  bool closed_ = false;                 // guarded by mu_
-  uint32_t credits_ = 0;                // guarded by mu_
-  std::deque<Pending> backlog_;         // guarded by mu_
+  std::mutex mu_;                // send side
+  bool closed_ = false;          // guarded by mu_
+  uint32_t credits_ = 0;         // guarded by mu_
+  std::deque<Pending> backlog_;  // guarded by mu_
   char* send_slots_ = nullptr;
   ibv_mr* send_mr_ = nullptr;
-  std::vector<int> free_send_slots_;    // guarded by mu_
-  RingFifo<Posted> posted_;             // guarded by mu_
-  uint32_t next_seq_ = 0;               // guarded by mu_
-  uint32_t unsignaled_ = 0;             // guarded by mu_
-  uint32_t sq_used_ = 0;                // guarded by mu_
-  uint32_t signaled_outstanding_ = 0;   // guarded by mu_
+  std::vector<int> free_send_slots_;   // guarded by mu_
+  RingFifo<Posted> posted_;            // guarded by mu_
+  uint32_t next_seq_ = 0;              // guarded by mu_
+  uint32_t unsignaled_ = 0;            // guarded by mu_
+  uint32_t sq_used_ = 0;               // guarded by mu_
+  uint32_t signaled_outstanding_ = 0;  // guarded by mu_
   uint32_t sq_depth_ = 0;
-  uint64_t next_token_ = 1;             // guarded by mu_
-  const absl::Duration release_timeout_;  // ours; zero: none
+  uint64_t next_token_ = 1;                               // guarded by mu_
+  const absl::Duration release_timeout_;                  // ours; zero: none
   absl::Time next_release_due_ = absl::InfiniteFuture();  // earliest release_by; mu_
-  uint32_t peer_release_timeout_ms_ = 0;  // from the peer's handshake; mu_
+  uint32_t peer_release_timeout_ms_ = 0;                  // from the peer's handshake; mu_
   // How long the device tries a work request the peer does not acknowledge
   // (LearnRetryPolicy; until then what peer_timeout_ms asks for); mu_.
   absl::Duration unacked_limit_;
-  int ack_timeout_exp_ = -1;  // the QP's, once learnt; mu_
-  int retries_ = -1;          // the QP's retry count, once learnt; mu_
-  std::unordered_map<uint64_t, Advertised> advertised_;      // token -> payload, mu_
-  std::vector<Window> free_mws_;                              // mu_
-  std::deque<Advertised> to_invalidate_;                      // released, window still bound; mu_
-  std::unordered_map<uint32_t, Advertised> invalidating_;     // LOCAL_INV posted; mu_
-  uint32_t next_invalidation_ = 1;                            // mu_
+  int ack_timeout_exp_ = -1;                               // the QP's, once learnt; mu_
+  int retries_ = -1;                                       // the QP's retry count, once learnt; mu_
+  std::unordered_map<uint64_t, Advertised> advertised_;    // token -> payload, mu_
+  std::vector<Window> free_mws_;                           // mu_
+  std::deque<Advertised> to_invalidate_;                   // released, window still bound; mu_
+  std::unordered_map<uint32_t, Advertised> invalidating_;  // LOCAL_INV posted; mu_
+  uint32_t next_invalidation_ = 1;                         // mu_
   std::unordered_multimap<uint64_t, uint64_t> request_tokens_;  // call id -> token, mu_
-  std::vector<Outgoing> outbox_;        // built, not yet posted; mu_
+  std::vector<Outgoing> outbox_;                                // built, not yet posted; mu_
   std::atomic<bool> post_token_{false};
-  std::vector<Outgoing> posting_;       // the post token holder's
-  std::atomic<uint32_t> owed_{0};       // credits owed to the peer
+  std::vector<Outgoing> posting_;  // the post token holder's
+  std::atomic<uint32_t> owed_{0};  // credits owed to the peer
 
   // I/O context (endpoint.h).
-  std::map<uint32_t, ReadOp> reads_;    // op id -> op
-  std::deque<uint32_t> read_queue_;     // ops waiting for a READ slot
+  std::map<uint32_t, ReadOp> reads_;  // op id -> op
+  std::deque<uint32_t> read_queue_;   // ops waiting for a READ slot
   uint32_t next_read_op_ = 1;
   std::pair<uint64_t, uint32_t> last_remote_{0, 0};  // for FaultInjection::StaleReads
   int reads_in_flight_ = 0;

@@ -34,7 +34,9 @@ extern char** environ;
 namespace rdmarpc::transport::rdma {
 namespace {
 
-uint8_t Pattern(size_t i, uint64_t seed) { return static_cast<uint8_t>((i * 131 + seed * 7) & 0xff); }
+uint8_t Pattern(size_t i, uint64_t seed) {
+  return static_cast<uint8_t>((i * 131 + seed * 7) & 0xff);
+}
 
 Buffer Filled(Connection& conn, size_t size, uint64_t seed) {
   auto b = conn.AllocatePayload(size);
@@ -119,7 +121,7 @@ struct Fixture {
   std::string ip;
   EchoObserver echo;
   ConnectionObserver* server_observer = &echo;  // a test may put its own
-  std::string listen_host;                       // default: the test address
+  std::string listen_host;                      // default: the test address
   std::unique_ptr<RdmaTransport> server;
   std::unique_ptr<Listener> listener;
   std::unique_ptr<RdmaTransport> client;
@@ -133,8 +135,9 @@ struct Fixture {
     so.listening = true;
     so.max_message_size = 128u << 20;
     server = std::make_unique<RdmaTransport>(so, server_opts, true);
-    auto l = server->Listen(*ParseAddress("rdma://" + (listen_host.empty() ? ip : listen_host) + ":0"),
-                            [this](std::shared_ptr<Connection>) { return server_observer; });
+    auto l =
+        server->Listen(*ParseAddress("rdma://" + (listen_host.empty() ? ip : listen_host) + ":0"),
+                       [this](std::shared_ptr<Connection>) { return server_observer; });
     EXPECT_TRUE(l.ok()) << l.status();
     if (!l.ok()) return false;
     listener = std::move(*l);
@@ -183,7 +186,7 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
   ASSERT_TRUE(conn.ok()) << conn.status();
   const size_t slot = RdmaOptions().slot_size;
   const size_t threshold = slot - kHeaderSize;  // largest payload that goes by SEND
-  const size_t max_msg = size_t{8} << 20;      // rxe's max_msg_sz: READs split there
+  const size_t max_msg = size_t{8} << 20;       // rxe's max_msg_sz: READs split there
   struct Case {
     size_t size;
     bool by_read;
@@ -230,6 +233,40 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
   }
   printf("counters: %s\n", Counters().ToString().c_str());
   (*conn)->Close();
+}
+
+// Every Buffer the transport hands out is a loan on its Endpoint (endpoint.h,
+// "Lifetime"): messages and payloads the runtime still holds stay readable
+// after the connection and both transports are gone, and releasing them then
+// frees what is left. A loan that ended too early is a use-after-free here,
+// which the ASan run of this suite reports.
+TEST(RdmaTransport, BuffersHeldByTheRuntimeOutliveTheirTransport) {
+  Waiter waiter;  // outlives the transports, which call it until shut down
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const size_t small = 100;      // a response that arrives in a receive slot
+  const size_t large = 1 << 20;  // a response READ into a pool block
+  auto in_slot = Call(**conn, waiter, 1, Filled(**conn, small, 1));
+  auto in_block = Call(**conn, waiter, 2, Filled(**conn, large, 2));
+  ASSERT_TRUE(in_slot.ok()) << in_slot.status();
+  ASSERT_TRUE(in_block.ok()) << in_block.status();
+  Buffer unsent_small = Filled(**conn, small, 3);  // a small-payload block
+  Buffer unsent_large = Filled(**conn, large, 4);  // a pool block
+  (*conn)->Close();
+  conn->reset();
+  fx.listener.reset();
+  fx.client.reset();
+  fx.server.reset();
+  EXPECT_TRUE(Matches(in_slot->payload, small, 1));
+  EXPECT_TRUE(Matches(in_block->payload, large, 2));
+  EXPECT_TRUE(Matches(unsent_small, small, 3));
+  EXPECT_TRUE(Matches(unsent_large, large, 4));
+  in_slot->payload.Reset();
+  unsent_small.Reset();
+  in_block->payload.Reset();
+  unsent_large.Reset();
 }
 
 TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
@@ -414,8 +451,7 @@ TEST(RdmaTransport, ResponseReachedAfterTheServersReleaseTimeoutIsNotRead) {
   ASSERT_TRUE((*conn)->Send(Request(1, Buffer())).ok());
   ASSERT_EQ(answer.wait_for(std::chrono::seconds(120)), std::future_status::ready);
   InboundMessage late = answer.get();
-  EXPECT_EQ(late.payload_status.code(), absl::StatusCode::kDeadlineExceeded)
-      << late.payload_status;
+  EXPECT_EQ(late.payload_status.code(), absl::StatusCode::kDeadlineExceeded) << late.payload_status;
   EXPECT_NE(late.payload_status.message().find("was not read in time: the server revokes it 2 ms"),
             std::string::npos)
       << late.payload_status;
@@ -565,6 +601,10 @@ TEST(RdmaTransport, RequestRevokedDuringItsReadEndsTheConnectionSayingWhy) {
   ASSERT_TRUE((*conn)->Send(std::move(big)).ok());
   auto why = server_side.FirstClosed();
   ASSERT_TRUE(why.has_value()) << "the server kept the connection";
+  // Either the READ's own failure, or (when the revocation met a READ in
+  // the middle of its response and took the client's QP down) the client's
+  // disconnect with the likely cause.
+  printf("the server ended the connection: %s\n", why->ToString().c_str());
   EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
   EXPECT_NE(why->message().find("revokes a request's buffer 2 ms after the request's deadline"),
             std::string::npos)
@@ -708,9 +748,7 @@ TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
   ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 100, 1)).ok());
-  auto send = [&](uint64_t id) {
-    return (*conn)->Send(Request(id, Filled(**conn, 100, id)));
-  };
+  auto send = [&](uint64_t id) { return (*conn)->Send(Request(id, Filled(**conn, 100, id))); };
   auto first_response = waiter.Expect(2);
   auto second_response = waiter.Expect(3);
   std::thread first([&] {
@@ -804,8 +842,8 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
   }
   {
     std::unique_lock<std::mutex> lock(held.gate_mu);
-    ASSERT_TRUE(held.gate_cv.wait_for(lock, std::chrono::seconds(30),
-                                      [&] { return held.first_seen; }));
+    ASSERT_TRUE(
+        held.gate_cv.wait_for(lock, std::chrono::seconds(30), [&] { return held.first_seen; }));
   }
   // The retries go on while the server is held; give the device a moment
   // to have NAKed the frames beyond the 16 slots.
@@ -874,8 +912,9 @@ TEST(RdmaTransport, ThousandConnectDisconnectCyclesDoNotLeak) {
   for (int i = 0; i < 1000; ++i) {
     cycle(i);
     if (HasFatalFailure()) return;
-    if (i % 200 == 0) printf("cycle %d: %d fds, %llu registered bytes\n", i, OpenFds(),
-                             static_cast<unsigned long long>(Counters().registered_bytes.load()));
+    if (i % 200 == 0)
+      printf("cycle %d: %d fds, %llu registered bytes\n", i, OpenFds(),
+             static_cast<unsigned long long>(Counters().registered_bytes.load()));
   }
   absl::SleepFor(absl::Milliseconds(500));
   EXPECT_EQ(Counters().connections_opened.load() - opened, 2000u);  // both ends
@@ -894,7 +933,8 @@ TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  const std::string target = absl::StrCat("RDMARPC_DOOMED_CLIENT_TARGET=", fx.ip, ":", fx.addr.port);
+  const std::string target =
+      absl::StrCat("RDMARPC_DOOMED_CLIENT_TARGET=", fx.ip, ":", fx.addr.port);
   std::vector<std::string> env_store = {target};
   std::vector<char*> envp;
   for (char** e = environ; *e; ++e) envp.push_back(*e);
