@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Instructions per frame on the RDMA transport's fast path, counted by
-# callgrind in the Soft-RoCE VM (or on this machine's RDMA device).
+# Instructions per frame on the RDMA transport's fast path, and per small
+# call in the runtime above it, counted by callgrind in the Soft-RoCE VM (or
+# on this machine's RDMA device).
 #
 #   bench/fast_path_ir.sh      (builds, then runs itself under tools/vm/run.sh)
 #
@@ -38,5 +39,21 @@ awk -v f="$frames" -v s="$send" -v c="$completions" -v o="$observers" -v r="$ref
   printf "ir_per_frame_receive %.0f   (completion to observer, its own work excluded)\n", (c - o) / f;
   printf "ir_per_frame_srq_refill %.0f\n", r / f;
   printf "ir_per_round_trip %.0f   (two frames)\n", 2 * (s + c - o + r) / f;
+}'
+# The runtime's share of a small call: a second run, of calls only as far as
+# the figures go (its transport pings are not counted here), with inline
+# handlers as in run_bench.sh. Each figure includes the transport work it
+# calls: the request's SEND in Start, the response's SEND in the server's.
+RDMARPC_RDMA_POLL=busy valgrind --tool=callgrind --callgrind-out-file="$out" --fair-sched=yes \
+  bazel-bin/bench/rpc_bench --workers 0 --pulls 0 --pings "$pings" 2>&1 | grep rpc_small_rtt_p50
+calls=$(( pings + 100 ))
+start=$(incl "Channel::Start(")
+server=$(incl "Server::OnMessage(")
+response=$(incl "Channel::OnMessage(")
+awk -v n="$calls" -v a="$start" -v b="$server" -v c="$response" 'BEGIN {
+  printf "ir_per_call_client_start %.0f   (serialize, track, SEND)\n", a / n;
+  printf "ir_per_call_server %.0f   (dispatch, handler, response SEND)\n", b / n;
+  printf "ir_per_call_client_response %.0f   (match, parse, wake the caller)\n", c / n;
+  printf "ir_per_call %.0f   (the three above; the receive completions are not in it)\n", (a + b + c) / n;
 }'
 rm -f "$out"

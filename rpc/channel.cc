@@ -189,7 +189,7 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     pending_.erase(it);
     if (conn_ && conn_.get() == p.conn) conn = conn_;
   }
-  timers_.Cancel(p.timer);
+  if (p.timer != 0) timers_.Cancel(p.timer);
   if (tell_server && conn) {
     OutboundMessage cancel;
     cancel.header.kind = MessageKind::kCancel;

@@ -16,8 +16,8 @@ bool ClientContext::SetCancelHook(std::function<void()> hook) {
   bool cancel_now;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    cancel_hook_ = hook;
     cancel_now = cancelled_;
+    if (!cancel_now) cancel_hook_ = std::move(hook);
   }
   if (cancel_now) hook();
   return cancel_now;

@@ -192,8 +192,8 @@ void Server::CallFinished(const CallKey& key) {
   done = std::move(it->second);
   inflight_.erase(it);
   // Under the lock: once Shutdown sees no call in flight, the Server may be
-  // destroyed, and with it cv_.
-  cv_.notify_all();
+  // destroyed, and with it cv_. Only Shutdown waits for calls to finish.
+  if (shutting_down_) cv_.notify_all();
 }
 
 void Server::OnClosed(Connection& conn, const absl::Status&) {
