@@ -892,6 +892,13 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
             absl::StrCat(" (", RevocationRule(it->second.msg.header.kind, peer_release_timeout_ms_),
                          "; or it advertised a bad rkey, address or length)");
       }
+    } else if (wc.status == IBV_WC_WR_FLUSH_ERR) {
+      // The first error we see, yet only a flush: something else moved the
+      // QP to the error state, and a responder's failure completes nothing.
+      hint =
+          " (the queue pair had already failed with no error completion here: the peer "
+          "disconnected, or this side failed as its responder, e.g. the peer READ a buffer we "
+          "had revoked or bytes we never advertised)";
     } else if (wc.status == IBV_WC_RETRY_EXC_ERR) {
       std::lock_guard<std::mutex> lock(mu_);
       hint = absl::StrCat(" (not acknowledged for ~", Rounded(unacked_limit_),
