@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -51,18 +52,27 @@ Channel::~Channel() {
 Status Channel::Call(const MethodInfo& method, ClientContext* ctx,
                      const google::protobuf::MessageLite& request,
                      google::protobuf::MessageLite* response) {
-  // On the stack: the completion does all its work, notify included, under
-  // `mu`, and this thread takes `mu` before returning, so the completion is
-  // done with `result` by then (POSIX allows destroying an unlocked mutex and
-  // a condition variable nobody waits on).
+  // On the stack. A completion on another thread does all its work, notify
+  // included, under `mu`, and this thread takes `mu` before returning, so the
+  // completion is done with `result` by then (POSIX allows destroying an
+  // unlocked mutex and a condition variable nobody waits on). A completion on
+  // this thread (driven here, or a call that failed to start) needs neither.
   struct Result {
     std::mutex mu;
     std::condition_variable cv;
     std::atomic<bool> done{false};
+    bool done_here = false;
     Status status;
+    const std::thread::id caller = std::this_thread::get_id();
   } result;
   auto conn = Start(method, ctx, request, response,
                     [r = &result](Status s) {
+                      if (std::this_thread::get_id() == r->caller) {
+                        r->status = std::move(s);
+                        r->done_here = true;
+                        r->done.store(true, std::memory_order_relaxed);
+                        return;
+                      }
                       std::lock_guard<std::mutex> lock(r->mu);
                       r->status = std::move(s);
                       r->done.store(true, std::memory_order_release);
@@ -73,8 +83,10 @@ Status Channel::Call(const MethodInfo& method, ClientContext* ctx,
   // Run-to-completion where the transport offers it: the response is picked
   // up on this thread instead of being handed over by the I/O thread.
   if (conn && !done()) conn->Drive(done);
-  std::unique_lock<std::mutex> lock(result.mu);
-  result.cv.wait(lock, done);
+  if (!result.done_here) {
+    std::unique_lock<std::mutex> lock(result.mu);
+    result.cv.wait(lock, done);
+  }
   return std::move(result.status);
 }
 
@@ -220,7 +232,7 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   Deliver(std::move(p), std::move(status));
 }
 
-void Channel::Deliver(Pending p, Status status) {
+void Channel::Deliver(Pending&& p, Status status) {
   p.ctx->ClearCancelHook();
   if (p.inline_done) {
     std::move(p.done)(std::move(status));

@@ -102,7 +102,7 @@ class Channel : private transport::ConnectionObserver {
   // Ends call `id` with `status` unless it already ended; `msg` is the
   // response, if one came. Sends kCancel to the server when asked.
   void Complete(uint64_t id, Status status, transport::InboundMessage* msg, bool tell_server);
-  void Deliver(Pending p, Status status);
+  void Deliver(Pending&& p, Status status);
 
   void OnMessage(transport::Connection& conn, transport::InboundMessage msg) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;

@@ -24,7 +24,7 @@ constexpr size_t kMaxErrorMessage = 16 * 1024;
 class ServerCallImpl : public ServerCall {
  public:
   ServerCallImpl(Server* server, std::shared_ptr<Connection> conn, const Service::Method* method,
-                 InboundMessage msg, absl::Time deadline, Metadata client_md)
+                 InboundMessage&& msg, absl::Time deadline, Metadata&& client_md)
       : server_(server),
         conn_(std::move(conn)),
         method_(method),
@@ -115,7 +115,7 @@ void Server::OnMessage(Connection& conn, InboundMessage msg) {
   }
 }
 
-void Server::HandleRequest(Connection& conn, InboundMessage msg) {
+void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   std::shared_ptr<Connection> shared;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -76,7 +76,7 @@ class Server : private transport::ConnectionObserver {
   Server(int workers, size_t max_message_size);
   void OnMessage(transport::Connection& conn, transport::InboundMessage msg) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
-  void HandleRequest(transport::Connection& conn, transport::InboundMessage msg);
+  void HandleRequest(transport::Connection& conn, transport::InboundMessage&& msg);
   void Reply(const std::shared_ptr<transport::Connection>& conn, uint64_t call_id,
              const Status& status, transport::Buffer payload, const Metadata& md);
   void CallFinished(const CallKey& key);
