@@ -746,8 +746,7 @@ void RdmaConnection::StartReads() {
           std::lock_guard<std::mutex> lock(mu_);
           op.msg.payload_status = absl::DeadlineExceededError(
               absl::StrCat("the response's payload from ", peer_,
-                           " was not read in time: the server revokes "
-                           "it ",
+                           " was not read in time: the server revokes it ",
                            peer_release_timeout_ms_, " ms after sending (its release_timeout_ms)"));
           MutableCounters().late_reads_skipped.fetch_add(1);
         }
