@@ -16,7 +16,9 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
     return std::unique_ptr<Transport>(new rdma::RdmaTransport(
         options, rdma::RdmaOptionsFromEnv(), options.listening));
   };
-  if (scheme == "tcp") return std::unique_ptr<Transport>(new TcpTransport(options));
+  if (scheme == "tcp") {
+    return std::unique_ptr<Transport>(new TcpTransport(TcpOptionsFromEnv(options)));
+  }
   if (scheme == "rdma") return rdma();
   if (scheme == "auto") {
     if (rdma::RdmaUsable()) return rdma();
@@ -29,7 +31,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
     }
     fprintf(stderr, "rdmarpc[%s]: no usable RDMA device (%s); auto:// falls back to TCP\n",
             options.name.c_str(), devices.c_str());
-    return std::unique_ptr<Transport>(new TcpTransport(options));
+    return std::unique_ptr<Transport>(new TcpTransport(TcpOptionsFromEnv(options)));
   }
   return absl::InvalidArgumentError(absl::StrCat("no transport for scheme '", scheme, "'"));
 }

@@ -116,6 +116,8 @@ struct TransportOptions {
   // (SO_KEEPALIVE, TCP_KEEPIDLE; whole seconds, at least 1), and one whose
   // data or probes stay unacknowledged for tcp_peer_timeout_ms ends
   // UNAVAILABLE (TCP_USER_TIMEOUT), with every call on it. 0: the kernel's.
+  // RDMARPC_TCP_KEEPALIVE_MS and RDMARPC_TCP_PEER_TIMEOUT_MS override them
+  // (TcpOptionsFromEnv, applied by MakeTransport).
   uint32_t tcp_keepalive_ms = 1000;
   uint32_t tcp_peer_timeout_ms = 2000;
 };

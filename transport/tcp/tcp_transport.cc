@@ -16,9 +16,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <future>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace rdmarpc::transport {
@@ -397,6 +399,23 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
 };
 
 // ----------------------------------------------------------------- transport
+
+TransportOptions TcpOptionsFromEnv(TransportOptions options) {
+  const auto read = [](const char* name, uint32_t* out) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return;
+    uint32_t ms;  // SimpleAtoi leaves its output unspecified on failure
+    if (!absl::SimpleAtoi(v, &ms)) {
+      fprintf(stderr, "rdmarpc: ignoring %s=\"%s\": not a number of milliseconds; using %u\n",
+              name, v, *out);
+      return;
+    }
+    *out = ms;
+  };
+  read("RDMARPC_TCP_KEEPALIVE_MS", &options.tcp_keepalive_ms);
+  read("RDMARPC_TCP_PEER_TIMEOUT_MS", &options.tcp_peer_timeout_ms);
+  return options;
+}
 
 TcpTransport::TcpTransport(TransportOptions options) : options_(std::move(options)) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);

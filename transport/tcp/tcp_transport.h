@@ -31,6 +31,13 @@ namespace rdmarpc::transport {
 class TcpConnection;
 class TcpListener;
 
+// `options` with the TCP keepalive options taken from the environment where
+// set, in milliseconds (0: the kernel's): RDMARPC_TCP_KEEPALIVE_MS and
+// RDMARPC_TCP_PEER_TIMEOUT_MS. A value that is not a number is reported on
+// stderr and leaves the option as it was. MakeTransport applies this to
+// every TCP transport it makes.
+TransportOptions TcpOptionsFromEnv(TransportOptions options);
+
 class TcpTransport : public Transport {
  public:
   explicit TcpTransport(TransportOptions options);

@@ -1,0 +1,49 @@
+// TcpOptionsFromEnv: the environment overrides TCP's keepalive options, only
+// where set, and a value that is not a number changes nothing.
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+TransportOptions Base() {
+  TransportOptions o;
+  o.tcp_keepalive_ms = 1000;
+  o.tcp_peer_timeout_ms = 2000;
+  return o;
+}
+
+TEST(TcpOptionsFromEnv, OverridesOnlyWhatIsSet) {
+  unsetenv("RDMARPC_TCP_KEEPALIVE_MS");
+  unsetenv("RDMARPC_TCP_PEER_TIMEOUT_MS");
+  TransportOptions o = TcpOptionsFromEnv(Base());
+  EXPECT_EQ(o.tcp_keepalive_ms, 1000u);
+  EXPECT_EQ(o.tcp_peer_timeout_ms, 2000u);
+
+  setenv("RDMARPC_TCP_PEER_TIMEOUT_MS", "30000", 1);
+  o = TcpOptionsFromEnv(Base());
+  EXPECT_EQ(o.tcp_keepalive_ms, 1000u);
+  EXPECT_EQ(o.tcp_peer_timeout_ms, 30000u);
+
+  setenv("RDMARPC_TCP_KEEPALIVE_MS", "0", 1);  // 0: the kernel's keepalive
+  o = TcpOptionsFromEnv(Base());
+  EXPECT_EQ(o.tcp_keepalive_ms, 0u);
+  EXPECT_EQ(o.tcp_peer_timeout_ms, 30000u);
+  unsetenv("RDMARPC_TCP_KEEPALIVE_MS");
+  unsetenv("RDMARPC_TCP_PEER_TIMEOUT_MS");
+}
+
+// strtoull would read "2s" as 2 and "soon" as 0, which would silently turn
+// the dead-peer timeout off; a malformed value keeps the option instead.
+TEST(TcpOptionsFromEnv, MalformedValuesChangeNothing) {
+  for (const char* bad : {"soon", "2s", "-1", "99999999999"}) {
+    setenv("RDMARPC_TCP_PEER_TIMEOUT_MS", bad, 1);
+    EXPECT_EQ(TcpOptionsFromEnv(Base()).tcp_peer_timeout_ms, 2000u) << bad;
+  }
+  unsetenv("RDMARPC_TCP_PEER_TIMEOUT_MS");
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport
