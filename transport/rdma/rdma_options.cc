@@ -1,36 +1,73 @@
 #include "transport/rdma/rdma_options.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "transport/env_override.h"
 
 namespace rdmarpc::transport::rdma {
-namespace {
-
-template <typename T>
-void FromEnv(const char* name, T* out) {
-  if (const char* v = std::getenv(name); v && *v) *out = static_cast<T>(std::strtoull(v, nullptr, 10));
-}
-
-}  // namespace
 
 RdmaOptions RdmaOptionsFromEnv() {
   RdmaOptions o;
-  if (const char* mode = std::getenv("RDMARPC_RDMA_POLL")) {
-    if (strcmp(mode, "busy") == 0) o.poll_mode = PollMode::kBusy;
-    if (strcmp(mode, "event") == 0) o.poll_mode = PollMode::kEvent;
+  if (const char* mode = std::getenv("RDMARPC_RDMA_POLL"); mode && *mode) {
+    if (strcmp(mode, "adaptive") == 0) {
+      o.poll_mode = PollMode::kAdaptive;
+    } else if (strcmp(mode, "busy") == 0) {
+      o.poll_mode = PollMode::kBusy;
+    } else if (strcmp(mode, "event") == 0) {
+      o.poll_mode = PollMode::kEvent;
+    } else {
+      fprintf(stderr,
+              "rdmarpc: ignoring RDMARPC_RDMA_POLL=\"%s\": not adaptive, busy or event; using "
+              "adaptive\n",
+              mode);
+    }
   }
   if (const char* dev = std::getenv("RDMARPC_RDMA_DEVICE")) o.device = dev;
-  FromEnv("RDMARPC_RDMA_PORT", &o.device_port);
-  if (const char* v = std::getenv("RDMARPC_RDMA_GID_INDEX"); v && *v) o.gid_index = std::atoi(v);
-  FromEnv("RDMARPC_RDMA_SPIN_US", &o.spin_us);
-  FromEnv("RDMARPC_RDMA_SLOT_SIZE", &o.slot_size);
-  FromEnv("RDMARPC_RDMA_CREDITS", &o.credits);
-  FromEnv("RDMARPC_RDMA_READ_THRESHOLD", &o.read_threshold);
-  FromEnv("RDMARPC_RDMA_RELEASE_TIMEOUT_MS", &o.release_timeout_ms);
-  FromEnv("RDMARPC_RDMA_PEER_TIMEOUT_MS", &o.peer_timeout_ms);
-  FromEnv("RDMARPC_RDMA_KEEPALIVE_MS", &o.keepalive_ms);
+  OverrideFromEnv("RDMARPC_RDMA_PORT", &o.device_port);
+  OverrideFromEnv("RDMARPC_RDMA_GID_INDEX", &o.gid_index);
+  OverrideFromEnv("RDMARPC_RDMA_SPIN_US", &o.spin_us);
+  OverrideFromEnv("RDMARPC_RDMA_SLOT_SIZE", &o.slot_size);
+  OverrideFromEnv("RDMARPC_RDMA_CREDITS", &o.credits);
+  OverrideFromEnv("RDMARPC_RDMA_READ_THRESHOLD", &o.read_threshold);
+  OverrideFromEnv("RDMARPC_RDMA_RELEASE_TIMEOUT_MS", &o.release_timeout_ms);
+  OverrideFromEnv("RDMARPC_RDMA_PEER_TIMEOUT_MS", &o.peer_timeout_ms);
+  OverrideFromEnv("RDMARPC_RDMA_KEEPALIVE_MS", &o.keepalive_ms);
   return o;
+}
+
+absl::Status CheckRdmaOptions(const RdmaOptions& o) {
+  const auto bad = [](const char* option, const char* env, auto value, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("RdmaOptions::", option, env, " is ", value,
+                                                   ": ", why));
+  };
+  if (o.slot_size < kMinSlotSize || o.slot_size > std::numeric_limits<uint32_t>::max()) {
+    return bad("slot_size", " (RDMARPC_RDMA_SLOT_SIZE)", o.slot_size,
+               absl::StrCat("a slot holds the ", kHeaderSize,
+                            "-byte header and metadata, so it must be from ", kMinSlotSize,
+                            " to 4 GiB - 1 bytes (default 8192)"));
+  }
+  if (o.server_receive_slots == 0) {
+    return bad("server_receive_slots", "", 0, "nothing could ever be received");
+  }
+  if (o.client_receive_slots == 0) {
+    return bad("client_receive_slots", "", 0, "nothing could ever be received");
+  }
+  if (o.send_slots == 0) {
+    return bad("send_slots", "", 0, "a message too large to go inline could never be sent");
+  }
+  if (o.credits == 0) {
+    return bad("credits", " (RDMARPC_RDMA_CREDITS)", 0, "a peer could never send anything");
+  }
+  if (o.gid_index < -1) {
+    return bad("gid_index", " (RDMARPC_RDMA_GID_INDEX)", o.gid_index,
+               "a GID table index is from 0, and -1 lets rdma_cm choose");
+  }
+  return absl::OkStatus();
 }
 
 int AckTimeoutExponent(uint32_t peer_timeout_ms) {

@@ -14,6 +14,9 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+#include "transport/wire_format.h"
+
 namespace rdmarpc::transport::rdma {
 
 enum class PollMode {
@@ -107,6 +110,16 @@ inline constexpr int kTransportRetries = 6;
 // are within the safety margin that credits keep (at most half the slots per
 // connection).
 inline constexpr size_t kSrqRefillBatch = 16;
+
+// The smallest slot: the header and a little metadata. A peer that offers
+// less is refused at connection time.
+inline constexpr size_t kMinSlotSize = kHeaderSize + 64;
+
+// OK, or INVALID_ARGUMENT naming the first option (and its environment
+// variable) that cannot work: a slot below kMinSlotSize or beyond what the
+// handshake can carry, no receive or send slots, no credits, a GID index
+// below -1. Listen and Connect check this first, device or not.
+absl::Status CheckRdmaOptions(const RdmaOptions& options);
 
 // The QP ACK timeout exponent (4.096 us x 2^e per try) that keeps
 // kTransportRetries + 1 tries within peer_timeout_ms; -1 when it is 0.

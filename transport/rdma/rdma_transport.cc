@@ -231,6 +231,7 @@ Handshake RdmaTransport::LocalHandshake() const {
 absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address& addr,
                                                                    ConnectionObserver* observer,
                                                                    absl::Time deadline) {
+  if (absl::Status s = CheckRdmaOptions(rdma_); !s.ok()) return s;
   if (!channel_) {
     return absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
                                                strerror(errno), ". Devices: ", DescribeDevices(),
@@ -294,6 +295,7 @@ void RdmaTransport::AbandonAttempt(Attempt* at) {
 
 absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& addr,
                                                                 AcceptCallback on_accept) {
+  if (absl::Status s = CheckRdmaOptions(rdma_); !s.ok()) return s;
   if (!channel_) {
     return absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
                                                strerror(errno), ". Devices: ", DescribeDevices(),
@@ -494,7 +496,7 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
     return refuse(absl::StrCat("unsupported handshake (magic ", hs.magic, ", version ",
                                hs.version, ")"));
   }
-  if (hs.slot_size < kHeaderSize + 64) return refuse("peer's slot size is too small");
+  if (hs.slot_size < kMinSlotSize) return refuse("peer's slot size is too small");
   auto ep = EndpointFor(child);
   if (!ep.ok()) return refuse(std::string(ep.status().message()));
   const ibv_device_attr& dev = (*ep)->device_attr();

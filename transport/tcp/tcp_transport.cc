@@ -20,8 +20,8 @@
 #include <deque>
 #include <future>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "transport/env_override.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -401,19 +401,8 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
 // ----------------------------------------------------------------- transport
 
 TransportOptions TcpOptionsFromEnv(TransportOptions options) {
-  const auto read = [](const char* name, uint32_t* out) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') return;
-    uint32_t ms;  // SimpleAtoi leaves its output unspecified on failure
-    if (!absl::SimpleAtoi(v, &ms)) {
-      fprintf(stderr, "rdmarpc: ignoring %s=\"%s\": not a number of milliseconds; using %u\n",
-              name, v, *out);
-      return;
-    }
-    *out = ms;
-  };
-  read("RDMARPC_TCP_KEEPALIVE_MS", &options.tcp_keepalive_ms);
-  read("RDMARPC_TCP_PEER_TIMEOUT_MS", &options.tcp_peer_timeout_ms);
+  OverrideFromEnv("RDMARPC_TCP_KEEPALIVE_MS", &options.tcp_keepalive_ms);
+  OverrideFromEnv("RDMARPC_TCP_PEER_TIMEOUT_MS", &options.tcp_peer_timeout_ms);
   return options;
 }
 

@@ -1,0 +1,106 @@
+// RdmaOptionsFromEnv and CheckRdmaOptions: the environment overrides only
+// well-formed values, and options that cannot work are refused by Listen and
+// Connect with the option's name, before any device is looked at (so this
+// runs on the host, device or not).
+#include "transport/rdma/rdma_options.h"
+
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+#include "transport/rdma/rdma_transport.h"
+
+namespace rdmarpc::transport::rdma {
+namespace {
+
+class EnvVar {
+ public:
+  EnvVar(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~EnvVar() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+TEST(RdmaOptionsFromEnv, ReadsWellFormedValues) {
+  EnvVar poll("RDMARPC_RDMA_POLL", "busy");
+  EnvVar slot("RDMARPC_RDMA_SLOT_SIZE", "4096");
+  EnvVar gid("RDMARPC_RDMA_GID_INDEX", "3");
+  EnvVar keepalive("RDMARPC_RDMA_KEEPALIVE_MS", "0");
+  const RdmaOptions o = RdmaOptionsFromEnv();
+  EXPECT_EQ(o.poll_mode, PollMode::kBusy);
+  EXPECT_EQ(o.slot_size, 4096u);
+  EXPECT_EQ(o.gid_index, 3);
+  EXPECT_EQ(o.keepalive_ms, 0u);
+  EXPECT_EQ(o.peer_timeout_ms, RdmaOptions{}.peer_timeout_ms);
+}
+
+// strtoull read "soon" as 0, which for these options means "no keepalive" or
+// "the device's default timeout", and "8k" as 8: a typo silently changed
+// behaviour. Now a malformed value keeps the default.
+TEST(RdmaOptionsFromEnv, MalformedValuesChangeNothing) {
+  const RdmaOptions defaults;
+  for (const char* bad : {"soon", "8k", "-1", "99999999999999999999", " "}) {
+    EnvVar keepalive("RDMARPC_RDMA_KEEPALIVE_MS", bad);
+    EnvVar slot("RDMARPC_RDMA_SLOT_SIZE", bad);
+    EnvVar credits("RDMARPC_RDMA_CREDITS", bad);
+    EnvVar poll("RDMARPC_RDMA_POLL", bad);
+    const RdmaOptions o = RdmaOptionsFromEnv();
+    EXPECT_EQ(o.keepalive_ms, defaults.keepalive_ms) << bad;
+    EXPECT_EQ(o.slot_size, defaults.slot_size) << bad;
+    EXPECT_EQ(o.credits, defaults.credits) << bad;
+    EXPECT_EQ(o.poll_mode, defaults.poll_mode) << bad;
+  }
+  EnvVar gid("RDMARPC_RDMA_GID_INDEX", "1x");
+  EXPECT_EQ(RdmaOptionsFromEnv().gid_index, -1);
+}
+
+TEST(CheckRdmaOptions, AcceptsTheDefaultsAndTheSmallestSlot) {
+  EXPECT_TRUE(CheckRdmaOptions(RdmaOptions{}).ok());
+  RdmaOptions o;
+  o.slot_size = kMinSlotSize;
+  EXPECT_TRUE(CheckRdmaOptions(o).ok());
+}
+
+TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
+  struct Case {
+    void (*spoil)(RdmaOptions&);
+    const char* named;
+  };
+  const Case cases[] = {
+      {[](RdmaOptions& o) { o.slot_size = kMinSlotSize - 1; }, "slot_size"},
+      {[](RdmaOptions& o) { o.slot_size = size_t{1} << 32; }, "slot_size"},
+      {[](RdmaOptions& o) { o.server_receive_slots = 0; }, "server_receive_slots"},
+      {[](RdmaOptions& o) { o.client_receive_slots = 0; }, "client_receive_slots"},
+      {[](RdmaOptions& o) { o.send_slots = 0; }, "send_slots"},
+      {[](RdmaOptions& o) { o.credits = 0; }, "credits"},
+      {[](RdmaOptions& o) { o.gid_index = -2; }, "gid_index"},
+  };
+  for (const Case& c : cases) {
+    RdmaOptions o;
+    c.spoil(o);
+    const absl::Status s = CheckRdmaOptions(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.named;
+    EXPECT_NE(s.message().find(absl::StrCat("RdmaOptions::", c.named)), std::string::npos)
+        << s.message();
+  }
+}
+
+TEST(CheckRdmaOptions, ListenAndConnectRefuseBadOptions) {
+  RdmaOptions o;
+  o.slot_size = 100;
+  RdmaTransport server(TransportOptions{}, o, /*server=*/true);
+  const auto listener =
+      server.Listen(Address{"rdma", "127.0.0.1", 0},
+                    [](std::shared_ptr<Connection>) -> ConnectionObserver* { return nullptr; });
+  EXPECT_EQ(listener.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(listener.status().message().find("RDMARPC_RDMA_SLOT_SIZE"), std::string::npos)
+      << listener.status().message();
+
+  RdmaTransport client(TransportOptions{}, o, /*server=*/false);
+  const auto conn = client.Connect(Address{"rdma", "127.0.0.1", 1}, nullptr,
+                                   absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport::rdma
