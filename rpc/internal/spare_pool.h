@@ -1,6 +1,6 @@
-// SparePool<T>: a process-wide, bounded stack of spare T objects, so that a
-// steady stream of calls reuses the same few objects instead of going to the
-// allocator for every call.
+// SparePool<T>: bounded stacks of spare T objects, one per thread (no lock)
+// in front of a process-wide one, so that a steady stream of calls reuses the
+// same few objects instead of going to the allocator for every call.
 //
 //   T* t = SparePool<T>::Take();   // a spare one, or a new one
 //   ...
@@ -14,11 +14,13 @@
 //
 // What not to rely on: which object Take() returns, or what state it is in
 // beyond what the caller restored before Give(); that anything is kept (at
-// most kMaxSpare objects are, the rest are deleted). A caller that gives back
-// objects holding much memory pins it: decide before Give() whether an object
-// is worth keeping. Spare objects live until the process exits (the pool is a
-// never-destroyed static, as a call may still finish on some thread while
-// statics are being torn down).
+// most min(kMaxSpare, 16) per thread and kMaxSpare shared are, the rest are
+// deleted); that an object given on one thread is soon taken on another (it
+// stays in the giver's stack until that overflows or the thread exits). A
+// caller that gives back objects holding much memory pins it: decide before
+// Give() whether an object is worth keeping. Spare objects live until the
+// process exits (the shared stack is a never-destroyed static, as a call may
+// still finish on some thread while statics are being torn down).
 //
 // SpareAllocator<T> puts the same pooling under std::allocate_shared, for
 // objects that are shared_ptr-owned.
@@ -32,6 +34,7 @@
 #define RDMARPC_RPC_INTERNAL_SPARE_POOL_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <type_traits>
@@ -51,47 +54,85 @@ template <typename T, size_t kMaxSpare = 128>
 class SparePool {
   // Raw storage owns nothing, so it can be poisoned while spare.
   static constexpr bool kPoisonSpares = std::is_trivially_destructible_v<T>;
+  static constexpr size_t kLocalSpare = kMaxSpare < 16 ? kMaxSpare : 16;
 
  public:
   static T* Take() {
-    Spares& s = Get();
+    if (Local* local = Mine(); local != nullptr && local->count > 0) {
+      return Unpoisoned(local->items[--local->count]);
+    }
+    Shared& s = GetShared();
     {
       std::lock_guard<std::mutex> lock(s.mu);
-      if (s.count > 0) {
-        T* t = s.items[--s.count];
-        if (kPoisonSpares) RDMARPC_SPARE_UNPOISON(t, sizeof(T));
-        return t;
-      }
+      if (s.count > 0) return Unpoisoned(s.items[--s.count]);
     }
     return new T;
   }
 
   static void Give(T* t) {
-    Spares& s = Get();
+    if (Local* local = Mine(); local != nullptr && local->count < kLocalSpare) {
+      local->items[local->count++] = Poisoned(t);
+      return;
+    }
+    GiveShared(t);
+  }
+
+ private:
+  // This thread's own spares, taken and given without a lock: with inline
+  // handlers a call's objects come back to the thread that took them. Its
+  // destructor, at thread exit, hands what it holds to the shared stack.
+  struct Local {
+    explicit Local(uint8_t* state) : state(state) { *state = kLive; }
+    ~Local() {
+      *state = kGone;
+      while (count > 0) GiveShared(Unpoisoned(items[--count]));
+    }
+    uint8_t* const state;
+    size_t count = 0;
+    T* items[kLocalSpare];
+  };
+  enum : uint8_t { kUnused, kLive, kGone };
+
+  // Null once this thread's Local is destroyed: a call may still finish on a
+  // thread that is exiting, after its thread_locals with destructors ran.
+  static Local* Mine() {
+    static thread_local uint8_t state = kUnused;  // trivially destructible: readable until the end
+    if (state == kGone) return nullptr;
+    static thread_local Local local(&state);
+    return &local;
+  }
+
+  struct Shared {
+    std::mutex mu;
+    size_t count = 0;
+    T* items[kMaxSpare];
+  };
+  static Shared& GetShared() {
+    static Shared* shared = new Shared;
+    return *shared;
+  }
+  static void GiveShared(T* t) {
+    Shared& s = GetShared();
     {
       std::lock_guard<std::mutex> lock(s.mu);
       if (s.count < kMaxSpare) {
-        if (kPoisonSpares) RDMARPC_SPARE_POISON(t, sizeof(T));
-        s.items[s.count++] = t;
+        s.items[s.count++] = Poisoned(t);
         return;
       }
     }
     delete t;
   }
 
- private:
-  struct Spares {
-    std::mutex mu;
-    size_t count = 0;
-    T* items[kMaxSpare];
-  };
-  static Spares& Get() {
-    static Spares* spares = new Spares;
-    return *spares;
+  static T* Poisoned(T* t) {
+    if (kPoisonSpares) RDMARPC_SPARE_POISON(t, sizeof(T));
+    return t;
+  }
+  static T* Unpoisoned(T* t) {
+    if (kPoisonSpares) RDMARPC_SPARE_UNPOISON(t, sizeof(T));
+    return t;
   }
 };
 
-// Raw storage for one object of the given size and alignment.
 template <size_t kSize, size_t kAlign>
 struct SpareStorage {
   alignas(kAlign) unsigned char bytes[kSize];

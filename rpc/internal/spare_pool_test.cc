@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -28,19 +29,56 @@ TEST(SparePool, GivenBackObjectIsTakenAgain) {
   Pool::Give(b);
 }
 
-TEST(SparePool, KeepsAtMostItsBoundAndDeletesTheRest) {
+// A thread keeps up to its bound itself and the shared stack as many again.
+TEST(SparePool, KeepsAtMostItsBoundsAndDeletesTheRest) {
   using Pool = SparePool<Counted, 4>;
   std::vector<Counted*> taken;
   for (int i = 0; i < 10; ++i) taken.push_back(Pool::Take());
   const int alive = Counted::alive;
   for (Counted* c : taken) Pool::Give(c);
-  EXPECT_EQ(Counted::alive, alive - 6);
+  EXPECT_EQ(Counted::alive, alive - 2);
   std::set<Counted*> again;
-  for (int i = 0; i < 4; ++i) again.insert(Pool::Take());
+  for (int i = 0; i < 8; ++i) again.insert(Pool::Take());
+  EXPECT_EQ(again.size(), 8u);
   for (Counted* c : again) {
     EXPECT_NE(std::find(taken.begin(), taken.end(), c), taken.end());
     Pool::Give(c);
   }
+}
+
+// What a thread held is not lost when it exits: its stack goes to the shared
+// one, where any thread finds it.
+TEST(SparePool, SparesOfAnExitingThreadGoToTheOthers) {
+  struct Tagged {
+    int value = 0;
+  };
+  using Pool = SparePool<Tagged, 8>;
+  std::vector<Tagged*> given;
+  std::thread([&] {
+    for (int i = 0; i < 3; ++i) given.push_back(Pool::Take());
+    for (Tagged* t : given) Pool::Give(t);
+  }).join();
+  std::set<Tagged*> taken;
+  for (int i = 0; i < 3; ++i) taken.insert(Pool::Take());
+  EXPECT_EQ(taken, std::set<Tagged*>(given.begin(), given.end()));
+  for (Tagged* t : taken) Pool::Give(t);
+}
+
+// Overflow from one thread's stack reaches another thread while both live.
+TEST(SparePool, OverflowOfOneThreadIsTakenByAnother) {
+  struct Tagged {
+    int value = 0;
+  };
+  using Pool = SparePool<Tagged, 2>;
+  std::vector<Tagged*> mine;
+  for (int i = 0; i < 3; ++i) mine.push_back(Pool::Take());
+  for (Tagged* t : mine) Pool::Give(t);  // two stay here, the third is shared
+  Tagged* other = nullptr;
+  std::thread([&] {
+    other = Pool::Take();
+    Pool::Give(other);
+  }).join();
+  EXPECT_EQ(other, mine[2]);
 }
 
 TEST(SpareAllocator, SharedObjectsReuseTheirStorage) {
