@@ -117,7 +117,8 @@ std::shared_ptr<transport::Connection> Channel::Start(
   if (has_deadline && absl::Now() >= deadline) {
     return fail(StatusCode::kDeadlineExceeded, "deadline passed before the call started");
   }
-  if (Status s = transport::ValidateMetadata(ctx->metadata()); !s.ok()) {
+  const bool has_metadata = !ctx->metadata().empty();
+  if (Status s = has_metadata ? transport::ValidateMetadata(ctx->metadata()) : Status(); !s.ok()) {
     return fail(s.code(), std::string(s.message()));
   }
   const size_t size = request.ByteSizeLong();
@@ -134,7 +135,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   if (!payload.ok()) return fail(payload.status().code(), std::string(payload.status().message()));
   msg.payload = std::move(*payload);
   request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(msg.payload.data()));
-  msg.metadata = transport::EncodeMetadata(ctx->metadata());
+  if (has_metadata) msg.metadata = transport::EncodeMetadata(ctx->metadata());
   msg.header.kind = MessageKind::kRequest;
   msg.header.method_id = method.id;
   if (has_deadline) {

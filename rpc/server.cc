@@ -20,16 +20,17 @@ constexpr size_t kMaxErrorMessage = 16 * 1024;
 }  // namespace
 
 // One call being served. It lives until both the handler has called Finish
-// (self_ keeps it alive until then) and the server no longer tracks it.
+// (self_ keeps it alive until then) and the server no longer tracks it; it
+// holds its connection from the moment the server tracks it (hold_).
 class ServerCallImpl : public ServerCall {
  public:
-  ServerCallImpl(Server* server, std::shared_ptr<Connection> conn, const Service::Method* method,
+  ServerCallImpl(Server* server, Connection& conn, const Service::Method* method,
                  InboundMessage&& msg, absl::Time deadline, Metadata&& client_md)
       : server_(server),
-        conn_(std::move(conn)),
+        conn_(conn),
         method_(method),
         msg_(std::move(msg)),
-        ctx_(method->full_name, conn_->peer(), deadline, std::move(client_md)) {}
+        ctx_(method->full_name, conn.peer(), deadline, std::move(client_md)) {}
 
   ServerContext* context() override { return &ctx_; }
   absl::string_view request() const override {
@@ -51,7 +52,7 @@ class ServerCallImpl : public ServerCall {
                         absl::StrCat(method_->full_name, ": response of ", size,
                                      " bytes exceeds max_message_size ",
                                      server_->max_message_size_));
-      } else if (auto buf = conn_->AllocatePayload(size); !buf.ok()) {
+      } else if (auto buf = conn_.AllocatePayload(size); !buf.ok()) {
         status = buf.status();
       } else {
         payload = std::move(*buf);
@@ -69,7 +70,7 @@ class ServerCallImpl : public ServerCall {
     server_->CallFinished(key());
   }
 
-  Server::CallKey key() const { return {conn_.get(), msg_.header.call_id}; }
+  Server::CallKey key() const { return {&conn_, msg_.header.call_id}; }
   void Run() {
     if (ctx_.IsCancelled()) {
       const bool expired = absl::Now() >= ctx_.deadline();
@@ -82,10 +83,11 @@ class ServerCallImpl : public ServerCall {
   }
 
   std::shared_ptr<ServerCallImpl> self_;
+  std::shared_ptr<Connection> hold_;  // set under Server::mu_ when tracked
 
  private:
   Server* const server_;
-  const std::shared_ptr<Connection> conn_;
+  Connection& conn_;
   const Service::Method* const method_;
   InboundMessage msg_;
   ServerContext ctx_;
@@ -116,16 +118,11 @@ void Server::OnMessage(Connection& conn, InboundMessage msg) {
 }
 
 void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
-  std::shared_ptr<Connection> shared;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = conns_.find(&conn);
-    if (it == conns_.end()) return;
-    shared = it->second;
-  }
   const uint64_t call_id = msg.header.call_id;
+  // `conn` is alive while it delivers this message; an answer to a
+  // connection that has closed meanwhile is dropped by its Send.
   const auto reply_error = [&](StatusCode code, const std::string& text) {
-    Reply(shared, call_id, Status(code, text), Buffer(), {});
+    Reply(conn, call_id, Status(code, text), Buffer(), {});
   };
   auto m = methods_.find(msg.header.method_id);
   if (m == methods_.end()) {
@@ -148,10 +145,12 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + absl::Microseconds(msg.header.timeout_us);
   auto call = std::allocate_shared<ServerCallImpl>(internal::SpareAllocator<ServerCallImpl>(),
-                                                   this, shared, method, std::move(msg), deadline,
+                                                   this, conn, method, std::move(msg), deadline,
                                                    std::move(*md));
   {
     std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(&conn);
+    if (it == conns_.end()) return;  // closed: nobody to answer
     if (shutting_down_) {
       return reply_error(StatusCode::kUnavailable, "server is shutting down");
     }
@@ -160,6 +159,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
               conn.peer().c_str(), static_cast<unsigned long long>(call_id));
       return;
     }
+    call->hold_ = it->second;
   }
   call->self_ = call;
   if (inline_handlers_) return call->Run();
@@ -168,8 +168,8 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   }
 }
 
-void Server::Reply(const std::shared_ptr<Connection>& conn, uint64_t call_id,
-                   const Status& status, Buffer payload, const Metadata& md) {
+void Server::Reply(Connection& conn, uint64_t call_id, const Status& status, Buffer payload,
+                   const Metadata& md) {
   OutboundMessage out;
   out.header.kind = MessageKind::kResponse;
   out.header.call_id = call_id;
@@ -179,9 +179,11 @@ void Server::Reply(const std::shared_ptr<Connection>& conn, uint64_t call_id,
     payload = Buffer::CopyOf(text.data(), text.size());
   }
   out.payload = std::move(payload);
-  if (transport::ValidateMetadata(md).ok()) out.metadata = transport::EncodeMetadata(md);
+  if (!md.empty() && transport::ValidateMetadata(md).ok()) {
+    out.metadata = transport::EncodeMetadata(md);
+  }
   // A failed send means the connection is gone; OnClosed deals with that.
-  conn->Send(std::move(out)).IgnoreError();
+  conn.Send(std::move(out)).IgnoreError();
 }
 
 void Server::CallFinished(const CallKey& key) {

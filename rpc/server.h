@@ -77,8 +77,8 @@ class Server : private transport::ConnectionObserver {
   void OnMessage(transport::Connection& conn, transport::InboundMessage msg) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
   void HandleRequest(transport::Connection& conn, transport::InboundMessage&& msg);
-  void Reply(const std::shared_ptr<transport::Connection>& conn, uint64_t call_id,
-             const Status& status, transport::Buffer payload, const Metadata& md);
+  void Reply(transport::Connection& conn, uint64_t call_id, const Status& status,
+             transport::Buffer payload, const Metadata& md);
   void CallFinished(const CallKey& key);
 
   const size_t max_message_size_;
@@ -97,7 +97,8 @@ class Server : private transport::ConnectionObserver {
   std::condition_variable cv_;
   bool shutting_down_ = false;  // guarded by mu_
   bool shut_down_ = false;      // guarded by mu_
-  std::map<transport::Connection*, std::shared_ptr<transport::Connection>> conns_;  // mu_
+  absl::flat_hash_map<transport::Connection*, std::shared_ptr<transport::Connection>>
+      conns_;                                                                      // mu_
   absl::flat_hash_map<CallKey, std::shared_ptr<ServerCallImpl>> inflight_;       // mu_
 };
 
