@@ -245,6 +245,18 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
   if (!dst.ok()) return dst.status();
   auto src = NamedGidAddress(rdma_, 0);
   if (!src.ok()) return src.status();
+  if (src->has_value() && (*src)->ss_family != dst->ss_family) {
+    const auto family = [](const sockaddr_storage& a) {
+      return a.ss_family == AF_INET ? "IPv4" : "IPv6";
+    };
+    return absl::InvalidArgumentError(absl::StrCat(
+        "connect to ", addr.ToString(), ": RdmaOptions names device ", rdma_.device,
+        " gid_index ", rdma_.gid_index, ", whose address ",
+        SockaddrHost(reinterpret_cast<const sockaddr*>(&**src)), " is ", family(**src),
+        " and cannot reach an ", family(*dst), " address. Name the GID that holds an ",
+        family(*dst), " address (`rdma link`, `ibv_devinfo -v`; an IPv4 one reads ::ffff:a.b.c.d), "
+        "or name no GID."));
+  }
   auto at = std::make_shared<Attempt>();
   at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&*dst)));
   at->observer = observer;

@@ -651,6 +651,31 @@ GidPlace FindGidOf(const std::string& ip) {
   return place;
 }
 
+// The first RoCE v2 GID of place's port whose address is of `family`, or -1.
+int FindGidOfFamily(const GidPlace& place, int family) {
+  int found = -1;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  for (int d = 0; d < n && found < 0; ++d) {
+    if (place.device != ibv_get_device_name(list[d])) continue;
+    ibv_context* ctx = ibv_open_device(list[d]);
+    if (!ctx) continue;
+    ibv_port_attr pa{};
+    for (int g = 0; ibv_query_port(ctx, place.port, &pa) == 0 && g < pa.gid_tbl_len; ++g) {
+      ibv_gid_entry e{};
+      if (ibv_query_gid_ex(ctx, place.port, g, &e, 0) != 0) continue;
+      const bool v4 = IN6_IS_ADDR_V4MAPPED(reinterpret_cast<const in6_addr*>(e.gid.raw));
+      if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && v4 == (family == AF_INET)) {
+        found = g;
+        break;
+      }
+    }
+    ibv_close_device(ctx);
+  }
+  if (list) ibv_free_device_list(list);
+  return found;
+}
+
 // Named explicitly, device, port and GID index are what both sides use; a
 // server given a wildcard listens on that GID's address.
 TEST(RdmaTransport, NamedDevicePortAndGidAreUsed) {
@@ -714,6 +739,20 @@ TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
                {"nosuch9", "Devices: " + place.device});
   o.device = "";
   expect_error(connect_with(o), absl::StatusCode::kInvalidArgument, {"set device"});
+  // A GID of the other address family (Soft-RoCE's GID 0 is the port's IPv6
+  // link-local address) cannot reach the server's IPv4 address.
+  const int v6 = FindGidOfFamily(place, AF_INET6);
+  if (place.device.rfind("rxe", 0) == 0) {
+    ASSERT_GE(v6, 0) << "Soft-RoCE keeps the port's IPv6 link-local GID at index 0";
+  }
+  if (v6 >= 0) {
+    RdmaOptions ipv6;
+    ipv6.device = place.device;
+    ipv6.device_port = place.port;
+    ipv6.gid_index = v6;
+    expect_error(connect_with(ipv6), absl::StatusCode::kInvalidArgument,
+                 {absl::StrCat("gid_index ", v6), "is IPv6 and cannot reach an IPv4 address"});
+  }
   // A device alone is a check on what rdma_cm picks for the address.
   RdmaOptions other_device;
   other_device.device = "nosuch9";
