@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <mutex>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,27 @@ absl::Status Errno(const std::string& what, const std::string& device) {
   return absl::UnavailableError(absl::StrCat(what, " on ", device, " failed: ", strerror(errno)));
 }
 
+// Fork safety. When a process forks (system(), popen()) while memory is
+// registered, a kernel that does not copy DMA-pinned pages at fork (before
+// Linux 5.13) shares them copy-on-write with the child: the parent's next
+// write to one lands in a fresh copy the device never sees. ibv_fork_init
+// keeps registered memory out of children instead (MADV_DONTFORK), and only
+// works before the process's first registration, so the first endpoint asks
+// for it. Kernels that copy such pages report IBV_FORK_UNNEEDED.
+void PrepareForFork() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (ibv_is_fork_initialized() != IBV_FORK_DISABLED) return;
+    if (const int rc = ibv_fork_init(); rc != 0) {
+      fprintf(stderr,
+              "rdmarpc: ibv_fork_init: %s. Memory was registered before rdmarpc's first RDMA "
+              "endpoint, so a fork (system(), popen()) in this process may corrupt RDMA buffers "
+              "on this kernel: set RDMAV_FORK_SAFE=1 or call ibv_fork_init() at startup.\n",
+              strerror(rc));
+    }
+  });
+}
+
 // A quarter of the shortest timer the sweep serves, within 1-100 ms.
 std::chrono::nanoseconds SweepInterval(const RdmaOptions& o) {
   uint32_t shortest_ms = 400;
@@ -54,6 +76,7 @@ absl::StatusOr<std::shared_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
                                                            const RdmaOptions& options,
                                                            size_t receive_slots,
                                                            const std::string& owner) {
+  PrepareForFork();
   std::shared_ptr<Endpoint> ep(new Endpoint(verbs, options, receive_slots, owner),
                                [](Endpoint* e) { e->EndLoan(); });
   if (absl::Status s = ep->Init(); !s.ok()) return s;
