@@ -210,7 +210,8 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     conn->Send(std::move(cancel)).IgnoreError();  // best effort: the call is over here
   }
   if (msg != nullptr) {
-    auto md = transport::DecodeMetadata(msg->metadata);
+    auto md = msg->metadata.empty() ? StatusOr<Metadata>(Metadata())
+                                    : transport::DecodeMetadata(msg->metadata);
     if (!md.ok()) {
       status = Status(StatusCode::kInternal, absl::StrCat("bad response metadata from ", target_,
                                                           ": ", md.status().message()));

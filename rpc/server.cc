@@ -136,17 +136,21 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
     return reply_error(msg.payload_status.code(),
                        absl::StrCat(method->full_name, ": ", msg.payload_status.message()));
   }
-  auto md = transport::DecodeMetadata(msg.metadata);
-  if (!md.ok()) {
-    return reply_error(StatusCode::kInvalidArgument,
-                       absl::StrCat(method->full_name, ": ", md.status().message()));
+  Metadata client_md;
+  if (!msg.metadata.empty()) {
+    auto md = transport::DecodeMetadata(msg.metadata);
+    if (!md.ok()) {
+      return reply_error(StatusCode::kInvalidArgument,
+                         absl::StrCat(method->full_name, ": ", md.status().message()));
+    }
+    client_md = std::move(*md);
   }
   const absl::Time deadline = msg.header.timeout_us == 0
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + absl::Microseconds(msg.header.timeout_us);
   auto call = std::allocate_shared<ServerCallImpl>(internal::SpareAllocator<ServerCallImpl>(),
                                                    this, conn, method, std::move(msg), deadline,
-                                                   std::move(*md));
+                                                   std::move(client_md));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(&conn);

@@ -665,7 +665,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       FlushBacklogLocked();
     }
     if (h->kind == MessageKind::kRelease) ReleaseAdvertisedLocked(h->remote.token);
-    if (h->kind == MessageKind::kResponse) {
+    if (h->kind == MessageKind::kResponse && !request_tokens_.empty()) {
       auto range = request_tokens_.equal_range(h->call_id);
       for (auto it = range.first; it != range.second; ++it) ReleaseAdvertisedLocked(it->second);
       request_tokens_.erase(range.first, range.second);
@@ -678,7 +678,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   } else {
     InboundMessage m;
     m.header = *h;
-    m.metadata.assign(data + kHeaderSize, h->metadata_len);
+    if (h->metadata_len > 0) m.metadata.assign(data + kHeaderSize, h->metadata_len);
     if (!h->remote_payload()) {
       m.payload = endpoint_->SlotBuffer(slot, kHeaderSize + h->metadata_len, h->payload_len);
       observer_->OnMessage(*this, std::move(m));
