@@ -308,43 +308,47 @@ Buffer Endpoint::SmallBuffer(size_t size) {
             owner_.c_str(), size, options_.slot_size);
     abort();
   }
-  char* block = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(small_mu_);
-    const size_t regions = small_region_count_.load(std::memory_order_relaxed);
-    if (small_free_.empty() && regions < kMaxSmallRegions) {
-      // Growth is rare (the free list only grows), so registering under the
-      // lock costs nothing on the fast path.
-      auto region = NewRegion(kSmallBlocksPerRegion * options_.slot_size, 0, "small payloads");
-      if (region.ok()) {
-        small_regions_[regions] = *region;
-        small_region_count_.store(regions + 1, std::memory_order_release);
-        for (size_t i = kSmallBlocksPerRegion; i-- > 0;) {
-          small_free_.push_back(region->base + i * options_.slot_size);
-        }
-      } else {
-        fprintf(stderr, "rdmarpc[%s]: %s; small payloads will be copied into their SENDs\n",
-                owner_.c_str(), std::string(region.status().message()).c_str());
-      }
-    }
-    if (!small_free_.empty()) {
-      block = small_free_.back();
-      small_free_.pop_back();
-    }
-  }
-  if (block == nullptr) {
+  std::optional<uint32_t> index = small_free_.Pop();
+  if (!index) index = GrowSmallBlocks();
+  if (!index) {
     return Buffer(new char[options_.slot_size], size, [](char* d, size_t) { delete[] d; });
   }
-  const auto release = [ep = this](char* d, size_t) {
-    {
-      std::lock_guard<std::mutex> lock(ep->small_mu_);
-      ep->small_free_.push_back(d);
-    }
+  const auto release = [ep = this, i = *index](char*, size_t) {
+    ep->small_free_.Push(i);
     ep->EndLoan();
   };
   static_assert(std::is_trivially_copyable_v<decltype(release)>, "see Lifetime in endpoint.h");
   Lend();
-  return Buffer(block, size, release);
+  return Buffer(SmallBlock(*index), size, release);
+}
+
+// Rare: the blocks only ever grow, up to kMaxSmallRegions regions, so the
+// registration under the lock costs the fast path nothing. A registration
+// that fails is not retried on every call (that would put ibv_reg_mr on the
+// fast path): past it, calls that find no free block copy into their SENDs.
+std::optional<uint32_t> Endpoint::GrowSmallBlocks() {
+  std::lock_guard<std::mutex> lock(small_grow_mu_);
+  if (std::optional<uint32_t> index = small_free_.Pop()) return index;  // given back meanwhile
+  const size_t regions = small_region_count_.load(std::memory_order_relaxed);
+  if (regions == kMaxSmallRegions || small_growth_failed_) return std::nullopt;
+  auto region = NewRegion(kSmallBlocksPerRegion * options_.slot_size, 0, "small payloads");
+  if (!region.ok()) {
+    small_growth_failed_ = true;
+    fprintf(stderr, "rdmarpc[%s]: %s; small payloads beyond the %zu blocks registered will be "
+            "copied into their SENDs\n", owner_.c_str(),
+            std::string(region.status().message()).c_str(), regions * kSmallBlocksPerRegion);
+    return std::nullopt;
+  }
+  small_regions_[regions] = *region;
+  small_region_count_.store(regions + 1, std::memory_order_release);
+  const uint32_t first = static_cast<uint32_t>(regions) * kSmallBlocksPerRegion;
+  for (uint32_t i = kSmallBlocksPerRegion; i-- > 1;) small_free_.Push(first + i);
+  return first;
+}
+
+char* Endpoint::SmallBlock(uint32_t index) const {
+  return small_regions_[index / kSmallBlocksPerRegion].base +
+         size_t(index % kSmallBlocksPerRegion) * options_.slot_size;
 }
 
 bool Endpoint::SmallBlockLkey(const char* p, uint32_t* lkey) const {

@@ -50,6 +50,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -57,6 +58,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "base/free_index_stack.h"
 #include "transport/buffer.h"
 #include "transport/rdma/rdma_options.h"
 #include "transport/rdma/registered_pool.h"
@@ -66,7 +68,13 @@ namespace rdmarpc::transport::rdma {
 class RdmaConnection;
 
 class Endpoint {
+  static constexpr uint32_t kSmallBlocksPerRegion = 64;
+  static constexpr uint32_t kMaxSmallRegions = 8;
+
  public:
+  // Small payload blocks registered at most (SmallBuffer).
+  static constexpr uint32_t kMaxSmallBlocks = kSmallBlocksPerRegion * kMaxSmallRegions;
+
   static absl::StatusOr<std::shared_ptr<Endpoint>> Create(ibv_context* verbs,
                                                           const RdmaOptions& options,
                                                           size_t receive_slots,
@@ -119,8 +127,8 @@ class Endpoint {
   // block of registered memory, reused when released, so that a small
   // message costs no allocation and is sent from where it was serialized (a
   // second gather entry of the SEND) instead of being copied into the frame.
-  // Past kMaxSmallRegions regions of blocks in use it falls back to heap
-  // memory, which the send path copies. Any thread.
+  // With kMaxSmallBlocks in use it falls back to heap memory, which the
+  // send path copies. Any thread.
   Buffer SmallBuffer(size_t size);
   // The lkey of the registered small block that holds `p`; false when `p` is
   // in none. Any thread.
@@ -187,14 +195,19 @@ class Endpoint {
 
   // Small payload blocks: regions of kSmallBlocksPerRegion slot-sized blocks,
   // each region one MR with local access only (a SEND reads it; no peer
-  // can). Regions are appended under small_mu_ and published through
-  // small_region_count_, so SmallBlockLkey reads them without the lock.
-  static constexpr size_t kSmallBlocksPerRegion = 64;
-  static constexpr size_t kMaxSmallRegions = 8;
+  // can). Block i is piece i % kSmallBlocksPerRegion of region
+  // i / kSmallBlocksPerRegion. Every call takes one block and gives it back,
+  // often from different threads, so the free ones sit on a lock-free stack;
+  // only growth takes small_grow_mu_. A region is written before its blocks
+  // are pushed and before small_region_count_ publishes it, so SmallBlockLkey
+  // and whoever pops a block read it without the lock.
+  std::optional<uint32_t> GrowSmallBlocks();
+  char* SmallBlock(uint32_t index) const;
   std::array<Region, kMaxSmallRegions> small_regions_{};
   std::atomic<size_t> small_region_count_{0};
-  std::mutex small_mu_;
-  std::vector<char*> small_free_;  // registered blocks only; guarded by small_mu_
+  FreeIndexStack<kMaxSmallBlocks> small_free_;
+  std::mutex small_grow_mu_;
+  bool small_growth_failed_ = false;  // guarded by small_grow_mu_
   // Buffers lent out, plus one for the shared_ptr owners (see "Lifetime").
   std::atomic<int64_t> loans_{1};
 

@@ -20,12 +20,14 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/endpoint.h"
 #include "transport/rdma/fault_injection.h"
 #include "transport/rdma/testing/rdma_test_env.h"
 
@@ -232,6 +234,48 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
     ++id;
   }
   printf("counters: %s\n", Counters().ToString().c_str());
+  (*conn)->Close();
+}
+
+// Small payloads are written into registered blocks that the SEND gathers.
+// With every block held, more payloads come from the heap and are copied
+// into their frames; blocks given back are handed out again. No block is
+// ever held twice (the free blocks are a lock-free stack shared by threads).
+TEST(RdmaTransport, SmallPayloadBlocksRunOutIntoCopiesAndComeBack) {
+  Waiter waiter;  // outlives the transports
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  constexpr size_t kSize = 2000;  // not inline, so a payload is gathered or copied
+  constexpr size_t kHeld = Endpoint::kMaxSmallBlocks + 4;
+  uint64_t id = 0;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Buffer> held;
+    std::set<const char*> distinct;
+    for (size_t i = 0; i < kHeld; ++i) {
+      held.push_back(Filled(**conn, kSize, ++id));
+      distinct.insert(held.back().data());
+    }
+    EXPECT_EQ(distinct.size(), kHeld) << "a block was handed out twice";
+    const uint64_t first = id - kHeld + 1;
+    // The first payload sits in a registered block, the last on the heap.
+    uint64_t copies = Counters().send_payload_copies.load();
+    auto r = Call(**conn, waiter, first, std::move(held.front()));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(Matches(r->payload, kSize, first));
+    EXPECT_EQ(Counters().send_payload_copies.load(), copies);
+    r = Call(**conn, waiter, id, std::move(held.back()));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(Matches(r->payload, kSize, id));
+    EXPECT_EQ(Counters().send_payload_copies.load(), copies + 1);
+    // Given back, the blocks serve the next round (and no more registration).
+    held.clear();
+    ++id;
+    r = Call(**conn, waiter, id, Filled(**conn, kSize, id));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(Counters().send_payload_copies.load(), copies + 1);
+  }
   (*conn)->Close();
 }
 
