@@ -157,9 +157,12 @@ std::shared_ptr<transport::Connection> Channel::Start(
     pending_.emplace(id, std::move(p));
   }
   msg.header.call_id = id;
-  const bool cancelled = ctx->SetCancelHook([this, id] {
-    Complete(id, Status(StatusCode::kCancelled, "cancelled by the client"), nullptr, true);
-  });
+  const bool cancelled = ctx->SetCancelHook(
+      [](void* channel, uint64_t call_id) {
+        static_cast<Channel*>(channel)->Complete(
+            call_id, Status(StatusCode::kCancelled, "cancelled by the client"), nullptr, true);
+      },
+      this, id);
   // A call cancelled before it was sent has ended already. (One that timed
   // out meanwhile is sent; its late response is dropped.)
   if (cancelled) return nullptr;

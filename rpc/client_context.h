@@ -14,7 +14,7 @@
 #ifndef RDMARPC_RPC_CLIENT_CONTEXT_H_
 #define RDMARPC_RPC_CLIENT_CONTEXT_H_
 
-#include <functional>
+#include <cstdint>
 #include <mutex>
 #include <string>
 
@@ -52,16 +52,21 @@ class ClientContext {
  private:
   friend class Channel;
   // Called by the channel while the call is pending; cleared when it ends.
-  // True when the context was cancelled already: the hook has run.
-  bool SetCancelHook(std::function<void()> hook);
+  // True when the context was cancelled already: the hook has run. A plain
+  // function and its two arguments, not a std::function: every call sets and
+  // clears it, and a std::function pays a type-erased manager call for each.
+  using CancelHook = void (*)(void* owner, uint64_t call_id);
+  bool SetCancelHook(CancelHook hook, void* owner, uint64_t call_id);
   void ClearCancelHook();
 
   absl::Time deadline_ = absl::InfiniteFuture();
   Metadata metadata_;
   Metadata server_metadata_;
   std::mutex mu_;
-  bool cancelled_ = false;             // guarded by mu_
-  std::function<void()> cancel_hook_;  // guarded by mu_
+  bool cancelled_ = false;            // guarded by mu_
+  CancelHook cancel_hook_ = nullptr;  // guarded by mu_
+  void* cancel_owner_ = nullptr;      // guarded by mu_
+  uint64_t cancel_call_id_ = 0;       // guarded by mu_
 };
 
 }  // namespace rdmarpc

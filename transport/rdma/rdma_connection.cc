@@ -235,6 +235,7 @@ bool RdmaConnection::CanPostLocked(const Header& h) const {
 
 RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
   Outgoing& o = outbox_.emplace_back();
+  outbox_waiting_.store(true);  // seq_cst: see PostTaken
   o.wr = ibv_send_wr{};
   o.sge[0] = o.sge[1] = ibv_sge{};
   o.inline_bytes = false;
@@ -355,8 +356,9 @@ absl::Status RdmaConnection::FlushOutbox() {
 }
 
 bool RdmaConnection::TakeOutboxLocked() {
-  if (outbox_.empty() || post_token_.exchange(true, std::memory_order_acquire)) return false;
+  if (outbox_.empty() || post_token_.exchange(true)) return false;
   posting_.swap(outbox_);
+  outbox_waiting_.store(false);
   return true;
 }
 
@@ -394,7 +396,13 @@ absl::Status RdmaConnection::PostTaken() {
       }
     }
     posting_.clear();
-    post_token_.store(false, std::memory_order_release);
+    post_token_.store(false);
+    // A sender that queued while this thread held the token found the token
+    // taken and left its frames to this thread. Its store to outbox_waiting_
+    // precedes its exchange of the token, which read true and so precedes
+    // the store just above; all are seq_cst, so the load below sees it. Then
+    // the lock is taken only when frames are waiting, not after every post.
+    if (!outbox_waiting_.load()) return result;
     std::lock_guard<std::mutex> lock(mu_);
     if (!TakeOutboxLocked()) return result;
   }
@@ -1005,6 +1013,7 @@ bool RdmaConnection::FinishTeardown() {
     // so no READ can use them.
     std::lock_guard<std::mutex> lock(mu_);
     outbox_.clear();
+    outbox_waiting_.store(false);
     FreeWindowsLocked();
     request_tokens_.clear();
     posted.swap(posted_);

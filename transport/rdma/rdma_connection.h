@@ -345,6 +345,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::unordered_multimap<uint64_t, uint64_t> request_tokens_;  // call id -> token, mu_
   std::vector<Outgoing> outbox_;                                // built, not yet posted; mu_
   std::atomic<bool> post_token_{false};
+  // outbox_ is not empty; written under mu_, read by a poster that has let
+  // the token go (PostTaken), without the lock.
+  std::atomic<bool> outbox_waiting_{false};
   std::vector<Outgoing> posting_;  // the post token holder's
   std::atomic<uint32_t> owed_{0};  // credits owed to the peer
 

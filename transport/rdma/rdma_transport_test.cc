@@ -887,11 +887,41 @@ TEST(RdmaTransport, ForkingWhileCallsAreInFlightCorruptsNothing) {
 
 // No lock is held across ibv_post_send: while one thread is stopped inside
 // its post (on purpose), another thread's Send on the same connection returns
-// at once, and its frame goes out when the first post finishes.
+// at once, and its frame goes out when the first post finishes. The server
+// answers request 2 only once request 3 is in, and the client's keepalive is
+// off, so nothing but that first poster can have sent request 3: no response
+// reaches the client to flush its outbox meanwhile.
 TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
+  struct AnswersTwoAfterThree : EchoObserver {
+    void OnMessage(Connection& conn, InboundMessage msg) override {
+      const uint64_t id = msg.header.call_id;
+      if (id == 2) {
+        std::lock_guard<std::mutex> lock(mu);
+        two = std::move(msg);
+        return;
+      }
+      EchoObserver::OnMessage(conn, std::move(msg));
+      if (id != 3) return;
+      std::optional<InboundMessage> held;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        held = std::move(two);
+        saw_three = true;
+      }
+      cv.notify_all();
+      if (held) EchoObserver::OnMessage(conn, std::move(*held));
+    }
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<InboundMessage> two;  // guarded by mu
+    bool saw_three = false;             // guarded by mu
+  } server_side;
   Waiter waiter;
   Fixture fx;
-  ASSERT_TRUE(fx.Start());
+  fx.server_observer = &server_side;
+  RdmaOptions client_opts;
+  client_opts.keepalive_ms = 0;
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_opts));
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
   ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 100, 1)).ok());
@@ -909,6 +939,12 @@ TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
   first.join();
   EXPECT_TRUE(returned) << "Send waited while another thread was inside ibv_post_send";
   EXPECT_TRUE(second.get().ok());
+  {
+    std::unique_lock<std::mutex> lock(server_side.mu);
+    ASSERT_TRUE(server_side.cv.wait_for(lock, std::chrono::seconds(20),
+                                        [&] { return server_side.saw_three; }))
+        << "request 3 stayed queued after the post it waited behind had finished";
+  }
   for (auto* f : {&first_response, &second_response}) {
     ASSERT_EQ(f->wait_for(std::chrono::seconds(60)), std::future_status::ready);
   }
