@@ -127,36 +127,42 @@ std::shared_ptr<transport::Connection> Channel::Start(
                 absl::StrCat("request of ", size, " bytes exceeds max_message_size ",
                              options_.max_message_size));
   }
-  auto conn = EnsureConnected(deadline);
-  if (!conn.ok()) return fail(conn.status().code(), std::string(conn.status().message()));
+  // Tracked first, so that from here on everything that ends the call goes
+  // through Complete; with a connection up, one lock does both.
+  std::shared_ptr<transport::Connection> conn;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = conn_;
+    if (conn) id = TrackLocked(std::move(p), conn.get());
+  }
+  if (!conn) {
+    auto connected = EnsureConnected(deadline);
+    if (!connected.ok()) {
+      return fail(connected.status().code(), std::string(connected.status().message()));
+    }
+    conn = std::move(*connected);
+    std::lock_guard<std::mutex> lock(mu_);
+    id = TrackLocked(std::move(p), conn.get());
+  }
+  const auto end = [&](const Status& s) {
+    Complete(id, s, nullptr, false);
+    return nullptr;
+  };
 
   OutboundMessage msg;
-  auto payload = (*conn)->AllocatePayload(size);
-  if (!payload.ok()) return fail(payload.status().code(), std::string(payload.status().message()));
+  auto payload = conn->AllocatePayload(size);
+  if (!payload.ok()) return end(payload.status());
   msg.payload = std::move(*payload);
   request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(msg.payload.data()));
   if (has_metadata) msg.metadata = transport::EncodeMetadata(ctx->metadata());
   msg.header.kind = MessageKind::kRequest;
   msg.header.method_id = method.id;
+  msg.header.call_id = id;
   if (has_deadline) {
     msg.header.timeout_us =
         std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
   }
-
-  uint64_t id;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    id = next_call_id_++;
-    p.id = id;
-    p.conn = conn->get();
-    if (has_deadline) {
-      p.timer = timers_.Schedule(deadline, [this, id] {
-        Complete(id, Status(StatusCode::kDeadlineExceeded, "deadline exceeded"), nullptr, true);
-      });
-    }
-    pending_.emplace(id, std::move(p));
-  }
-  msg.header.call_id = id;
   const bool cancelled = ctx->SetCancelHook(
       [](void* channel, uint64_t call_id) {
         static_cast<Channel*>(channel)->Complete(
@@ -166,11 +172,22 @@ std::shared_ptr<transport::Connection> Channel::Start(
   // A call cancelled before it was sent has ended already. (One that timed
   // out meanwhile is sent; its late response is dropped.)
   if (cancelled) return nullptr;
-  if (Status s = (*conn)->Send(std::move(msg)); !s.ok()) {
-    Complete(id, s, nullptr, false);
-    return nullptr;
+  if (Status s = conn->Send(std::move(msg)); !s.ok()) return end(s);
+  return conn;
+}
+
+uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn) {
+  const uint64_t id = next_call_id_++;
+  p.id = id;
+  p.conn = conn;
+  const absl::Time deadline = p.ctx->deadline();
+  if (deadline != absl::InfiniteFuture()) {
+    p.timer = timers_.Schedule(deadline, [this, id] {
+      Complete(id, Status(StatusCode::kDeadlineExceeded, "deadline exceeded"), nullptr, true);
+    });
   }
-  return std::move(*conn);
+  pending_.emplace(id, std::move(p));
+  return id;
 }
 
 StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::Time call_deadline) {

@@ -99,6 +99,8 @@ class Channel : private transport::ConnectionObserver {
                                                CallCallback done, bool inline_done);
   // Connects (within the call's deadline and connect_timeout) if need be.
   StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected(absl::Time call_deadline);
+  // Gives the call its id and, with a deadline, its timer. Needs mu_.
+  uint64_t TrackLocked(Pending&& p, transport::Connection* conn);
   // Ends call `id` with `status` unless it already ended; `msg` is the
   // response, if one came. Sends kCancel to the server when asked.
   void Complete(uint64_t id, Status status, transport::InboundMessage* msg, bool tell_server);

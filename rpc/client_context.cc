@@ -3,37 +3,21 @@
 namespace rdmarpc {
 
 void ClientContext::TryCancel() {
-  CancelHook hook;
-  void* owner;
-  uint64_t call_id;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancelled_ = true;
-    hook = cancel_hook_;
-    owner = cancel_owner_;
-    call_id = cancel_call_id_;
-  }
-  if (hook != nullptr) hook(owner, call_id);
+  const uint32_t before = state_.fetch_or(kCancelled);
+  if ((before & kCancelled) != 0 || (before & kHookSet) == 0) return;
+  cancel_hook_.load(std::memory_order_relaxed)(cancel_owner_.load(std::memory_order_relaxed),
+                                               cancel_call_id_.load(std::memory_order_relaxed));
 }
 
 bool ClientContext::SetCancelHook(CancelHook hook, void* owner, uint64_t call_id) {
-  bool cancel_now;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancel_now = cancelled_;
-    if (!cancel_now) {
-      cancel_hook_ = hook;
-      cancel_owner_ = owner;
-      cancel_call_id_ = call_id;
-    }
-  }
-  if (cancel_now) hook(owner, call_id);
-  return cancel_now;
+  cancel_hook_.store(hook, std::memory_order_relaxed);
+  cancel_owner_.store(owner, std::memory_order_relaxed);
+  cancel_call_id_.store(call_id, std::memory_order_relaxed);
+  if ((state_.fetch_or(kHookSet) & kCancelled) == 0) return false;
+  hook(owner, call_id);
+  return true;
 }
 
-void ClientContext::ClearCancelHook() {
-  std::lock_guard<std::mutex> lock(mu_);
-  cancel_hook_ = nullptr;
-}
+void ClientContext::ClearCancelHook() { state_.fetch_and(~kHookSet); }
 
 }  // namespace rdmarpc

@@ -14,8 +14,8 @@
 #ifndef RDMARPC_RPC_CLIENT_CONTEXT_H_
 #define RDMARPC_RPC_CLIENT_CONTEXT_H_
 
+#include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include "absl/time/clock.h"
@@ -62,11 +62,18 @@ class ClientContext {
   absl::Time deadline_ = absl::InfiniteFuture();
   Metadata metadata_;
   Metadata server_metadata_;
-  std::mutex mu_;
-  bool cancelled_ = false;            // guarded by mu_
-  CancelHook cancel_hook_ = nullptr;  // guarded by mu_
-  void* cancel_owner_ = nullptr;      // guarded by mu_
-  uint64_t cancel_call_id_ = 0;       // guarded by mu_
+  // Cancellation without a lock (every call sets and clears the hook): the
+  // hook's fields are written before kHookSet is published, and whichever of
+  // SetCancelHook and TryCancel sets its bit second runs the hook, so it runs
+  // once however the two race. A hook may still run just after
+  // ClearCancelHook (as with a lock, which would release before calling it);
+  // the channel's hook ignores a call id that has ended.
+  static constexpr uint32_t kCancelled = 1;
+  static constexpr uint32_t kHookSet = 2;
+  std::atomic<uint32_t> state_{0};
+  std::atomic<CancelHook> cancel_hook_{nullptr};
+  std::atomic<void*> cancel_owner_{nullptr};
+  std::atomic<uint64_t> cancel_call_id_{0};
 };
 
 }  // namespace rdmarpc

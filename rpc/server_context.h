@@ -50,8 +50,12 @@ class ServerContext {
   void AddResponseMetadata(std::string key, std::string value) {
     std::lock_guard<std::mutex> lock(mu_);
     response_metadata_.emplace_back(std::move(key), std::move(value));
+    has_response_metadata_.store(true, std::memory_order_release);
   }
+  // Most handlers add none: then no lock is taken. Metadata added after the
+  // handler finished is not sent either way.
   Metadata TakeResponseMetadata() {
+    if (!has_response_metadata_.load(std::memory_order_acquire)) return {};
     std::lock_guard<std::mutex> lock(mu_);
     return std::move(response_metadata_);
   }
@@ -64,6 +68,7 @@ class ServerContext {
   const absl::Time deadline_;
   const Metadata client_metadata_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> has_response_metadata_{false};
   std::mutex mu_;
   Metadata response_metadata_;  // guarded by mu_
 };

@@ -156,6 +156,21 @@ TEST_P(RpcSuite, ExpiredDeadlineFailsWithoutSending) {
   EXPECT_EQ(ts.service.started.load(), 0);
 }
 
+TEST_P(RpcSuite, CancelledBeforeTheCallEndsItWithoutSending) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  ClientContext cancelled;
+  cancelled.TryCancel();
+  EchoResponse resp;
+  EXPECT_EQ(ch->Call(kEcho, &cancelled, Req("never"), &resp).code(), StatusCode::kCancelled);
+  // The next call on the same connection reaches the handler, and is its first.
+  ClientContext ctx;
+  ASSERT_TRUE(ch->Call(kEcho, &ctx, Req("after"), &resp).ok());
+  EXPECT_EQ(resp.data(), "after");
+  EXPECT_EQ(ts.service.started.load(), 1);
+}
+
 TEST_P(RpcSuite, CancelStopsThePendingCallAndTheHandler) {
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
