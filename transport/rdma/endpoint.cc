@@ -530,9 +530,12 @@ bool Endpoint::DrivenRecently() const {
   return std::chrono::steady_clock::now() - last < kDriveGrace;
 }
 
-void Endpoint::DrainWakeups() {
+void Endpoint::SleepUntilWoken(int timeout_ms) {
   pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-  if (poll(fds, 2, 0) <= 0) return;
+  // What woke us is drained from this poll's own answer: a second poll to
+  // ask again is one more system call per wake-up, and the poller wakes
+  // every kDriveGrace while a caller drives.
+  if (poll(fds, 2, timeout_ms) <= 0) return;
   if (fds[0].revents & POLLIN) {
     ibv_cq* ev_cq;
     void* ctx;
@@ -542,12 +545,6 @@ void Endpoint::DrainWakeups() {
     uint64_t v;
     (void)!read(wake_fd_, &v, sizeof v);
   }
-}
-
-void Endpoint::SleepUntilWoken(int timeout_ms) {
-  pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-  poll(fds, 2, timeout_ms);
-  DrainWakeups();
 }
 
 void Endpoint::PollLoop() {

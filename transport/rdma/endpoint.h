@@ -165,7 +165,6 @@ class Endpoint {
   // sweep_interval_: the fast path reads no clock for them.
   void SweepIfDue();
   void SleepUntilWoken(int timeout_ms);
-  void DrainWakeups();
   void HandleCompletion(const ibv_wc& wc);
   void RefillSrq();
   void Wake();
