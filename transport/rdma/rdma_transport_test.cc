@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <future>
 #include <map>
@@ -119,9 +120,14 @@ class Waiter : public ConnectionObserver {
   std::map<uint64_t, std::promise<InboundMessage>> waiting_;
 };
 
+// Server and client transports on the test address. The observers they call
+// until they shut down live here, declared before the transports so they are
+// destroyed after them: a test's own Waiter declared after the Fixture would
+// be gone while the client transport still calls it.
 struct Fixture {
   std::string ip;
   EchoObserver echo;
+  std::deque<Waiter> waiters;  // a deque: NewWaiter never moves the others
   ConnectionObserver* server_observer = &echo;  // a test may put its own
   std::string listen_host;                      // default: the test address
   std::unique_ptr<RdmaTransport> server;
@@ -150,6 +156,7 @@ struct Fixture {
     client = std::make_unique<RdmaTransport>(co, client_opts, false);
     return true;
   }
+  Waiter& NewWaiter() { return waiters.emplace_back(); }
   absl::StatusOr<std::shared_ptr<Connection>> Connect(ConnectionObserver* observer) {
     return client->Connect(addr, observer, absl::Now() + absl::Seconds(30));
   }
@@ -181,8 +188,8 @@ absl::StatusOr<InboundMessage> Call(Connection& conn, Waiter& w, uint64_t id, Bu
 }
 
 TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
-  Waiter waiter;  // outlives the transports, which call it until shut down
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
@@ -242,8 +249,8 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
 // into their frames; blocks given back are handed out again. No block is
 // ever held twice (the free blocks are a lock-free stack shared by threads).
 TEST(RdmaTransport, SmallPayloadBlocksRunOutIntoCopiesAndComeBack) {
-  Waiter waiter;  // outlives the transports
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
@@ -285,8 +292,8 @@ TEST(RdmaTransport, SmallPayloadBlocksRunOutIntoCopiesAndComeBack) {
 // frees what is left. A loan that ended too early is a use-after-free here,
 // which the ASan run of this suite reports.
 TEST(RdmaTransport, BuffersHeldByTheRuntimeOutliveTheirTransport) {
-  Waiter waiter;  // outlives the transports, which call it until shut down
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
@@ -314,17 +321,16 @@ TEST(RdmaTransport, BuffersHeldByTheRuntimeOutliveTheirTransport) {
 }
 
 TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
-  std::vector<std::unique_ptr<Waiter>> waiters;
   Fixture fx;
   ASSERT_TRUE(fx.Start());
   std::vector<std::shared_ptr<Connection>> conns;
   size_t receive_with_one = 0;
   for (int i = 0; i < 200; ++i) {
-    waiters.push_back(std::make_unique<Waiter>());
-    auto c = fx.Connect(waiters.back().get());
+    Waiter& waiter = fx.NewWaiter();
+    auto c = fx.Connect(&waiter);
     ASSERT_TRUE(c.ok()) << "connection " << i << ": " << c.status();
     conns.push_back(*c);
-    auto r = Call(*conns.back(), *waiters.back(), 1, Filled(*conns.back(), 100, i));
+    auto r = Call(*conns.back(), waiter, 1, Filled(*conns.back(), 100, i));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(Matches(r->payload, 100, i));
     if (i == 0) receive_with_one = fx.server->receive_bytes();
@@ -332,7 +338,7 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
   // All 200 at once, then again: the shared SRQ serves them all.
   std::vector<std::future<InboundMessage>> pending;
   for (int i = 0; i < 200; ++i) {
-    pending.push_back(waiters[i]->Expect(2));
+    pending.push_back(fx.waiters[i].Expect(2));
     ASSERT_TRUE(conns[i]->Send(Request(2, Filled(*conns[i], 1000, i))).ok());
   }
   for (int i = 0; i < 200; ++i) {
@@ -349,8 +355,9 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
 }
 
 TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
-  Waiter bad_waiter, good_waiter;
   Fixture fx;
+  Waiter& bad_waiter = fx.NewWaiter();
+  Waiter& good_waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   auto bad = fx.Connect(&bad_waiter);
   auto good = fx.Connect(&good_waiter);
@@ -385,8 +392,9 @@ TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
 // an old (addr, rkey) again is refused by the NIC, even though the block is
 // still registered (the memory window was invalidated).
 TEST(RdmaTransport, ReplayedOldAdvertisementIsRefused) {
-  Waiter waiter, good_waiter;
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  Waiter& good_waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   auto conn = fx.Connect(&waiter);
   auto good = fx.Connect(&good_waiter);
@@ -410,8 +418,8 @@ TEST(RdmaTransport, ReplayedOldAdvertisementIsRefused) {
 // 32 MiB (milliseconds on a 100 Gb/s NIC, most of a second here) while its
 // own deadline is 1 ms.
 TEST(RdmaTransport, RequestPastItsDeadlineIsNotRead) {
-  Waiter waiter;
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   RdmaOptions one_read;
   one_read.max_reads_in_flight = 1;
   ASSERT_TRUE(fx.Start(one_read));
@@ -476,9 +484,9 @@ class AnswerBehindABigPush : public ConnectionObserver {
 // have revoked it, and a READ that fails ends the connection): that call
 // ends DEADLINE_EXCEEDED, saying why, and the connection goes on.
 TEST(RdmaTransport, ResponseReachedAfterTheServersReleaseTimeoutIsNotRead) {
-  Waiter waiter;
   AnswerBehindABigPush server_side;  // outlives the transports too
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   fx.server_observer = &server_side;
   RdmaOptions server_opts;
   // Half of it, 1 ms, is far less than a 32 MiB READ takes on Soft-RoCE.
@@ -522,9 +530,9 @@ TEST(RdmaTransport, ResponseReachedAfterTheServersReleaseTimeoutIsNotRead) {
 // way the client's connection ends UNAVAILABLE saying why, and the server
 // goes on serving (a new connection is answered).
 TEST(RdmaTransport, ResponseRevokedDuringItsReadEndsTheConnectionSayingWhy) {
-  Waiter waiter;
-  Waiter second_waiter;
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  Waiter& second_waiter = fx.NewWaiter();
   RdmaOptions server_opts;
   // Far less than a 32 MiB READ takes on Soft-RoCE, but the client starts
   // the READ at once, so only the revocation stops it.
@@ -594,9 +602,9 @@ class NeverAnswers : public ConnectionObserver {
 // deadline and the block goes back to the pool (the next request reuses
 // it). The connection goes on.
 TEST(RdmaTransport, UnansweredRequestPayloadIsRevokedAfterItsDeadline) {
-  Waiter waiter;
   NeverAnswers server_side;
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   fx.server_observer = &server_side;
   RdmaOptions client_opts;
   client_opts.release_timeout_ms = 300;
@@ -630,10 +638,10 @@ TEST(RdmaTransport, UnansweredRequestPayloadIsRevokedAfterItsDeadline) {
 // does not complete; the server ends that connection UNAVAILABLE saying why
 // and serves others.
 TEST(RdmaTransport, RequestRevokedDuringItsReadEndsTheConnectionSayingWhy) {
-  Waiter waiter;
-  Waiter second_waiter;
   NeverAnswers server_side;
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  Waiter& second_waiter = fx.NewWaiter();
   fx.server_observer = &server_side;
   RdmaOptions client_opts;
   client_opts.release_timeout_ms = 2;
@@ -729,8 +737,8 @@ TEST(RdmaTransport, NamedDevicePortAndGidAreUsed) {
   named.device = place.device;
   named.device_port = place.port;
   named.gid_index = place.index;
-  Waiter waiter;
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   fx.listen_host = "0.0.0.0";
   ASSERT_TRUE(fx.Start(named, named));
   EXPECT_EQ(fx.addr.host, fx.ip) << "a wildcard listens on the named GID's address";
@@ -752,8 +760,8 @@ TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
   const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
   const GidPlace place = FindGidOf(ip);
   ASSERT_GE(place.index, 0) << DescribeDevices();
-  Waiter waiter;  // outlives the transports
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   const auto connect_with = [&](RdmaOptions o) {
     TransportOptions co;
@@ -832,8 +840,8 @@ TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
 // stack (poller, descriptors, buffers in flight) across a fork, and the
 // ibv_fork_init path itself runs only on older kernels.
 TEST(RdmaTransport, ForkingWhileCallsAreInFlightCorruptsNothing) {
-  Waiter waiter;  // outlives the transports
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
@@ -916,8 +924,8 @@ TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
     std::optional<InboundMessage> two;  // guarded by mu
     bool saw_three = false;             // guarded by mu
   } server_side;
-  Waiter waiter;
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   fx.server_observer = &server_side;
   RdmaOptions client_opts;
   client_opts.keepalive_ms = 0;
@@ -959,8 +967,8 @@ TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
 // give back that slot, not the next one. A thousand of them through 512
 // slots: every one answered, receive memory where it was.
 TEST(RdmaTransport, FullSlotFramesGiveBackTheirSlots) {
-  Waiter waiter;
   Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
@@ -1001,7 +1009,6 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
     bool open = false;        // guarded by gate_mu
   } held;
   constexpr int kConns = 4, kFrames = 8;
-  Waiter waiters[kConns];
   Fixture fx;
   fx.server_observer = &held;
   RdmaOptions server_opts;
@@ -1009,8 +1016,8 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
   server_opts.credits = kFrames;
   ASSERT_TRUE(fx.Start(server_opts));
   std::vector<std::shared_ptr<Connection>> conns;
-  for (auto& w : waiters) {
-    auto c = fx.Connect(&w);
+  for (int i = 0; i < kConns; ++i) {
+    auto c = fx.Connect(&fx.NewWaiter());
     ASSERT_TRUE(c.ok()) << c.status();
     conns.push_back(*c);
   }
@@ -1019,7 +1026,7 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
   for (int c = 0; c < kConns; ++c) {
     for (int i = 1; i <= kFrames; ++i) {
       const uint64_t id = static_cast<uint64_t>(c * 100 + i);
-      responses.push_back(waiters[c].Expect(id));
+      responses.push_back(fx.waiters[c].Expect(id));
       ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
     }
   }
@@ -1108,8 +1115,8 @@ TEST(RdmaTransport, ThousandConnectDisconnectCyclesDoNotLeak) {
 // A client process that advertises a large request and is killed while the
 // server READs it. The server drops that call and keeps serving.
 TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
-  Waiter w;
   Fixture fx;
+  Waiter& w = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   int out[2];
   ASSERT_EQ(pipe(out), 0);
@@ -1165,8 +1172,8 @@ TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
 int DoomedClient(const std::string& target) {
   TransportOptions o;
   o.name = "doomed-client";
+  Waiter w;  // outlives the transport
   RdmaTransport t(o, RdmaOptions(), false);
-  Waiter w;
   auto c = t.Connect(*ParseAddress("rdma://" + target), &w, absl::Now() + absl::Seconds(30));
   if (!c.ok()) return 2;
   if (!(*c)->Send(Request(1, Filled(**c, 32u << 20, 1))).ok()) return 3;
