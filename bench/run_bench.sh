@@ -69,19 +69,28 @@ awk -v b="$(field "$probe" probe_bare_rtt_p50_us)" -v c="$(field "$probe" probe_
 
 # Each round measures perftest, UCX and rdmarpc back to back, so a slow spell
 # of the machine hits all three; the ratios reported are the medians over rounds.
+# Within a round perftest runs right before and right after rdmarpc and counts
+# with the mean of the two: the emulated machine drifts over tens of seconds
+# (the same binary's round trip moved 1.5x within one boot), and a drift that
+# is steady over the three runs cancels out of the ratio.
 # Latency: busy-poll mode (the target's terms) with handlers inline on the
 # I/O thread (SetWorkerThreads(0)). Bandwidth: the defaults (adaptive poll,
 # one worker per core), which leave the CPU to the kernel's READ processing
 # and run the protobuf copies beside it.
 ratios=""
 for round in $(seq 1 "$rounds"); do
-  lat=$(send_lat)
-  set -- $(read_bw)
-  rbw=$1 rsi=$2
   ulat=$(ucx tag_lat $frame 5000 3)
-  ubw=$(ucx ucp_get 1048576 200 7)
+  lat_before=$(send_lat)
   ping=$(RDMARPC_RDMA_POLL=busy bazel-bin/bench/rpc_bench --pulls 0 --workers 0 2>&1)
+  lat_after=$(send_lat)
+  lat=$(awk -v a="$lat_before" -v b="$lat_after" 'BEGIN {print (a + b) / 2}')
+  ubw=$(ucx ucp_get 1048576 200 7)
+  set -- $(read_bw)
+  rbw_before=$1 rsi=$2
   pull=$(bazel-bin/bench/rpc_bench --pings 0 --pulls 200 2>&1)
+  set -- $(read_bw)
+  rbw_after=$1
+  rbw=$(awk -v a="$rbw_before" -v b="$rbw_after" 'BEGIN {print (a + b) / 2}')
   if [ "$round" = 1 ]; then echo "$ping
 $pull" | grep "^counters"; fi
   trtt=$(field "$ping" transport_rtt_p50_us)
@@ -91,10 +100,13 @@ $pull" | grep "^counters"; fi
   echo "round $round: softirq ms per MiB (Soft-RoCE's packet work): ib_read_bw $rsi," \
        "transport pull $(field "$pull" transport_pull_softirq_ms_per_mib)," \
        "call pull $(field "$pull" rpc_pull_softirq_ms_per_mib)"
-  line=$(awk -v lat="$lat" -v rbw="$rbw" -v ulat="$ulat" -v ubw="$ubw" -v trtt="$trtt" -v rtt="$rtt" \
-             -v tbw="$tbw" -v bw="$bw" -v r="$round" 'BEGIN {
-    printf "round %d: ib_send_lat %.2f us one-way, UCX tag_lat %.2f, frame RTT %.1f us, call RTT %.1f us;", r, lat, ulat, trtt, rtt;
-    printf " ib_read_bw %.1f MiB/s, UCX ucp_get %.1f, transport pull %.1f, call pull %.1f", rbw, ubw, tbw, bw;
+  line=$(awk -v lat="$lat" -v lb="$lat_before" -v la="$lat_after" -v ulat="$ulat" \
+             -v rbw="$rbw" -v rb="$rbw_before" -v ra="$rbw_after" -v ubw="$ubw" \
+             -v trtt="$trtt" -v rtt="$rtt" -v tbw="$tbw" -v bw="$bw" -v r="$round" 'BEGIN {
+    printf "round %d: ib_send_lat %.2f us one-way (%.2f before, %.2f after),", r, lat, lb, la;
+    printf " UCX tag_lat %.2f, frame RTT %.1f us, call RTT %.1f us;", ulat, trtt, rtt;
+    printf " ib_read_bw %.1f MiB/s (%.1f before, %.1f after),", rbw, rb, ra;
+    printf " UCX ucp_get %.1f, transport pull %.1f, call pull %.1f", ubw, tbw, bw;
     printf " | %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f", ulat / lat, trtt / (2 * lat), rtt / (2 * lat),
            rtt / (2 * ulat), ubw / rbw, tbw / rbw, bw / rbw, bw / ubw;
   }')
