@@ -71,7 +71,7 @@ awk -v b="$(field "$probe" probe_bare_rtt_p50_us)" -v c="$(field "$probe" probe_
 # of the machine hits all three; the ratios reported are the medians over rounds.
 # Within a round perftest runs right before and right after rdmarpc and counts
 # with the mean of the two: the emulated machine drifts over tens of seconds
-# (the same binary's round trip moved 1.5x within one boot), and a drift that
+# (the same binary's round trip moved up to 2x within one boot), and a drift that
 # is steady over the three runs cancels out of the ratio.
 # Latency: busy-poll mode (the target's terms) with handlers inline on the
 # I/O thread (SetWorkerThreads(0)). Bandwidth: the defaults (adaptive poll,

@@ -130,7 +130,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   // Tracked first, so that from here on everything that ends the call goes
   // through Complete; with a connection up, one lock does both.
   std::shared_ptr<transport::Connection> conn;
-  uint64_t id;
+  uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     conn = conn_;
