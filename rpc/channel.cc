@@ -229,20 +229,19 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     cancel.header.call_id = id;
     conn->Send(std::move(cancel)).IgnoreError();  // best effort: the call is over here
   }
-  if (msg != nullptr) {
-    auto md = msg->metadata.empty() ? StatusOr<Metadata>(Metadata())
-                                    : transport::DecodeMetadata(msg->metadata);
-    if (!md.ok()) {
+  if (msg != nullptr && !msg->metadata.empty()) {  // most responses carry none
+    auto md = transport::DecodeMetadata(msg->metadata);
+    if (md.ok()) {
+      p.ctx->server_metadata_ = std::move(*md);
+    } else {
       status = Status(StatusCode::kInternal, absl::StrCat("bad response metadata from ", target_,
                                                           ": ", md.status().message()));
-    } else {
-      p.ctx->server_metadata_ = std::move(*md);
-      if (status.ok() && !p.response->ParseFromArray(msg->payload.data(),
-                                       static_cast<int>(msg->payload.size()))) {
-        status = Status(StatusCode::kInternal,
-                        absl::StrCat("response does not parse as ", p.response->GetTypeName()));
-      }
     }
+  }
+  if (msg != nullptr && status.ok() &&
+      !p.response->ParseFromArray(msg->payload.data(), static_cast<int>(msg->payload.size()))) {
+    status = Status(StatusCode::kInternal,
+                    absl::StrCat("response does not parse as ", p.response->GetTypeName()));
   }
   // Errors made here get the method's name; a handler's own status reaches
   // the caller unchanged. UNIMPLEMENTED is the server runtime's, which knows
