@@ -229,6 +229,10 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     cancel.header.call_id = id;
     conn->Send(std::move(cancel)).IgnoreError();  // best effort: the call is over here
   }
+  // Errors made here get the method's name; a handler's own status reaches
+  // the caller unchanged. UNIMPLEMENTED is the server runtime's, which knows
+  // only the method id.
+  bool made_here = msg == nullptr;
   if (msg != nullptr && !msg->metadata.empty()) {  // most responses carry none
     auto md = transport::DecodeMetadata(msg->metadata);
     if (md.ok()) {
@@ -236,17 +240,17 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     } else {
       status = Status(StatusCode::kInternal, absl::StrCat("bad response metadata from ", target_,
                                                           ": ", md.status().message()));
+      made_here = true;
     }
   }
   if (msg != nullptr && status.ok() &&
       !p.response->ParseFromArray(msg->payload.data(), static_cast<int>(msg->payload.size()))) {
-    status = Status(StatusCode::kInternal,
-                    absl::StrCat("response does not parse as ", p.response->GetTypeName()));
+    status = Status(StatusCode::kInternal, absl::StrCat("response from ", target_,
+                                                        " does not parse as ",
+                                                        p.response->GetTypeName()));
+    made_here = true;
   }
-  // Errors made here get the method's name; a handler's own status reaches
-  // the caller unchanged. UNIMPLEMENTED is the server runtime's, which knows
-  // only the method id.
-  const bool decorate = msg == nullptr || status.code() == StatusCode::kUnimplemented;
+  const bool decorate = made_here || status.code() == StatusCode::kUnimplemented;
   if (!status.ok() && decorate && status.message().find(p.method) == absl::string_view::npos) {
     status = Status(status.code(), absl::StrCat(p.method, ": ", status.message()));
   }
@@ -271,11 +275,18 @@ void Channel::OnMessage(transport::Connection& conn, InboundMessage msg) {
             static_cast<int>(msg.header.kind), conn.peer().c_str());
     return;
   }
-  const auto code = static_cast<StatusCode>(msg.header.status);
+  const uint16_t code = msg.header.status;
   if (!msg.payload_status.ok()) {
     Complete(msg.header.call_id, std::move(msg.payload_status), nullptr, false);
-  } else if (code != StatusCode::kOk) {
-    Status s(code, absl::string_view(msg.payload.data(), msg.payload.size()));
+  } else if (code != 0) {
+    const absl::string_view text(msg.payload.data(), msg.payload.size());
+    // A code from a newer or broken peer ends the call UNKNOWN, as in gRPC,
+    // with the number kept for whoever reads the error.
+    Status s = code <= static_cast<uint16_t>(StatusCode::kUnauthenticated)
+                   ? Status(static_cast<StatusCode>(code), text)
+                   : Status(StatusCode::kUnknown,
+                            absl::StrCat("status code ", code, " from ", conn.peer(),
+                                         ", unknown here: ", text));
     msg.payload.Reset();
     Complete(msg.header.call_id, std::move(s), &msg, false);
   } else {

@@ -1,20 +1,13 @@
 // Hostile and broken clients over raw TCP: the server answers or drops the bad
 // call (or closes that one connection when framing is lost) and keeps serving
 // everyone else.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cstring>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/echo_service.h"
+#include "tests/raw_connection.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc::testing {
@@ -22,74 +15,7 @@ namespace {
 
 using transport::EncodeHeader;
 using transport::Header;
-using transport::kHeaderSize;
 using transport::MessageKind;
-
-class RawClient {
- public:
-  explicit RawClient(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-  }
-  ~RawClient() { close(fd_); }
-
-  void SendBytes(const std::string& bytes) {
-    // The server may already have hung up on us: no SIGPIPE for the test.
-    const ssize_t n = send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    if (n >= 0) {
-      ASSERT_EQ(n, static_cast<ssize_t>(bytes.size()));
-    }
-  }
-  void SendFrame(Header h, const std::string& metadata, const std::string& payload,
-                 std::optional<uint32_t> claimed_payload_len = std::nullopt) {
-    h.metadata_len = metadata.size();
-    h.payload_len = claimed_payload_len.value_or(payload.size());
-    std::string frame(kHeaderSize, '\0');
-    EncodeHeader(h, frame.data());
-    SendBytes(frame + metadata + payload);
-  }
-  // Reads exactly n bytes; false on EOF or a 10 s silence.
-  bool ReadExactly(char* out, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 10000) <= 0) return false;
-      const ssize_t r = read(fd_, out + got, n - got);
-      if (r <= 0) return false;
-      got += r;
-    }
-    return true;
-  }
-  struct Response {
-    Header header;
-    std::string payload;
-  };
-  std::optional<Response> ReadResponse() {
-    char hb[kHeaderSize];
-    if (!ReadExactly(hb, sizeof hb)) return std::nullopt;
-    auto h = transport::DecodeHeader(hb, sizeof hb);
-    EXPECT_TRUE(h.ok()) << h.status();
-    if (!h.ok()) return std::nullopt;
-    std::string md(h->metadata_len, '\0'), payload(h->payload_len, '\0');
-    if (!ReadExactly(md.data(), md.size()) || !ReadExactly(payload.data(), payload.size()))
-      return std::nullopt;
-    return Response{*h, payload};
-  }
-  // True when the server closed this connection (EOF within 10 s).
-  bool ClosedByServer() {
-    char c;
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 10000) <= 0) return false;
-    return read(fd_, &c, 1) == 0;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 Header Request(uint64_t call_id, uint32_t method_id) {
   Header h;
@@ -138,14 +64,14 @@ class BadInputTest : public ::testing::Test {
 TEST_F(BadInputTest, GarbageInsteadOfAHeaderClosesOnlyThatConnection) {
   RawClient bad(port_);
   bad.SendBytes(std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n") + std::string(64, 'z'));
-  EXPECT_TRUE(bad.ClosedByServer());
+  EXPECT_TRUE(bad.ClosedByPeer());
   ExpectGoodClientServed();
 }
 
 TEST_F(BadInputTest, LyingLengthBeyondTheWireLimitClosesTheConnection) {
   RawClient bad(port_);
   bad.SendFrame(Request(1, kEcho.id), "", "abc", transport::kMaxPayloadBytes + 1u);
-  EXPECT_TRUE(bad.ClosedByServer());
+  EXPECT_TRUE(bad.ClosedByPeer());
   ExpectGoodClientServed();
 }
 
@@ -161,7 +87,7 @@ TEST_F(BadInputTest, TruncatedFrameThenDisconnect) {
 TEST_F(BadInputTest, UnknownMethodIdIsAnsweredUnimplemented) {
   RawClient bad(port_);
   bad.SendFrame(Request(7, 0x12345678), "", EchoBytes("x"));
-  auto r = bad.ReadResponse();
+  auto r = bad.ReadFrame();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->header.kind, MessageKind::kResponse);
   EXPECT_EQ(r->header.call_id, 7u);
@@ -173,19 +99,19 @@ TEST_F(BadInputTest, UnknownMethodIdIsAnsweredUnimplemented) {
 TEST_F(BadInputTest, UnparsableRequestAndMetadataAreInvalidArgument) {
   RawClient bad(port_);
   bad.SendFrame(Request(1, kEcho.id), "", std::string("\xff\xff\xff\xff\xff", 5));
-  auto r = bad.ReadResponse();
+  auto r = bad.ReadFrame();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->header.status, static_cast<uint16_t>(StatusCode::kInvalidArgument)) << r->payload;
   // Metadata whose entry claims more bytes than the block holds.
   bad.SendFrame(Request(2, kEcho.id), std::string("\x03\x00\xff\x00\x00\x00key", 9),
                 EchoBytes("x"));
-  r = bad.ReadResponse();
+  r = bad.ReadFrame();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->header.call_id, 2u);
   EXPECT_EQ(r->header.status, static_cast<uint16_t>(StatusCode::kInvalidArgument)) << r->payload;
   // The same connection still works.
   bad.SendFrame(Request(3, kEcho.id), "", EchoBytes("fine"));
-  r = bad.ReadResponse();
+  r = bad.ReadFrame();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->header.status, 0);
   ExpectGoodClientServed();
@@ -195,12 +121,12 @@ TEST_F(BadInputTest, OversizePayloadIsSkippedAndAnsweredResourceExhausted) {
   RawClient bad(port_);
   const std::string big(2 << 20, 'q');  // server limit is 1 MiB
   bad.SendFrame(Request(1, kEcho.id), "", big);
-  auto r = bad.ReadResponse();
+  auto r = bad.ReadFrame();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->header.status, static_cast<uint16_t>(StatusCode::kResourceExhausted));
   EXPECT_NE(r->payload.find("1048576"), std::string::npos) << r->payload;
   bad.SendFrame(Request(2, kEcho.id), "", EchoBytes("next"));
-  r = bad.ReadResponse();
+  r = bad.ReadFrame();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->header.call_id, 2u);
   EXPECT_EQ(r->header.status, 0);
@@ -214,7 +140,7 @@ TEST_F(BadInputTest, ResponsesAndCancelsForUnknownCallsAreIgnored) {
   h.kind = MessageKind::kCancel;
   bad.SendFrame(h, "", "");
   bad.SendFrame(Request(10, kEcho.id), "", EchoBytes("ok"));
-  auto r = bad.ReadResponse();
+  auto r = bad.ReadFrame();
   ASSERT_TRUE(r);
   EXPECT_EQ(r->header.call_id, 10u);
   EXPECT_EQ(r->header.status, 0);

@@ -71,7 +71,6 @@ absl::StatusOr<Header> DecodeHeader(const char* in, size_t len) {
     return absl::InvalidArgumentError(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
   }
   h.status = Get<uint16_t>(in, 6);
-  if (h.status > 16) return absl::InvalidArgumentError(absl::StrCat("bad status ", h.status));
   h.call_id = Get<uint64_t>(in, 8);
   h.method_id = Get<uint32_t>(in, 16);
   h.metadata_len = Get<uint32_t>(in, 20);

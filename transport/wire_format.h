@@ -12,7 +12,9 @@
 //   2  u8  version      kWireVersion; a frame of another version is rejected
 //   3  u8  kind         MessageKind
 //   4  u16 flags        kFlag* bits; unknown bits are rejected
-//   6  u16 status       absl::StatusCode of a response (0 otherwise)
+//   6  u16 status       absl::StatusCode of a response (0 otherwise); any value
+//                       decodes, and the runtime reads a code it does not know
+//                       as UNKNOWN: one odd answer ends its call, not the link
 //   8  u64 call_id      chosen by the client, unique per connection while pending
 //  16  u32 method_id    MethodId("/pkg.Service/Method") (rpc/method_id.h)
 //  20  u32 metadata_len encoded Metadata, at most kMaxMetadataBytes

@@ -1,0 +1,113 @@
+// RawConnection: one TCP connection that speaks rdmarpc frames by hand, for
+// tests that play a hostile or broken peer (tests/tcp_bad_input_test.cc plays
+// clients, tests/tcp_bad_server_test.cc plays servers).
+//
+//   RawClient bad(port);                       // connects to 127.0.0.1:port
+//   bad.SendFrame(header, "", payload, /*claimed_payload_len=*/5000);
+//   auto frame = bad.ReadFrame();              // nullopt after 10 s or EOF
+//   EXPECT_TRUE(bad.ClosedByPeer());
+#ifndef RDMARPC_TESTS_RAW_CONNECTION_H_
+#define RDMARPC_TESTS_RAW_CONNECTION_H_
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "transport/wire_format.h"
+
+namespace rdmarpc::testing {
+
+class RawConnection {
+ public:
+  explicit RawConnection(int fd) : fd_(fd) {}
+  ~RawConnection() { close(fd_); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  void SendBytes(const std::string& bytes) {
+    // The peer may already have hung up on us: no SIGPIPE for the test, and
+    // a test that cares asks ClosedByPeer.
+    const ssize_t n = send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n >= 0) {
+      ASSERT_EQ(n, static_cast<ssize_t>(bytes.size()));
+    }
+  }
+  // The header's lengths are the real ones unless `claimed_payload_len` lies.
+  void SendFrame(transport::Header h, const std::string& metadata, const std::string& payload,
+                 std::optional<uint32_t> claimed_payload_len = std::nullopt) {
+    h.metadata_len = metadata.size();
+    h.payload_len = claimed_payload_len.value_or(payload.size());
+    std::string frame(transport::kHeaderSize, '\0');
+    transport::EncodeHeader(h, frame.data());
+    SendBytes(frame + metadata + payload);
+  }
+
+  struct Frame {
+    transport::Header header;
+    std::string metadata;
+    std::string payload;
+  };
+  // The next whole frame, or nullopt on EOF or a 10 s silence.
+  std::optional<Frame> ReadFrame() {
+    char hb[transport::kHeaderSize];
+    if (!ReadExactly(hb, sizeof hb)) return std::nullopt;
+    auto h = transport::DecodeHeader(hb, sizeof hb);
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (!h.ok()) return std::nullopt;
+    Frame f{*h, std::string(h->metadata_len, '\0'), std::string(h->payload_len, '\0')};
+    if (!ReadExactly(f.metadata.data(), f.metadata.size()) ||
+        !ReadExactly(f.payload.data(), f.payload.size())) {
+      return std::nullopt;
+    }
+    return f;
+  }
+  // True when the peer closed this connection (EOF within 10 s).
+  bool ClosedByPeer() {
+    char c;
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) return false;
+    return read(fd_, &c, 1) == 0;
+  }
+
+ protected:
+  int fd() const { return fd_; }
+
+ private:
+  bool ReadExactly(char* out, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 10000) <= 0) return false;
+      const ssize_t r = read(fd_, out + got, n - got);
+      if (r <= 0) return false;
+      got += r;
+    }
+    return true;
+  }
+
+  int fd_;
+};
+
+// A connection to a server on 127.0.0.1:port.
+class RawClient : public RawConnection {
+ public:
+  explicit RawClient(int port) : RawConnection(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  }
+};
+
+}  // namespace rdmarpc::testing
+
+#endif  // RDMARPC_TESTS_RAW_CONNECTION_H_

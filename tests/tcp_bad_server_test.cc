@@ -1,0 +1,231 @@
+// Hostile and broken servers over raw TCP: what a client's calls end with when
+// the peer answers with bytes that do not parse, bad metadata, a status code
+// that does not exist, a payload over the channel's limit, answers to calls
+// nobody made, or garbage. Each bad answer ends only its own call, with a
+// status naming what was wrong; lost framing ends the connection's calls
+// UNAVAILABLE, and the channel connects again for the next call.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/echo_service.h"
+#include "tests/raw_connection.h"
+#include "transport/wire_format.h"
+
+namespace rdmarpc::testing {
+namespace {
+
+using transport::Header;
+using transport::MessageKind;
+
+class RawServer {
+ public:
+  RawServer() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+    EXPECT_EQ(listen(fd_, 4), 0) << strerror(errno);
+    socklen_t len = sizeof a;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    address_ = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~RawServer() { close(fd_); }
+  const std::string& address() const { return address_; }
+
+  // The next connection, or null when none comes within 10 s.
+  std::unique_ptr<RawConnection> Accept() {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) return nullptr;
+    const int c = accept(fd_, nullptr, nullptr);
+    return c < 0 ? nullptr : std::make_unique<RawConnection>(c);
+  }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
+
+// One asynchronous call and what it ended with. (A std::mutex, not an
+// absl::Notification: TSan sees only what is built with it, and Debian's
+// abseil is not.)
+struct PendingCall {
+  PendingCall(Channel& ch, const std::string& data) {
+    ctx.set_timeout(absl::Seconds(20));
+    request.set_data(data);
+    ch.CallAsync(kEcho, &ctx, request, &response, [this](Status s) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = std::move(s);
+      done = true;
+      cv.notify_all();
+    });
+  }
+  // True when the call ended within `timeout`.
+  bool Ended(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, timeout, [this] { return done; });
+  }
+  // The final status; DEADLINE_EXCEEDED from the test itself if none came.
+  Status Wait() {
+    if (!Ended(std::chrono::seconds(30))) {
+      return Status(StatusCode::kDeadlineExceeded, "test: the call never ended");
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    return status;
+  }
+
+  ClientContext ctx;
+  EchoRequest request;
+  EchoResponse response;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;  // guarded by mu
+  Status status;      // guarded by mu
+};
+
+Header Response(uint64_t call_id, uint16_t status = 0) {
+  Header h;
+  h.kind = MessageKind::kResponse;
+  h.call_id = call_id;
+  h.status = status;
+  return h;
+}
+
+std::string EchoResponseBytes(const std::string& data) {
+  EchoResponse r;
+  r.set_data(data);
+  return r.SerializeAsString();
+}
+
+class BadServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ChannelOptions options;
+    options.max_message_size = 1 << 20;
+    auto ch = Channel::Create(server_.address(), options);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    channel_ = *ch;
+  }
+  // Starts a call and reads its request on peer_ (accepted first when null).
+  std::unique_ptr<PendingCall> StartCall(Header* request, const std::string& data = "hello") {
+    auto call = std::make_unique<PendingCall>(*channel_, data);
+    if (!peer_) peer_ = server_.Accept();
+    EXPECT_TRUE(peer_) << "the channel never connected";
+    if (!peer_) return call;
+    auto f = peer_->ReadFrame();
+    EXPECT_TRUE(f) << "the request never arrived";
+    if (f) *request = f->header;
+    return call;
+  }
+  // What one call ends with when the server answers it with this frame.
+  Status CallAnsweredWith(uint16_t status, const std::string& metadata,
+                          const std::string& payload) {
+    Header req;
+    auto call = StartCall(&req);
+    if (!peer_) return Status(StatusCode::kUnavailable, "test: no connection");
+    peer_->SendFrame(Response(req.call_id, status), metadata, payload);
+    Status s = call->Wait();
+    EXPECT_TRUE(call->ctx.server_metadata().empty());
+    return s;
+  }
+  // A well-formed exchange on the same connection: the bad answer before it
+  // ended only its own call.
+  void ExpectNextCallServed() {
+    Header req;
+    auto call = StartCall(&req, "again");
+    ASSERT_TRUE(peer_);
+    peer_->SendFrame(Response(req.call_id), "", EchoResponseBytes("again"));
+    Status s = call->Wait();
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(call->response.data(), "again");
+  }
+
+  RawServer server_;
+  std::shared_ptr<Channel> channel_;
+  std::unique_ptr<RawConnection> peer_;
+};
+
+TEST_F(BadServerTest, UnparsableResponseEndsTheCallInternal) {
+  Status s = CallAnsweredWith(0, "", std::string("\xff\xff\xff\xff\xff", 5));
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("from " + server_.address() +
+                             " does not parse as rdmarpc.test.EchoResponse"),
+            absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find(kEcho.full_name), absl::string_view::npos) << s;
+  ExpectNextCallServed();
+}
+
+TEST_F(BadServerTest, BadResponseMetadataEndsTheCallInternalNamingThePeer) {
+  // An entry that claims a 255-byte value in a 9-byte block.
+  Status s = CallAnsweredWith(0, std::string("\x03\x00\xff\x00\x00\x00key", 9),
+                              EchoResponseBytes("hello"));
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("bad response metadata from " + server_.address()),
+            absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find(kEcho.full_name), absl::string_view::npos) << s;
+  ExpectNextCallServed();
+}
+
+TEST_F(BadServerTest, StatusCodeThatDoesNotExistEndsTheCallUnknown) {
+  Status s = CallAnsweredWith(/*status=*/999, "", "made-up failure");
+  EXPECT_EQ(s.code(), StatusCode::kUnknown) << s;
+  EXPECT_NE(s.message().find("status code 999 from " + server_.address()),
+            absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("made-up failure"), absl::string_view::npos) << s;
+  ExpectNextCallServed();
+}
+
+TEST_F(BadServerTest, ResponseOverTheChannelLimitEndsTheCallResourceExhausted) {
+  Status s = CallAnsweredWith(0, "", EchoResponseBytes(std::string(2 << 20, 'x')));
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("1048576"), absl::string_view::npos) << s;
+  ExpectNextCallServed();
+}
+
+TEST_F(BadServerTest, AnswersToCallsNobodyMadeAreIgnored) {
+  Header req;
+  auto call = StartCall(&req);
+  ASSERT_TRUE(peer_);
+  peer_->SendFrame(Response(req.call_id + 1000), "", EchoResponseBytes("stray"));
+  Header request_to_client;
+  request_to_client.kind = MessageKind::kRequest;
+  request_to_client.call_id = req.call_id;
+  peer_->SendFrame(request_to_client, "", EchoResponseBytes("wrong way"));
+  EXPECT_FALSE(call->Ended(std::chrono::milliseconds(200)));
+  peer_->SendFrame(Response(req.call_id), "", EchoResponseBytes("hello"));
+  Status s = call->Wait();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(call->response.data(), "hello");
+  // A second answer to the call that ended changes nothing.
+  peer_->SendFrame(Response(req.call_id, /*status=*/13), "", "late duplicate");
+  ExpectNextCallServed();
+  EXPECT_TRUE(call->Wait().ok());
+}
+
+TEST_F(BadServerTest, GarbageEndsPendingCallsUnavailableAndTheChannelReconnects) {
+  Header req;
+  auto call = StartCall(&req);
+  ASSERT_TRUE(peer_);
+  peer_->SendBytes(std::string("HTTP/1.1 400 Bad Request\r\n\r\n") + std::string(64, 'z'));
+  Status s = call->Wait();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("connection to " + server_.address() + " lost"),
+            absl::string_view::npos) << s;
+  EXPECT_TRUE(peer_->ClosedByPeer());
+  peer_.reset();
+  ExpectNextCallServed();  // on a new connection
+}
+
+}  // namespace
+}  // namespace rdmarpc::testing
