@@ -9,6 +9,8 @@
 //   rpc_pull_1mib_mib_per_s <value>
 //   {transport,rpc}_pull_{softirq,user_sys}_ms_per_mib <value>   (machine-wide
 //     CPU time per MiB pulled: the kernel's Soft-RoCE work, and everyone's own)
+//   {transport,rpc}_pull_minor_faults_per_mib <value>   (this process's)
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,9 +59,13 @@ class BenchImpl : public rdmarpc::bench::Bench::Service {
 // Machine-wide CPU time by kind, from /proc/stat. Around a pull it tells the
 // kernel's Soft-RoCE work (softirq: copies and checksums of every packet)
 // from the process's own; run_bench.sh takes the same figure for perftest.
+// The process's minor page faults tell whether a payload's memory comes back
+// already mapped: under an emulator each fault costs as much as copying the
+// page several times.
 struct CpuSeconds {
   double softirq = 0;
   double user_and_system = 0;
+  long minor_faults = 0;
 };
 
 CpuSeconds ReadCpuSeconds() {
@@ -74,6 +80,8 @@ CpuSeconds ReadCpuSeconds() {
     t.user_and_system = (user + nice + system) / hz;
   }
   fclose(f);
+  rusage usage;
+  if (getrusage(RUSAGE_SELF, &usage) == 0) t.minor_faults = usage.ru_minflt;
   return t;
 }
 
@@ -82,6 +90,8 @@ void PrintCpuPerMiB(const char* figure, const CpuSeconds& before, double mib) {
   printf("%s_softirq_ms_per_mib %.2f\n", figure, (after.softirq - before.softirq) * 1e3 / mib);
   printf("%s_user_sys_ms_per_mib %.2f\n", figure,
          (after.user_and_system - before.user_and_system) * 1e3 / mib);
+  printf("%s_minor_faults_per_mib %.1f\n", figure,
+         static_cast<double>(after.minor_faults - before.minor_faults) / mib);
 }
 
 // The transport-only figures: the same exchanges without protobuf and the
