@@ -12,14 +12,19 @@
 //   kCancelled          ClientContext::TryCancel(), or the server shut down
 //                       with the call still running
 //   kUnavailable        the server could not be reached, or the connection
-//                       was lost with the call pending; the message names the
+//                       was lost with the call pending (a peer that breaks
+//                       the framing is disconnected); the message names the
 //                       peer (retrying is reasonable)
 //   kUnimplemented      the server has no such service or method
 //   kResourceExhausted  a message exceeds max_message_size (the limit is named
 //                       in the message), or a bounded pool is used up
 //   kInvalidArgument    the request could not be parsed as the method's type,
 //                       or its metadata was malformed
-//   kInternal           the peer broke the protocol (a malformed frame)
+//   kInternal           the response did not parse as the method's type, or
+//                       its metadata was malformed (the message names the
+//                       server)
+//   kUnknown            the server answered with a code this client does not
+//                       know (a newer or broken peer; the message has it)
 // A handler's own status, code and message, reaches the client unchanged.
 #ifndef RDMARPC_RPC_STATUS_H_
 #define RDMARPC_RPC_STATUS_H_
