@@ -59,9 +59,8 @@ class BenchImpl : public rdmarpc::bench::Bench::Service {
 // Machine-wide CPU time by kind, from /proc/stat. Around a pull it tells the
 // kernel's Soft-RoCE work (softirq: copies and checksums of every packet)
 // from the process's own; run_bench.sh takes the same figure for perftest.
-// The process's minor page faults tell whether a payload's memory comes back
-// already mapped: under an emulator each fault costs as much as copying the
-// page several times.
+// The process's minor page faults tell whether a payload's memory is reused
+// already mapped or faulted in again for each call.
 struct CpuSeconds {
   double softirq = 0;
   double user_and_system = 0;
