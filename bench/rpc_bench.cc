@@ -6,10 +6,15 @@
 //   transport_rtt_p50_us <value>   (raw frames, no runtime: the transport's share)
 //   rpc_small_rtt_p50_us <value>
 //   transport_pull_1mib_mib_per_s <value>   (1 MiB READs, no runtime)
-//   rpc_pull_1mib_mib_per_s <value>
-//   {transport,rpc}_pull_{softirq,user_sys}_ms_per_mib <value>   (machine-wide
-//     CPU time per MiB pulled: the kernel's Soft-RoCE work, and everyone's own)
-//   {transport,rpc}_pull_minor_faults_per_mib <value>   (this process's)
+//   rpc_pull_1mib_mib_per_s <value>   (1 MiB in a protobuf bytes field)
+//   rpc_pull_attachment_1mib_mib_per_s <value>   (1 MiB as an attachment,
+//     rpc/attachment.h: no protobuf copies; like the transport figure and
+//     ib_read_bw, the client does not fill the bytes it sends)
+//   {transport,rpc,rpc_attachment}_pull_{softirq,user_sys}_ms_per_mib <value>
+//     (machine-wide CPU time per MiB pulled: the kernel's Soft-RoCE work, and
+//     everyone's own)
+//   {transport,rpc,rpc_attachment}_pull_minor_faults_per_mib <value>   (this
+//     process's)
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -49,9 +54,9 @@ class BenchImpl : public rdmarpc::bench::Bench::Service {
     resp->set_data(req->data());
     return rdmarpc::Status();
   }
-  rdmarpc::Status Pull(rdmarpc::ServerContext*, const rdmarpc::bench::Blob* req,
+  rdmarpc::Status Pull(rdmarpc::ServerContext* ctx, const rdmarpc::bench::Blob* req,
                        rdmarpc::bench::Ack* resp) override {
-    resp->set_bytes(req->data().size());
+    resp->set_bytes(req->data().size() + ctx->request_attachment().size());
     return rdmarpc::Status();
   }
 };
@@ -227,6 +232,40 @@ double TransportPullMiBps(const std::string& address, int pulls, int in_flight) 
   return pulls / secs;
 }
 
+// 1 MiB requests to Pull, in_flight at a time, each completion issuing the
+// next; `prepare` gives each call its request and attachment. Returns MiB/s,
+// or -1 when a call failed.
+double RpcPullMiBps(rdmarpc::bench::Bench::Stub& stub, const char* figure, int pulls,
+                    int in_flight,
+                    const std::function<void(rdmarpc::ClientContext*)>& attach,
+                    const rdmarpc::bench::Blob& request) {
+  std::atomic<int> started{0}, done{0}, failed{0};
+  absl::Notification all_done;
+  struct Slot {
+    rdmarpc::ClientContext ctx;
+    rdmarpc::bench::Ack ack;
+  };
+  std::function<void()> issue = [&] {
+    if (started.fetch_add(1) >= pulls) return;
+    auto slot = std::make_shared<Slot>();
+    attach(&slot->ctx);
+    stub.AsyncPull(&slot->ctx, request, &slot->ack, [&, slot](rdmarpc::Status s) {
+      if (!s.ok() || slot->ack.bytes() != (1 << 20)) {
+        if (failed.fetch_add(1) == 0) fprintf(stderr, "%s: %s\n", figure, s.ToString().c_str());
+      }
+      if (done.fetch_add(1) + 1 == pulls) all_done.Notify();
+      issue();
+    });
+  };
+  const CpuSeconds cpu = ReadCpuSeconds();
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < in_flight; ++i) issue();
+  all_done.WaitForNotification();
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  PrintCpuPerMiB(figure, cpu, pulls);
+  return failed.load() > 0 ? -1 : pulls / secs;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -282,35 +321,27 @@ int main(int argc, char** argv) {
     printf("transport_pull_1mib_mib_per_s %.2f\n",
            TransportPullMiBps(address, pulls, absl::GetFlag(FLAGS_in_flight)));
   }
-  rdmarpc::bench::Blob big;
-  big.set_data(std::string(1 << 20, 'b'));
-  std::atomic<int> started{0}, done{0}, failed{0};
-  absl::Notification all_done;
-  struct Slot {
-    rdmarpc::ClientContext ctx;
-    rdmarpc::bench::Ack ack;
-  };
-  // Each completion issues the next call, keeping in_flight calls going.
-  std::function<void()> issue = [&] {
-    if (started.fetch_add(1) >= pulls) return;
-    auto slot = std::make_shared<Slot>();
-    stub->AsyncPull(&slot->ctx, big, &slot->ack, [&, slot](rdmarpc::Status s) {
-      if (!s.ok()) failed.fetch_add(1);
-      if (done.fetch_add(1) + 1 == pulls) all_done.Notify();
-      issue();
-    });
-  };
-  const CpuSeconds cpu = ReadCpuSeconds();
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < absl::GetFlag(FLAGS_in_flight); ++i) issue();
-  if (pulls > 0) all_done.WaitForNotification();
-  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  int failed = 0;
   if (pulls > 0) {
-    printf("rpc_pull_1mib_mib_per_s %.2f\n", pulls / secs);
-    PrintCpuPerMiB("rpc_pull", cpu, pulls);
+    const int in_flight = absl::GetFlag(FLAGS_in_flight);
+    rdmarpc::bench::Blob big;
+    big.set_data(std::string(1 << 20, 'b'));
+    const double bytes_field = RpcPullMiBps(
+        *stub, "rpc_pull", pulls, in_flight, [](rdmarpc::ClientContext*) {}, big);
+    printf("rpc_pull_1mib_mib_per_s %.2f\n", bytes_field);
+    rdmarpc::Channel& ch = **channel;
+    const double attached = RpcPullMiBps(
+        *stub, "rpc_attachment_pull", pulls, in_flight,
+        [&ch](rdmarpc::ClientContext* ctx) {
+          auto att = ch.AllocateAttachment(1 << 20);
+          if (att.ok()) ctx->set_request_attachment(std::move(*att));
+        },
+        rdmarpc::bench::Blob());
+    printf("rpc_pull_attachment_1mib_mib_per_s %.2f\n", attached);
+    failed = (bytes_field < 0) + (attached < 0);
   }
-  printf("rpc_failed %d\n", failed.load());
+  printf("rpc_failed %d\n", failed);
   printf("counters %s\n", rdmarpc::transport::rdma::Counters().ToString().c_str());
   (*server)->Shutdown(absl::Seconds(1));
-  return failed.load() == 0 ? 0 : 1;
+  return failed == 0 ? 0 : 1;
 }

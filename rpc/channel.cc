@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/internal/payload.h"
 #include "transport/factory.h"
 
 namespace rdmarpc {
@@ -122,10 +123,15 @@ std::shared_ptr<transport::Connection> Channel::Start(
     return fail(s.code(), std::string(s.message()));
   }
   const size_t size = request.ByteSizeLong();
-  if (size > options_.max_message_size) {
+  Attachment attachment = std::move(ctx->request_attachment_);
+  if (size + attachment.size() > options_.max_message_size) {
     return fail(StatusCode::kResourceExhausted,
-                absl::StrCat("request of ", size, " bytes exceeds max_message_size ",
-                             options_.max_message_size));
+                absl::StrCat("request of ", size, " bytes",
+                             attachment.empty()
+                                 ? std::string()
+                                 : absl::StrCat(" with an attachment of ", attachment.size(),
+                                                " bytes"),
+                             " exceeds max_message_size ", options_.max_message_size));
   }
   // Tracked first, so that from here on everything that ends the call goes
   // through Complete; with a connection up, one lock does both.
@@ -151,10 +157,10 @@ std::shared_ptr<transport::Connection> Channel::Start(
   };
 
   OutboundMessage msg;
-  auto payload = conn->AllocatePayload(size);
+  msg.header.attachment_len = static_cast<uint32_t>(attachment.size());
+  auto payload = internal::BuildPayload(*conn, std::move(attachment), request, size);
   if (!payload.ok()) return end(payload.status());
   msg.payload = std::move(*payload);
-  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(msg.payload.data()));
   if (has_metadata) msg.metadata = transport::EncodeMetadata(ctx->metadata());
   msg.header.kind = MessageKind::kRequest;
   msg.header.method_id = method.id;
@@ -174,6 +180,19 @@ std::shared_ptr<transport::Connection> Channel::Start(
   if (cancelled) return nullptr;
   if (Status s = conn->Send(std::move(msg)); !s.ok()) return end(s);
   return conn;
+}
+
+StatusOr<Attachment> Channel::AllocateAttachment(size_t size, size_t message_room) {
+  if (size > options_.max_message_size) {
+    return Status(StatusCode::kResourceExhausted,
+                  absl::StrCat("attachment of ", size, " bytes exceeds max_message_size ",
+                               options_.max_message_size));
+  }
+  auto conn = EnsureConnected(absl::InfiniteFuture());
+  if (!conn.ok()) return conn.status();
+  auto memory = (*conn)->AllocatePayload(size + message_room);
+  if (!memory.ok()) return memory.status();
+  return Attachment(std::move(*memory), size);
 }
 
 uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn) {
@@ -243,12 +262,30 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
       made_here = true;
     }
   }
-  if (msg != nullptr && status.ok() &&
-      !p.response->ParseFromArray(msg->payload.data(), static_cast<int>(msg->payload.size()))) {
-    status = Status(StatusCode::kInternal, absl::StrCat("response from ", target_,
-                                                        " does not parse as ",
-                                                        p.response->GetTypeName()));
-    made_here = true;
+  if (msg != nullptr && status.ok()) {
+    // The payload is the attachment, then the message.
+    const size_t att = msg->header.attachment_len;
+    if (att > msg->payload.size()) {  // a transport's bug, not the server's
+      status = Status(StatusCode::kInternal,
+                      absl::StrCat("response from ", target_, " has an attachment of ", att,
+                                   " bytes in a payload of ", msg->payload.size()));
+      made_here = true;
+    } else if (!p.response->ParseFromArray(msg->payload.data() + att,
+                                           static_cast<int>(msg->payload.size() - att))) {
+      status = Status(StatusCode::kInternal, absl::StrCat("response from ", target_,
+                                                          " does not parse as ",
+                                                          p.response->GetTypeName()));
+      made_here = true;
+    } else if (att > 0) {
+      // Kept in place unless it sits in a receive slot, which the SRQ needs
+      // back; those are small, so the copy is cheap.
+      if (msg->payload_on_loan) {
+        p.ctx->response_attachment_ =
+            Attachment::CopyOf(absl::string_view(msg->payload.data(), att));
+      } else {
+        p.ctx->response_attachment_ = Attachment(std::move(msg->payload), att);
+      }
+    }
   }
   const bool decorate = made_here || status.code() == StatusCode::kUnimplemented;
   if (!status.ok() && decorate && status.message().find(p.method) == absl::string_view::npos) {

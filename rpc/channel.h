@@ -32,6 +32,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "google/protobuf/message_lite.h"
+#include "rpc/attachment.h"
 #include "rpc/client_context.h"
 #include "rpc/internal/thread_pool.h"
 #include "rpc/internal/timer_queue.h"
@@ -74,6 +75,14 @@ class Channel : private transport::ConnectionObserver {
   void CallAsync(const MethodInfo& method, ClientContext* ctx,
                  const google::protobuf::MessageLite& request,
                  google::protobuf::MessageLite* response, CallCallback done);
+
+  // Memory for a request attachment (rpc/attachment.h) that the transport
+  // sends as it is (registered memory over RDMA), with room after it for a
+  // request message of up to `message_room` bytes. Connects if need be.
+  // RESOURCE_EXHAUSTED beyond max_message_size or the transport's memory
+  // bound; UNAVAILABLE when the server cannot be reached.
+  StatusOr<Attachment> AllocateAttachment(size_t size,
+                                          size_t message_room = kDefaultAttachmentMessageRoom);
 
   const std::string& target() const { return target_; }
 

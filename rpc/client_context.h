@@ -8,6 +8,9 @@
 //   rdmarpc::Status s = stub.Echo(&ctx, req, &resp);
 //   for (const auto& [k, v] : ctx.server_metadata()) ...
 //
+// Raw bytes beside the message go as an attachment (rpc/attachment.h):
+// set_request_attachment before the call, response_attachment after it.
+//
 // TryCancel() may be called from any thread at any time: a pending call ends
 // with CANCELLED (a call that already finished is not affected) and the
 // server is told to stop working on it.
@@ -20,6 +23,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "rpc/attachment.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc {
@@ -47,6 +51,16 @@ class ClientContext {
   // valid once the call has completed.
   const Metadata& server_metadata() const { return server_metadata_; }
 
+  // Sent after the request message; the call takes it (the context no
+  // longer holds it once the call has started).
+  void set_request_attachment(Attachment attachment) {
+    request_attachment_ = std::move(attachment);
+  }
+  // What the server's handler set with ServerContext::set_response_attachment;
+  // valid once the call has completed OK, and held until the context is
+  // destroyed. Empty when the server sent none or the call failed.
+  const Attachment& response_attachment() const { return response_attachment_; }
+
   void TryCancel();
 
  private:
@@ -62,6 +76,8 @@ class ClientContext {
   absl::Time deadline_ = absl::InfiniteFuture();
   Metadata metadata_;
   Metadata server_metadata_;
+  Attachment request_attachment_;
+  Attachment response_attachment_;
   // Cancellation without a lock (every call sets and clears the hook): the
   // hook's fields are written before kHookSet is published, and whichever of
   // SetCancelHook and TryCancel sets its bit second runs the hook, so it runs

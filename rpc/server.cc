@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/internal/payload.h"
 #include "rpc/internal/spare_pool.h"
 #include "transport/factory.h"
 
@@ -30,11 +31,15 @@ class ServerCallImpl : public ServerCall {
         conn_(conn),
         method_(method),
         msg_(std::move(msg)),
-        ctx_(method->full_name, conn.peer(), deadline, std::move(client_md)) {}
+        ctx_(method->full_name, conn, deadline, std::move(client_md),
+             absl::string_view(msg_.payload.data(), msg_.header.attachment_len)) {}
 
   ServerContext* context() override { return &ctx_; }
+  // The payload is the attachment, then the message; HandleRequest checked
+  // that it holds attachment_len bytes.
   absl::string_view request() const override {
-    return absl::string_view(msg_.payload.data(), msg_.payload.size());
+    const size_t att = msg_.header.attachment_len;
+    return absl::string_view(msg_.payload.data() + att, msg_.payload.size() - att);
   }
   void Finish(const Status& status, const google::protobuf::MessageLite* response) override {
     Respond(status, response);
@@ -45,18 +50,24 @@ class ServerCallImpl : public ServerCall {
   void Respond(Status status, const google::protobuf::MessageLite* response) {
     if (responded_.exchange(true)) return;
     Buffer payload;
+    uint32_t attachment_len = 0;
     if (status.ok() && response != nullptr) {
+      Attachment attachment = ctx_.TakeResponseAttachment();
       const size_t size = response->ByteSizeLong();
-      if (size > server_->max_message_size_) {
+      if (size + attachment.size() > server_->max_message_size_) {
         status = Status(StatusCode::kResourceExhausted,
                         absl::StrCat(method_->full_name, ": response of ", size,
+                                     " bytes with an attachment of ", attachment.size(),
                                      " bytes exceeds max_message_size ",
                                      server_->max_message_size_));
-      } else if (auto buf = conn_.AllocatePayload(size); !buf.ok()) {
-        status = buf.status();
       } else {
-        payload = std::move(*buf);
-        response->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(payload.data()));
+        attachment_len = static_cast<uint32_t>(attachment.size());
+        auto built = internal::BuildPayload(conn_, std::move(attachment), *response, size);
+        if (built.ok()) {
+          payload = std::move(*built);
+        } else {
+          status = built.status();
+        }
       }
     }
     // Past the deadline the client is no longer waiting for a result, and
@@ -65,7 +76,8 @@ class ServerCallImpl : public ServerCall {
       payload.Reset();
       status = Status(StatusCode::kDeadlineExceeded, "deadline exceeded on the server");
     }
-    server_->Reply(conn_, key().second, status, std::move(payload),
+    if (!status.ok()) attachment_len = 0;
+    server_->Reply(conn_, key().second, status, std::move(payload), attachment_len,
                    ctx_.TakeResponseMetadata());
     server_->CallFinished(key());
   }
@@ -122,7 +134,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   // `conn` is alive while it delivers this message; an answer to a
   // connection that has closed meanwhile is dropped by its Send.
   const auto reply_error = [&](StatusCode code, const std::string& text) {
-    Reply(conn, call_id, Status(code, text), Buffer(), {});
+    Reply(conn, call_id, Status(code, text), Buffer(), 0, {});
   };
   auto m = methods_.find(msg.header.method_id);
   if (m == methods_.end()) {
@@ -135,6 +147,12 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   if (!msg.payload_status.ok()) {
     return reply_error(msg.payload_status.code(),
                        absl::StrCat(method->full_name, ": ", msg.payload_status.message()));
+  }
+  if (msg.header.attachment_len > msg.payload.size()) {  // a transport's bug, not the peer's
+    return reply_error(StatusCode::kInternal,
+                       absl::StrCat(method->full_name, ": attachment of ",
+                                    msg.header.attachment_len, " bytes in a payload of ",
+                                    msg.payload.size()));
   }
   Metadata client_md;
   if (!msg.metadata.empty()) {
@@ -173,11 +191,12 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
 }
 
 void Server::Reply(Connection& conn, uint64_t call_id, const Status& status, Buffer payload,
-                   const Metadata& md) {
+                   uint32_t attachment_len, const Metadata& md) {
   OutboundMessage out;
   out.header.kind = MessageKind::kResponse;
   out.header.call_id = call_id;
   out.header.status = static_cast<uint16_t>(status.code());
+  out.header.attachment_len = attachment_len;
   if (!status.ok()) {
     const absl::string_view text = status.message().substr(0, kMaxErrorMessage);
     payload = Buffer::CopyOf(text.data(), text.size());

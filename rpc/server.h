@@ -78,7 +78,7 @@ class Server : private transport::ConnectionObserver {
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
   void HandleRequest(transport::Connection& conn, transport::InboundMessage&& msg);
   void Reply(transport::Connection& conn, uint64_t call_id, const Status& status,
-             transport::Buffer payload, const Metadata& md);
+             transport::Buffer payload, uint32_t attachment_len, const Metadata& md);
   void CallFinished(const CallKey& key);
 
   const size_t max_message_size_;

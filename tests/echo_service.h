@@ -10,7 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
+#include "rpc/attachment.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
@@ -25,7 +27,22 @@ inline constexpr MethodInfo kEchoLater{"/rdmarpc.test.Echo/EchoLater",
                                 MethodId("/rdmarpc.test.Echo/EchoLater")};
 inline constexpr MethodInfo kMissing{"/rdmarpc.test.Echo/Missing", MethodId("/rdmarpc.test.Echo/Missing")};
 
-// Echo: copies data back, sleeps, fails on request, and records what it saw.
+// The bytes tests fill attachments with: position-dependent, so that a copy
+// at the wrong offset or of the wrong length shows.
+inline char AttachmentByte(size_t i) { return static_cast<char>((i * 131 + i / 4096) & 0xff); }
+
+inline void FillAttachment(char* data, size_t size) {
+  for (size_t i = 0; i < size; ++i) data[i] = AttachmentByte(i);
+}
+
+inline uint64_t AttachmentChecksum(absl::string_view bytes) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) sum += (i + 1) * static_cast<uint8_t>(bytes[i]);
+  return sum;
+}
+
+// Echo: copies data back, sleeps, fails on request, and records what it saw;
+// answers an attachment with a copy of it, or with one it writes in place.
 class EchoService : public Service {
  public:
   EchoService() {
@@ -73,6 +90,20 @@ class EchoService : public Service {
       resp->set_data(req.data());
     }
     resp->set_tag(req.tag());
+    const absl::string_view att = ctx->request_attachment();
+    if (!att.empty()) {
+      resp->set_attachment_size(static_cast<int64_t>(att.size()));
+      resp->set_attachment_checksum(AttachmentChecksum(att));
+    }
+    if (req.response_attachment_size() > 0) {
+      const size_t n = static_cast<size_t>(req.response_attachment_size());
+      auto out = ctx->AllocateResponseAttachment(n);
+      if (!out.ok()) return out.status();
+      FillAttachment(out->data(), n);
+      ctx->set_response_attachment(std::move(*out));
+    } else if (!att.empty()) {
+      ctx->set_response_attachment(Attachment::CopyOf(att));
+    }
     return Status();
   }
 

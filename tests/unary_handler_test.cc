@@ -13,13 +13,29 @@ namespace {
 using test::EchoRequest;
 using test::EchoResponse;
 
+// The connection a FakeCall's context names; nothing is sent on it.
+class NoConnection : public transport::Connection {
+ public:
+  absl::Status Send(transport::OutboundMessage) override {
+    return absl::UnavailableError("no connection");
+  }
+  absl::StatusOr<transport::Buffer> AllocatePayload(size_t size) override {
+    return transport::Buffer::Allocate(size);
+  }
+  void Close() override {}
+  const std::string& peer() const override { return peer_; }
+
+ private:
+  const std::string peer_ = "test";
+};
+
 // A served call without a transport: the serialized request in, the status
 // and response out.
 class FakeCall : public ServerCall {
  public:
   explicit FakeCall(const EchoRequest& req)
       : request_(req.SerializeAsString()),
-        ctx_(method_, peer_, absl::InfiniteFuture(), Metadata()) {}
+        ctx_(method_, conn_, absl::InfiniteFuture(), Metadata(), absl::string_view()) {}
   ServerContext* context() override { return &ctx_; }
   absl::string_view request() const override { return request_; }
   void Finish(const Status& status, const google::protobuf::MessageLite* response) override {
@@ -32,7 +48,7 @@ class FakeCall : public ServerCall {
 
  private:
   const std::string method_ = "/rdmarpc.test.Echo/Echo";
-  const std::string peer_ = "test";
+  NoConnection conn_;
   std::string request_;
   ServerContext ctx_;
 };

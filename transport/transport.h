@@ -58,6 +58,12 @@ struct InboundMessage {
   // skipped, not stored), UNAVAILABLE (the READ failed), DEADLINE_EXCEEDED
   // (expired before it was fetched). The runtime answers that call with it.
   absl::Status payload_status;
+  // True when the payload is on loan from the transport's receive resources
+  // (an RDMA receive slot, which the SRQ gets back only when the Buffer is
+  // released): whoever keeps bytes past handling the message copies them.
+  // Otherwise the payload is memory of its own (heap, or the registered
+  // block a READ filled) and may be kept.
+  bool payload_on_loan = false;
 };
 
 class Connection;

@@ -41,7 +41,7 @@ void EncodeHeader(const Header& h, char* out) {
   Put<uint64_t>(out, 32, h.timeout_us);
   Put<uint64_t>(out, 40, h.remote.addr);
   Put<uint32_t>(out, 48, h.remote.rkey);
-  Put<uint32_t>(out, 52, 0);
+  Put<uint32_t>(out, 52, h.attachment_len);
   Put<uint64_t>(out, 56, h.remote.token);
 }
 
@@ -87,7 +87,11 @@ absl::StatusOr<Header> DecodeHeader(const char* in, size_t len) {
   h.timeout_us = Get<uint64_t>(in, 32);
   h.remote.addr = Get<uint64_t>(in, 40);
   h.remote.rkey = Get<uint32_t>(in, 48);
-  if (Get<uint32_t>(in, 52) != 0) return absl::InvalidArgumentError("reserved field is not 0");
+  h.attachment_len = Get<uint32_t>(in, 52);
+  if (h.attachment_len > h.payload_len) {
+    return absl::InvalidArgumentError(absl::StrCat("attachment_len ", h.attachment_len,
+                                                   " exceeds payload_len ", h.payload_len));
+  }
   h.remote.token = Get<uint64_t>(in, 56);
   if (!h.remote_payload() && (h.remote.addr || h.remote.rkey)) {
     return absl::InvalidArgumentError("remote descriptor set without kFlagRemotePayload");

@@ -2,7 +2,9 @@
 //
 //   frame = header (64 bytes) | metadata (metadata_len bytes) | payload
 //
-// The payload (payload_len bytes) follows inline unless the header's
+// The payload (payload_len bytes) is the call's attachment (the first
+// attachment_len bytes: raw bytes that protobuf never sees, rpc/attachment.h)
+// followed by the serialized message. It follows inline unless the header's
 // kFlagRemotePayload is set; then the frame ends after the metadata and the
 // header's `remote` descriptor tells where the receiver READs the payload from
 // (RDMA only; see transport/rdma/). All integers are little-endian.
@@ -18,12 +20,15 @@
 //   8  u64 call_id      chosen by the client, unique per connection while pending
 //  16  u32 method_id    MethodId("/pkg.Service/Method") (rpc/method_id.h)
 //  20  u32 metadata_len encoded Metadata, at most kMaxMetadataBytes
-//  24  u32 payload_len  serialized message (or error text), at most kMaxPayloadBytes
+//  24  u32 payload_len  attachment + serialized message (or error text), at
+//                       most kMaxPayloadBytes
 //  28  u32 credits      receive slots the sender has freed (RDMA flow control)
 //  32  u64 timeout_us   time left to the call's deadline when sent; 0 = none
 //  40  u64 remote.addr  } where the payload can be READ, valid with
 //  48  u32 remote.rkey  } kFlagRemotePayload; length is payload_len (> 0)
-//  52  u32 reserved     must be 0
+//  52  u32 attachment_len  the payload's first bytes that are the attachment,
+//                       at most payload_len; 0 = none (always on a kResponse
+//                       with a non-OK status, and on every other kind)
 //  56  u64 remote.token identifies the advertised buffer in a kRelease
 //
 // The deadline travels as time left rather than as a wall-clock time, so that
@@ -86,6 +91,7 @@ struct Header {
   uint32_t method_id = 0;
   uint32_t metadata_len = 0;
   uint32_t payload_len = 0;
+  uint32_t attachment_len = 0;
   uint32_t credits = 0;
   uint64_t timeout_us = 0;
   RemoteDescriptor remote;

@@ -16,6 +16,7 @@ Header Sample() {
   h.method_id = 0xdeadbeef;
   h.metadata_len = 12;
   h.payload_len = 1 << 20;
+  h.attachment_len = 4096;
   h.credits = 7;
   h.timeout_us = 1500000;
   h.remote = {0xabcdef0123ull, 0x4242, 99};
@@ -32,6 +33,7 @@ TEST(WireFormat, HeaderRoundTrips) {
   EXPECT_EQ(h->method_id, 0xdeadbeefu);
   EXPECT_EQ(h->status, 5);
   EXPECT_EQ(h->payload_len, 1u << 20);
+  EXPECT_EQ(h->attachment_len, 4096u);
   EXPECT_EQ(h->credits, 7u);
   EXPECT_EQ(h->timeout_us, 1500000u);
   EXPECT_TRUE(h->remote_payload());
@@ -49,6 +51,7 @@ TEST(WireFormat, LayoutIsLittleEndianAtDocumentedOffsets) {
   EXPECT_EQ(buf[3], 2);
   EXPECT_EQ(static_cast<uint8_t>(buf[8]), 0x88);
   EXPECT_EQ(static_cast<uint8_t>(buf[16]), 0xef);
+  EXPECT_EQ(static_cast<uint8_t>(buf[53]), 0x10);  // attachment_len 4096
 }
 
 TEST(WireFormat, RejectsMalformedHeaders) {
@@ -67,7 +70,7 @@ TEST(WireFormat, RejectsMalformedHeaders) {
       {"flags", 5, 0x80, "unknown flags"},
       {"metadata_len", 23, 0x7f, "metadata_len"},
       {"payload_len", 27, 0xff, "payload_len"},
-      {"reserved", 52, 1, "reserved"},
+      {"attachment_len", 55, 0x7f, "attachment_len"},
   };
   for (const Case& c : cases) {
     char bad[kHeaderSize];
@@ -89,6 +92,20 @@ TEST(WireFormat, StatusCodesBeyondAbslsDecodeIntact) {
   auto back = DecodeHeader(buf, sizeof buf);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->status, 999);
+}
+
+TEST(WireFormat, AttachmentMayFillThePayloadButNotExceedIt) {
+  Header h = Sample();
+  char buf[kHeaderSize];
+  h.attachment_len = h.payload_len;
+  EncodeHeader(h, buf);
+  ASSERT_TRUE(DecodeHeader(buf, sizeof buf).ok());
+  h.attachment_len = h.payload_len + 1;
+  EncodeHeader(h, buf);
+  auto back = DecodeHeader(buf, sizeof buf);
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("exceeds payload_len"), std::string::npos)
+      << back.status();
 }
 
 TEST(WireFormat, RemoteDescriptorRequiresFlag) {

@@ -75,6 +75,7 @@ std::string RdmaCounters::ToString() const {
       "sends=", sends.load(), " (inline ", sends_inline.load(),
       ", payload copied ", send_payload_copies.load(), ") reads=", reads.load(),
       " bytes_read=", bytes_read.load(), " advertised=", payloads_advertised.load(),
+      " (copied ", advertised_payload_copies.load(), ")",
       " releases_expired=", releases_expired.load(), " late_reads_skipped=",
       late_reads_skipped.load(),
       " srq_posted=", srq_slots_posted.load(), " srq_consumed=", srq_slots_consumed.load(),

@@ -27,6 +27,8 @@ struct RdmaCounters {
   std::atomic<uint64_t> reads{0};              // RDMA READ work requests posted
   std::atomic<uint64_t> bytes_read{0};         // bytes fetched by READ
   std::atomic<uint64_t> payloads_advertised{0};
+  //   of which first copied into registered memory (not from AllocatePayload)
+  std::atomic<uint64_t> advertised_payload_copies{0};
   // Advertised payloads revoked by release_timeout_ms and back in the pool:
   // responses the client did not release in time, requests left unanswered
   // that long past their deadline (without windows: the connection closed).

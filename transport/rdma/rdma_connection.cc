@@ -184,6 +184,7 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
       if (!got.ok()) return got.status();
       b = *got;
       memcpy(b->data, payload.data(), payload.size());
+      MutableCounters().advertised_payload_copies.fetch_add(1);
       const size_t size = payload.size();
       payload = endpoint_->BlockBuffer(b, size);
     }
@@ -689,6 +690,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
     if (h->metadata_len > 0) m.metadata.assign(data + kHeaderSize, h->metadata_len);
     if (!h->remote_payload()) {
       m.payload = endpoint_->SlotBuffer(slot, kHeaderSize + h->metadata_len, h->payload_len);
+      m.payload_on_loan = true;
       observer_->OnMessage(*this, std::move(m));
     } else {
       endpoint_->ReleaseSlot(slot);

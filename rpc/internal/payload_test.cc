@@ -1,0 +1,97 @@
+// BuildPayload: the attachment stays where the caller wrote it when its
+// memory has room for the message; otherwise both go into new memory from
+// the connection, attachment first.
+#include "rpc/internal/payload.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/proto/test_service.pb.h"
+
+namespace rdmarpc::internal {
+namespace {
+
+class CountingConnection : public transport::Connection {
+ public:
+  absl::Status Send(transport::OutboundMessage) override { return absl::OkStatus(); }
+  absl::StatusOr<transport::Buffer> AllocatePayload(size_t size) override {
+    ++allocations;
+    if (fail) return absl::ResourceExhaustedError("bound reached");
+    return transport::Buffer::Allocate(size);
+  }
+  void Close() override {}
+  const std::string& peer() const override { return peer_; }
+
+  int allocations = 0;
+  bool fail = false;
+
+ private:
+  const std::string peer_ = "test";
+};
+
+test::EchoRequest Message() {
+  test::EchoRequest m;
+  m.set_data("the message");
+  m.set_tag(7);
+  return m;
+}
+
+void ExpectLayout(const transport::Buffer& payload, absl::string_view attachment,
+                  const test::EchoRequest& message) {
+  ASSERT_EQ(payload.size(), attachment.size() + message.ByteSizeLong());
+  EXPECT_EQ(absl::string_view(payload.data(), attachment.size()), attachment);
+  test::EchoRequest back;
+  ASSERT_TRUE(back.ParseFromArray(payload.data() + attachment.size(),
+                                  static_cast<int>(payload.size() - attachment.size())));
+  EXPECT_EQ(back.data(), message.data());
+  EXPECT_EQ(back.tag(), message.tag());
+}
+
+TEST(BuildPayload, WritesTheMessageAfterTheAttachmentInPlace) {
+  CountingConnection conn;
+  const test::EchoRequest message = Message();
+  const size_t size = message.ByteSizeLong();
+  Attachment att(transport::Buffer::Allocate(100 + size), 100);
+  memset(att.data(), 'a', 100);
+  const char* where = att.data();
+  auto payload = BuildPayload(conn, std::move(att), message, size);
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  EXPECT_EQ(payload->data(), where) << "the attachment was moved";
+  EXPECT_EQ(conn.allocations, 0);
+  ExpectLayout(*payload, std::string(100, 'a'), message);
+}
+
+TEST(BuildPayload, CopiesTheAttachmentWhenTheMessageDoesNotFit) {
+  CountingConnection conn;
+  const test::EchoRequest message = Message();
+  const size_t size = message.ByteSizeLong();
+  Attachment att(transport::Buffer::Allocate(100 + size - 1), 100);
+  memset(att.data(), 'b', 100);
+  const char* where = att.data();
+  auto payload = BuildPayload(conn, std::move(att), message, size);
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  EXPECT_NE(payload->data(), where);
+  EXPECT_EQ(conn.allocations, 1);
+  ExpectLayout(*payload, std::string(100, 'b'), message);
+}
+
+TEST(BuildPayload, NoAttachmentIsJustTheMessage) {
+  CountingConnection conn;
+  const test::EchoRequest message = Message();
+  auto payload = BuildPayload(conn, Attachment(), message, message.ByteSizeLong());
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  EXPECT_EQ(conn.allocations, 1);
+  ExpectLayout(*payload, "", message);
+}
+
+TEST(BuildPayload, AllocationFailureIsReturned) {
+  CountingConnection conn;
+  conn.fail = true;
+  const test::EchoRequest message = Message();
+  auto payload = BuildPayload(conn, Attachment::CopyOf("no room"), message,
+                              message.ByteSizeLong());
+  EXPECT_EQ(payload.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+}  // namespace
+}  // namespace rdmarpc::internal
