@@ -36,7 +36,9 @@
 // - Memory from AllocateAttachment belongs to the transport and counts
 //   against its bounds (RdmaOptions::max_registered_bytes) until the
 //   Attachment is destroyed or sent. Sending takes it: the context no longer
-//   holds it.
+//   holds it, and a pointer kept from data() must not be written through
+//   afterwards (the peer may be READing those bytes; the transport reuses
+//   the memory only once it can no longer, transport/rdma/rdma_connection.h).
 // - Over RDMA, registered blocks come in powers of two, so size plus room is
 //   rounded up.
 // - A received attachment (ClientContext::response_attachment) holds the

@@ -14,7 +14,11 @@
 // it during the post, a non-inline SEND's device reads it, and the block is
 // held by the posted_ entry until a completion at or after that SEND (or,
 // at teardown, until the QP is destroyed). A payload from elsewhere is copied
-// into the frame (counted as send_payload_copies).
+// into the frame (counted as send_payload_copies). A large payload from
+// AllocatePayload is advertised where it was written, even when the runtime
+// made its Buffer shorter (an attachment with room for the message after it,
+// rpc/attachment.h); one from elsewhere is copied into a pool block first
+// (advertised_payload_copies).
 //
 // Flow control. Credits count frames: at connect each side grants the other
 // RdmaOptions::credits (capped by half its receive slots), carried in the
