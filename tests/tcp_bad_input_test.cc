@@ -75,6 +75,35 @@ TEST_F(BadInputTest, LyingLengthBeyondTheWireLimitClosesTheConnection) {
   ExpectGoodClientServed();
 }
 
+TEST_F(BadInputTest, AttachmentLongerThanThePayloadClosesTheConnection) {
+  RawClient bad(port_);
+  Header h = Request(1, kEcho.id);
+  h.attachment_len = 100;
+  bad.SendFrame(h, "", std::string(99, 'a'));
+  EXPECT_TRUE(bad.ClosedByPeer());
+  ExpectGoodClientServed();
+}
+
+// The layout as a peer written from wire_format.h alone would send it: the
+// attachment's bytes first, then the message.
+TEST_F(BadInputTest, AttachmentComesFirstInThePayloadBothWays) {
+  RawClient raw(port_);
+  Header h = Request(7, kEcho.id);
+  const std::string att = "raw attachment bytes";
+  h.attachment_len = static_cast<uint32_t>(att.size());
+  raw.SendFrame(h, "", att + EchoBytes("the message"));
+  auto f = raw.ReadFrame();
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->header.call_id, 7u);
+  EXPECT_EQ(f->header.status, 0);
+  ASSERT_EQ(f->header.attachment_len, att.size());
+  EXPECT_EQ(f->payload.substr(0, att.size()), att);
+  EchoResponse resp;
+  ASSERT_TRUE(resp.ParseFromString(f->payload.substr(att.size())));
+  EXPECT_EQ(resp.data(), "the message");
+  EXPECT_EQ(resp.attachment_size(), static_cast<int64_t>(att.size()));
+}
+
 TEST_F(BadInputTest, TruncatedFrameThenDisconnect) {
   RawClient* bad = new RawClient(port_);
   bad->SendFrame(Request(1, kEcho.id), "", "only a few", 5000);
