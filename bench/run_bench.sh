@@ -112,6 +112,9 @@ $pull" | grep "^counters" || true; fi
   done
   if [ -n "$missing" ]; then
     echo "round $round: skipped, no figure from:$missing"
+    # rpc_bench's own words (a failed call's status), if any; not its figures.
+    echo "$ping
+$pull" | grep -v -E '^[a-z0-9_]+ -?[0-9.]+$|^counters |RDMA device' | sed "s/^/round $round: /" || true
     continue
   fi
   echo "round $round: softirq ms per MiB (Soft-RoCE's packet work): ib_read_bw $rsi," \

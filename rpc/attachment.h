@@ -66,7 +66,8 @@ class Attachment {
   }
 
   // For the runtime: the first `size` bytes of `memory` are the attachment;
-  // the rest is room for the message. `size` must not exceed memory.size().
+  // the rest is room for the message. A `size` beyond memory.size() is cut
+  // to it.
   Attachment(transport::Buffer memory, size_t size) : memory_(std::move(memory)), size_(size) {
     if (size_ > memory_.size()) size_ = memory_.size();
   }

@@ -56,9 +56,12 @@ class ServerCallImpl : public ServerCall {
       const size_t size = response->ByteSizeLong();
       if (size + attachment.size() > server_->max_message_size_) {
         status = Status(StatusCode::kResourceExhausted,
-                        absl::StrCat(method_->full_name, ": response of ", size,
-                                     " bytes with an attachment of ", attachment.size(),
-                                     " bytes exceeds max_message_size ",
+                        absl::StrCat(method_->full_name, ": response of ", size, " bytes",
+                                     attachment.empty()
+                                         ? std::string()
+                                         : absl::StrCat(" with an attachment of ",
+                                                        attachment.size(), " bytes"),
+                                     " exceeds max_message_size ",
                                      server_->max_message_size_));
       } else {
         attachment_len = static_cast<uint32_t>(attachment.size());

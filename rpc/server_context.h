@@ -18,9 +18,9 @@
 #include <mutex>
 #include <string>
 
-#include "absl/time/clock.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/attachment.h"
 #include "transport/transport.h"
