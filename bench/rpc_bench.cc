@@ -233,8 +233,9 @@ double TransportPullMiBps(const std::string& address, int pulls, int in_flight) 
 }
 
 // 1 MiB requests to Pull, in_flight at a time, each completion issuing the
-// next; `prepare` gives each call its request and attachment. Returns MiB/s,
-// or -1 when a call failed.
+// next: `request`, plus what `attach` sets on each call's context (the 1 MiB
+// is in one or the other). Returns MiB/s, or -1 when a call failed or the
+// server saw other than 1 MiB.
 double RpcPullMiBps(rdmarpc::bench::Bench::Stub& stub, const char* figure, int pulls,
                     int in_flight,
                     const std::function<void(rdmarpc::ClientContext*)>& attach,
@@ -251,7 +252,10 @@ double RpcPullMiBps(rdmarpc::bench::Bench::Stub& stub, const char* figure, int p
     attach(&slot->ctx);
     stub.AsyncPull(&slot->ctx, request, &slot->ack, [&, slot](rdmarpc::Status s) {
       if (!s.ok() || slot->ack.bytes() != (1 << 20)) {
-        if (failed.fetch_add(1) == 0) fprintf(stderr, "%s: %s\n", figure, s.ToString().c_str());
+        if (failed.fetch_add(1) == 0) {
+          fprintf(stderr, "%s: %s, server saw %llu bytes\n", figure, s.ToString().c_str(),
+                  static_cast<unsigned long long>(slot->ack.bytes()));
+        }
       }
       if (done.fetch_add(1) + 1 == pulls) all_done.Notify();
       issue();

@@ -1,6 +1,8 @@
 // The runtime suite over RDMA (Soft-RoCE in the VM, or a real device), and
 // what the counters must show: small calls went by SEND into the SRQ, large
 // ones by READ, and the server counted calls per method.
+#include <memory>
+
 #include "tests/echo_service.h"
 #include "tests/rpc_suite.h"
 #include "transport/rdma/counters.h"
@@ -14,20 +16,31 @@ INSTANTIATE_TEST_SUITE_P(Rdma, RpcSuite,
                          }}),
                          [](const auto& info) { return info.param.name; });
 
-TEST(RdmaCounters, SmallCallsBySendLargeCallsByRead) {
-  const std::string ip = rdma::testing::RequireRdmaTestAddress();
-  ASSERT_FALSE(ip.empty());
-  TestServer ts("rdma://" + ip + ":0");
-  ASSERT_TRUE(ts.server);
-  auto ch = Channel::Create(ts.address);
-  ASSERT_TRUE(ch.ok());
+// An Echo server over rdma:// and a channel to it.
+class RdmaCounters : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string ip = rdma::testing::RequireRdmaTestAddress();
+    ASSERT_FALSE(ip.empty());
+    server_ = std::make_unique<TestServer>("rdma://" + ip + ":0");
+    ASSERT_TRUE(server_->server);
+    auto ch = Channel::Create(server_->address);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    ch_ = *ch;
+  }
+
+  std::unique_ptr<TestServer> server_;
+  std::shared_ptr<Channel> ch_;
+};
+
+TEST_F(RdmaCounters, SmallCallsBySendLargeCallsByRead) {
   const auto& c = transport::rdma::Counters();
   auto call = [&](size_t size) {
     ClientContext ctx;
     EchoRequest req;
     req.set_data(std::string(size, 'c'));
     EchoResponse resp;
-    Status s = (*ch)->Call(kEcho, &ctx, req, &resp);
+    Status s = ch_->Call(kEcho, &ctx, req, &resp);
     EXPECT_TRUE(s.ok()) << s;
     EXPECT_EQ(resp.data().size(), size);
   };
@@ -39,7 +52,7 @@ TEST(RdmaCounters, SmallCallsBySendLargeCallsByRead) {
   reads = c.reads.load();
   for (int i = 0; i < 3; ++i) call(256 * 1024);
   EXPECT_GE(c.reads.load() - reads, 6u) << "large request and response are READ";
-  EXPECT_EQ(ts.server->MethodCallCounts()["/rdmarpc.test.Echo/Echo"], 14u);
+  EXPECT_EQ(server_->server->MethodCallCounts()["/rdmarpc.test.Echo/Echo"], 14u);
   printf("%s\n", c.ToString().c_str());
 }
 
@@ -48,13 +61,7 @@ TEST(RdmaCounters, SmallCallsBySendLargeCallsByRead) {
 // with Attachment::CopyOf is heap memory, which the transport copies into
 // registered memory first (rpc/internal/payload_test.cc shows the runtime's
 // side: the message is written after the attachment, which is not moved).
-TEST(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
-  const std::string ip = rdma::testing::RequireRdmaTestAddress();
-  ASSERT_FALSE(ip.empty());
-  TestServer ts("rdma://" + ip + ":0");
-  ASSERT_TRUE(ts.server);
-  auto ch = Channel::Create(ts.address);
-  ASSERT_TRUE(ch.ok());
+TEST_F(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
   const auto& c = transport::rdma::Counters();
   constexpr size_t kSize = 1 << 20;
   auto call = [&](Attachment att, int64_t response_attachment_size, std::string data) {
@@ -65,7 +72,7 @@ TEST(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
     req.set_data(data);
     req.set_response_attachment_size(response_attachment_size);
     EchoResponse resp;
-    Status s = (*ch)->Call(kEcho, &ctx, req, &resp);
+    Status s = ch_->Call(kEcho, &ctx, req, &resp);
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(resp.data(), req.data());
     EXPECT_EQ(resp.attachment_size(), static_cast<int64_t>(kSize));
@@ -73,7 +80,7 @@ TEST(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
     EXPECT_EQ(ctx.response_attachment().size(), kSize);
   };
   auto allocated = [&] {
-    auto att = (*ch)->AllocateAttachment(kSize);
+    auto att = ch_->AllocateAttachment(kSize);
     EXPECT_TRUE(att.ok()) << att.status();
     if (att.ok()) FillAttachment(att->data(), kSize);
     return att.ok() ? std::move(*att) : Attachment();
