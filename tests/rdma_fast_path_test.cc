@@ -9,6 +9,7 @@
 // allocations are the service's business: the echo handler makes none.
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <new>
 #include <vector>
 
@@ -38,6 +39,31 @@ namespace {
 // Not zero: a table or queue reaching a new longest length grows once.
 constexpr double kAllowedPerCall = 0.005;
 
+// Starts `n` calls of `req` at once and waits for all of them to end. With
+// `before_cancel`, runs it while they are pending and then cancels them;
+// without, expects them all to succeed.
+void RunTogether(Channel& ch, const EchoRequest& req, int n,
+                 const std::function<void()>& before_cancel = nullptr) {
+  struct Async {
+    ClientContext ctx;
+    EchoResponse resp;
+  };
+  std::vector<Async> calls(n);
+  absl::BlockingCounter left(n);
+  const bool cancel = before_cancel != nullptr;
+  for (Async& c : calls) {
+    ch.CallAsync(kEcho, &c.ctx, req, &c.resp, [&left, cancel](Status s) {
+      if (!cancel) EXPECT_TRUE(s.ok()) << s;
+      left.DecrementCount();
+    });
+  }
+  if (cancel) {
+    before_cancel();
+    for (Async& c : calls) c.ctx.TryCancel();
+  }
+  left.Wait();
+}
+
 // Also checks that no SEND copied its payload into the frame: small
 // payloads are sent from the registered block they were serialized into.
 double AllocationsPerCall(int workers, size_t data_bytes) {
@@ -58,28 +84,34 @@ double AllocationsPerCall(int workers, size_t data_bytes) {
     EXPECT_EQ(resp.data(), req.data());
   };
   // Steady state means every pool and table holds what the measured calls
-  // can need at once. One blocking call at a time still overlaps on the
-  // server: a worker gives its request/response pair back only after the
-  // response is sent, so the next call may already run on the other worker
-  // and take a second pair. Rounds of calls in flight together make every
-  // worker hold a pair at the same time (8 calls queued for 2 workers, 20
-  // times over); the sequential calls after them fill the rings.
-  constexpr int kInFlight = 8;
-  for (int round = 0; round < 20; ++round) {
-    struct Async {
-      ClientContext ctx;
-      EchoResponse resp;
-    };
-    std::vector<Async> calls(kInFlight);
-    absl::BlockingCounter left(kInFlight);
-    for (Async& c : calls) {
-      (*ch)->CallAsync(kEcho, &c.ctx, req, &c.resp, [&left](Status s) {
-        EXPECT_TRUE(s.ok()) << s;
-        left.DecrementCount();
-      });
-    }
-    left.Wait();
+  // can need at once.
+  //
+  // Each worker thread keeps spares of its own (rpc/internal/spare_pool.h):
+  // a request/response pair once it has run one call, and the server's call
+  // objects it gave back, up to a stack's worth, before it passes any on. A
+  // worker that has not run enough calls yet allocates during the measured
+  // ones. Which worker takes a queued call is up to the scheduler (under
+  // ASan in the VM, one worker can take nearly all of them), so every worker
+  // is made to run calls: `workers` calls at once that sleep until
+  // cancelled are running on `workers` different threads once they have all
+  // started.
+  constexpr int kPerWorkerRounds = 20;  // more than a thread's spare stack
+  for (int round = 0; workers > 0 && round < kPerWorkerRounds; ++round) {
+    EchoRequest sleeper = req;
+    sleeper.set_sleep_ms(60'000);
+    const int started = ts.service.started.load();
+    RunTogether(**ch, sleeper, workers, [&] {
+      const absl::Time until = absl::Now() + absl::Seconds(30);
+      while (ts.service.started.load() < started + workers && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      EXPECT_EQ(ts.service.started.load(), started + workers) << "round " << round;
+    });
   }
+  // Calls in flight together then fill the rings, the pending-call table and
+  // the shared stacks; the sequential calls after them are the measured
+  // pattern.
+  for (int round = 0; round < 20; ++round) RunTogether(**ch, req, 8);
   for (int i = 1; i <= 300; ++i) call(i);
   const int calls = 1000;
   const uint64_t copies = transport::rdma::Counters().send_payload_copies.load();
