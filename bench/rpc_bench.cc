@@ -232,6 +232,46 @@ double TransportPullMiBps(const std::string& address, int pulls, int in_flight) 
   return pulls / secs;
 }
 
+// What one RpcPullMiBps run's callbacks share. Each pending call holds it:
+// the last callback is still on its way out (calling IssuePull, which finds
+// nothing left to start) after all_done has let RpcPullMiBps return, so
+// nothing a callback touches may live on that function's stack. What the
+// references name is only used to start calls, and every call has started
+// (its request serialized and sent) before it can complete.
+struct PullRun {
+  PullRun(rdmarpc::bench::Bench::Stub& stub, const char* figure, int pulls,
+          const std::function<void(rdmarpc::ClientContext*)>& attach,
+          const rdmarpc::bench::Blob& request)
+      : stub(stub), figure(figure), pulls(pulls), attach(attach), request(request) {}
+  rdmarpc::bench::Bench::Stub& stub;
+  const char* const figure;
+  const int pulls;
+  const std::function<void(rdmarpc::ClientContext*)>& attach;
+  const rdmarpc::bench::Blob& request;
+  std::atomic<int> started{0}, done{0}, failed{0};
+  absl::Notification all_done;
+};
+
+void IssuePull(const std::shared_ptr<PullRun>& run) {
+  if (run->started.fetch_add(1) >= run->pulls) return;
+  struct Slot {
+    rdmarpc::ClientContext ctx;
+    rdmarpc::bench::Ack ack;
+  };
+  auto slot = std::make_shared<Slot>();
+  run->attach(&slot->ctx);
+  run->stub.AsyncPull(&slot->ctx, run->request, &slot->ack, [run, slot](rdmarpc::Status s) {
+    if (!s.ok() || slot->ack.bytes() != (1 << 20)) {
+      if (run->failed.fetch_add(1) == 0) {
+        fprintf(stderr, "%s: %s, server saw %llu bytes\n", run->figure, s.ToString().c_str(),
+                static_cast<unsigned long long>(slot->ack.bytes()));
+      }
+    }
+    if (run->done.fetch_add(1) + 1 == run->pulls) run->all_done.Notify();
+    IssuePull(run);
+  });
+}
+
 // 1 MiB requests to Pull, in_flight at a time, each completion issuing the
 // next: `request`, plus what `attach` sets on each call's context (the 1 MiB
 // is in one or the other). Returns MiB/s, or -1 when a call failed or the
@@ -240,34 +280,14 @@ double RpcPullMiBps(rdmarpc::bench::Bench::Stub& stub, const char* figure, int p
                     int in_flight,
                     const std::function<void(rdmarpc::ClientContext*)>& attach,
                     const rdmarpc::bench::Blob& request) {
-  std::atomic<int> started{0}, done{0}, failed{0};
-  absl::Notification all_done;
-  struct Slot {
-    rdmarpc::ClientContext ctx;
-    rdmarpc::bench::Ack ack;
-  };
-  std::function<void()> issue = [&] {
-    if (started.fetch_add(1) >= pulls) return;
-    auto slot = std::make_shared<Slot>();
-    attach(&slot->ctx);
-    stub.AsyncPull(&slot->ctx, request, &slot->ack, [&, slot](rdmarpc::Status s) {
-      if (!s.ok() || slot->ack.bytes() != (1 << 20)) {
-        if (failed.fetch_add(1) == 0) {
-          fprintf(stderr, "%s: %s, server saw %llu bytes\n", figure, s.ToString().c_str(),
-                  static_cast<unsigned long long>(slot->ack.bytes()));
-        }
-      }
-      if (done.fetch_add(1) + 1 == pulls) all_done.Notify();
-      issue();
-    });
-  };
+  auto run = std::make_shared<PullRun>(stub, figure, pulls, attach, request);
   const CpuSeconds cpu = ReadCpuSeconds();
   const absl::Time start = absl::Now();
-  for (int i = 0; i < in_flight; ++i) issue();
-  all_done.WaitForNotification();
+  for (int i = 0; i < in_flight; ++i) IssuePull(run);
+  run->all_done.WaitForNotification();
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
   PrintCpuPerMiB(figure, cpu, pulls);
-  return failed.load() > 0 ? -1 : pulls / secs;
+  return run->failed.load() > 0 ? -1 : pulls / secs;
 }
 
 }  // namespace
