@@ -141,6 +141,10 @@ ${line##* | }"
   raws="$raws
 $lat_before $lat_after $ulat $trtt $rtt $rbw_before $rbw_after $ubw $tbw $bw $abw"
 done
+if [ -z "${raws//[[:space:]]/}" ]; then
+  echo "bench: no round gave every figure (see the skipped rounds above); no ratios" >&2
+  exit 1
+fi
 # Medians per column over the rounds.
 med() { echo "$ratios" | awk -v c="$1" 'NF {print $c}' | median; }
 awk -v ul="$(med 1)" -v t="$(med 2)" -v s="$(med 3)" -v su="$(med 4)" -v ub="$(med 5)" \
