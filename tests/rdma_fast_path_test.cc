@@ -53,7 +53,9 @@ void RunTogether(Channel& ch, const EchoRequest& req, int n,
   const bool cancel = before_cancel != nullptr;
   for (Async& c : calls) {
     ch.CallAsync(kEcho, &c.ctx, req, &c.resp, [&left, cancel](Status s) {
-      if (!cancel) EXPECT_TRUE(s.ok()) << s;
+      if (!cancel) {
+        EXPECT_TRUE(s.ok()) << s;
+      }
       left.DecrementCount();
     });
   }

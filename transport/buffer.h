@@ -15,32 +15,54 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
+#include <type_traits>
 #include <utility>
-
-#include "absl/functional/any_invocable.h"
 
 namespace rdmarpc::transport {
 
 class Buffer {
  public:
-  using Releaser = absl::AnyInvocable<void(char* data, size_t size) &&>;
-
   Buffer() = default;
-  // Wraps memory the caller owns; `release` runs exactly once, when the Buffer
-  // (or the last Buffer it was moved into) is destroyed or reset.
-  Buffer(char* data, size_t size, Releaser release)
-      : data_(data), size_(size), release_(std::move(release)) {}
+  // Wraps memory the caller owns; `release(data, size)` runs exactly once,
+  // when the Buffer (or the last Buffer it was moved into) is destroyed or
+  // reset. The releaser is stored in the Buffer as it is, not type-erased
+  // into a callable object: a Buffer is moved several times per message on
+  // the transports' fast paths, and a move must be a plain copy of a few
+  // words, with no call through a manager function. So the releaser has to
+  // be trivially copyable and at most two pointers in size: capture pointers
+  // and indices, never an owning object (a shared_ptr, a std::string). To
+  // keep something alive until the release, count it yourself (the RDMA
+  // endpoint counts its loans).
+  template <typename Release>
+  Buffer(char* data, size_t size, Release release) : data_(data), size_(size) {
+    static_assert(std::is_trivially_copyable_v<Release>,
+                  "a Buffer releaser must be trivially copyable (capture pointers, not owners)");
+    static_assert(sizeof(Release) <= sizeof(Context) && alignof(Release) <= alignof(Context),
+                  "a Buffer releaser captures at most two pointers");
+    static_assert(std::is_invocable_r_v<void, Release&, char*, size_t>,
+                  "a Buffer releaser is called as release(data, size)");
+    ::new (static_cast<void*>(context_.bytes)) Release(release);
+    release_ = [](Context& c, char* d, size_t n) {
+      (*std::launder(reinterpret_cast<Release*>(c.bytes)))(d, n);
+    };
+  }
   // Heap memory, freed on release.
   static Buffer Allocate(size_t size);
   static Buffer CopyOf(const void* data, size_t size);
 
-  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer(Buffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        release_(std::exchange(other.release_, nullptr)),
+        context_(other.context_) {}
   Buffer& operator=(Buffer&& other) noexcept {
     if (this != &other) {
       Reset();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
-      release_ = std::move(other.release_);
+      release_ = std::exchange(other.release_, nullptr);
+      context_ = other.context_;
     }
     return *this;
   }
@@ -59,16 +81,22 @@ class Buffer {
   }
 
   void Reset() {
-    if (release_) std::move(release_)(data_, size_);
-    release_ = nullptr;
+    if (release_ != nullptr) std::exchange(release_, nullptr)(context_, data_, size_);
     data_ = nullptr;
     size_ = 0;
   }
 
  private:
+  // The releaser's captures, copied bytewise on every move.
+  struct Context {
+    alignas(void*) unsigned char bytes[2 * sizeof(void*)];
+  };
+  static_assert(std::is_trivially_copyable_v<Context>);
+
   char* data_ = nullptr;
   size_t size_ = 0;
-  Releaser release_;
+  void (*release_)(Context&, char*, size_t) = nullptr;  // null: nothing to release
+  Context context_{};
 };
 
 }  // namespace rdmarpc::transport

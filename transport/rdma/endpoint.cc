@@ -122,9 +122,6 @@ absl::Status Endpoint::Init() {
   pool_ =
       std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_, windows);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  // Final capacity now: SlotOf reads regions_ from other threads while the
-  // poller may append, which is safe only if the vector never reallocates.
-  regions_.reserve((target_ + options_.max_held_slots) / kSlotsPerRegion + 1);
   while (slot_count_.load() < target_) {
     if (absl::Status s = GrowSlots(); !s.ok()) return s;
   }
@@ -272,33 +269,12 @@ Buffer Endpoint::SlotBuffer(uint32_t slot, size_t offset, size_t length) {
   }
   const Region& r = regions_[slot / kSlotsPerRegion];
   char* data = r.base + (slot % kSlotsPerRegion) * options_.slot_size + offset;
-  // The releaser finds the slot again from the data pointer: capturing only
-  // the Endpoint keeps it within Buffer's inline storage (no allocation).
-  const auto release = [ep = this](char* d, size_t) {
-    ep->ReleaseSlot(ep->SlotOf(d));
+  const auto release = [ep = this, slot](char*, size_t) {
+    ep->ReleaseSlot(slot);
     ep->EndLoan();
   };
-  static_assert(std::is_trivially_copyable_v<decltype(release)>, "see Lifetime in endpoint.h");
   Lend();
   return Buffer(data, length, release);
-}
-
-uint32_t Endpoint::SlotOf(const char* p) const {
-  // Any thread. Regions below slot_count_ are complete and never move
-  // (regions_ has its final capacity from Init). A payload starts after the
-  // frame's header, and may start at the very end of its slot (metadata
-  // filling the slot, no payload), so the byte before it is in the slot.
-  static_assert(kHeaderSize > 0, "a slot's payload never starts at the slot's first byte");
-  const char* inside = p - 1;
-  const uint32_t regions = slot_count_.load(std::memory_order_acquire) / kSlotsPerRegion;
-  const size_t region_bytes = size_t{kSlotsPerRegion} * options_.slot_size;
-  if (const Region* r = RegionHolding(regions_.data(), regions, region_bytes, inside)) {
-    return static_cast<uint32_t>(r - regions_.data()) * kSlotsPerRegion +
-           static_cast<uint32_t>((inside - r->base) / options_.slot_size);
-  }
-  fprintf(stderr, "rdmarpc[%s]: released memory is in no receive slot of %s\n", owner_.c_str(),
-          device_name_.c_str());
-  abort();
 }
 
 Buffer Endpoint::SmallBuffer(size_t size) {
@@ -317,7 +293,6 @@ Buffer Endpoint::SmallBuffer(size_t size) {
     ep->small_free_.Push(i);
     ep->EndLoan();
   };
-  static_assert(std::is_trivially_copyable_v<decltype(release)>, "see Lifetime in endpoint.h");
   Lend();
   return Buffer(SmallBlock(*index), size, release);
 }
@@ -365,7 +340,6 @@ Buffer Endpoint::BlockBuffer(RegisteredPool::Block* block, size_t size) {
     ep->pool_->Put(block);
     ep->EndLoan();
   };
-  static_assert(std::is_trivially_copyable_v<decltype(release)>, "see Lifetime in endpoint.h");
   Lend();
   return Buffer(block->data, size, release);
 }

@@ -31,10 +31,11 @@
 // pool block) is a loan on its Endpoint, and the shared_ptr owners together
 // hold one more; the last loan to end deletes the Endpoint, so its registered
 // memory outlives every message the runtime still holds. A loan is one atomic
-// count, not a shared_ptr in the Buffer's releaser: a releaser that captures
-// only a raw pointer is trivially relocatable, and a Buffer is moved several
-// times per message. Stop() ends the poller; the last loan frees the verbs
-// resources, on whichever thread releases it.
+// count, not a shared_ptr in the Buffer's releaser: a releaser captures
+// plain pointers and indices only (transport/buffer.h), so that moving a
+// Buffer, several times per message, is a copy of a few words. Stop() ends
+// the poller; the last loan frees the verbs resources, on whichever thread
+// releases it.
 //
 // Work-request ids: RECV wr_id is the slot index; every other wr_id is
 // (connection serial << 32 | per-connection index), looked up in a map, so a
@@ -115,8 +116,6 @@ class Endpoint {
   // retries it every loop until RdmaConnection::FinishTeardown says done.
   void AddDraining(RdmaConnection* conn) { draining_.push_back(conn); }
   void ReleaseSlot(uint32_t slot);
-  // The slot whose memory holds `p`; any thread.
-  uint32_t SlotOf(const char* p) const;
 
   // A receive slot's bytes as a Buffer: releasing it makes the slot a spare.
   // 0 < offset <= slot_size (a payload follows a header).
@@ -185,7 +184,7 @@ class Endpoint {
 
   // Receive slots.
   static constexpr uint32_t kSlotsPerRegion = 64;
-  std::vector<Region> regions_;  // appended by the poller thread; see SlotOf
+  std::vector<Region> regions_;  // poller only
   std::atomic<uint32_t> slot_count_{0};
   size_t posted_ = 0;  // poller thread
   std::mutex spare_mu_;
