@@ -1,7 +1,7 @@
-// FreeIndexStack<N>: a lock-free stack of free indices in [0, N), for pools
-// whose items are numbered (pieces of preallocated memory).
+// FreeIndexStack: a lock-free stack of free indices in [0, capacity), for
+// pools whose items are numbered (pieces of preallocated memory).
 //
-//   FreeIndexStack<512> free;
+//   FreeIndexStack free(512);
 //   free.Push(7);
 //   if (std::optional<uint32_t> i = free.Pop()) Use(*i);
 //
@@ -23,28 +23,31 @@
 #ifndef RDMARPC_BASE_FREE_INDEX_STACK_H_
 #define RDMARPC_BASE_FREE_INDEX_STACK_H_
 
-#include <array>
 #include <atomic>
 #include <cassert>
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 namespace rdmarpc {
 
-template <uint32_t N>
 class FreeIndexStack {
-  static_assert(N > 0 && N < UINT32_MAX, "indices and index + 1 must fit 32 bits");
-
  public:
-  FreeIndexStack() {
-    for (auto& next : next_) next.store(kEmpty, std::memory_order_relaxed);
+  // Empty; indices up to capacity - 1 may be pushed. The capacity is fixed:
+  // the links are one array, read by Pop without a lock.
+  explicit FreeIndexStack(uint32_t capacity)
+      : capacity_(capacity), next_(new std::atomic<uint32_t>[capacity]) {
+    assert(capacity < UINT32_MAX);  // index + 1 fits 32 bits
+    for (uint32_t i = 0; i < capacity; ++i) next_[i].store(kEmpty, std::memory_order_relaxed);
   }
   FreeIndexStack(const FreeIndexStack&) = delete;
   FreeIndexStack& operator=(const FreeIndexStack&) = delete;
 
-  // `index` must be < N and not on the stack already.
+  uint32_t capacity() const { return capacity_; }
+
+  // `index` must be < capacity() and not on the stack already.
   void Push(uint32_t index) {
-    assert(index < N);
+    assert(index < capacity_);
     uint64_t head = head_.load(std::memory_order_relaxed);
     uint64_t desired;
     do {
@@ -76,8 +79,9 @@ class FreeIndexStack {
   static uint32_t Tag(uint64_t head) { return static_cast<uint32_t>(head >> 32); }
   static uint32_t Top(uint64_t head) { return static_cast<uint32_t>(head); }
 
+  const uint32_t capacity_;
   std::atomic<uint64_t> head_{Pack(0, kEmpty)};
-  std::array<std::atomic<uint32_t>, N> next_;  // index + 1 of what lies under i
+  const std::unique_ptr<std::atomic<uint32_t>[]> next_;  // index + 1 of what lies under i
 };
 
 }  // namespace rdmarpc

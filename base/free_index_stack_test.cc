@@ -12,7 +12,7 @@ namespace rdmarpc {
 namespace {
 
 TEST(FreeIndexStack, PopsWhatWasPushedLastFirstAndNothingWhenEmpty) {
-  FreeIndexStack<8> stack;
+  FreeIndexStack stack(8);
   EXPECT_FALSE(stack.Pop().has_value());
   stack.Push(3);
   stack.Push(0);
@@ -26,7 +26,7 @@ TEST(FreeIndexStack, PopsWhatWasPushedLastFirstAndNothingWhenEmpty) {
 }
 
 TEST(FreeIndexStack, HoldsEveryIndexOnce) {
-  FreeIndexStack<512> stack;
+  FreeIndexStack stack(512);
   for (uint32_t i = 0; i < 512; ++i) stack.Push(i);
   std::set<uint32_t> seen;
   while (auto i = stack.Pop()) EXPECT_TRUE(seen.insert(*i).second) << *i;
@@ -43,7 +43,7 @@ TEST(FreeIndexStack, ConcurrentTakersNeverShareAnIndex) {
   constexpr uint32_t kIndices = 2;
   constexpr int kThreads = 8;
   constexpr int kRounds = 200000;
-  FreeIndexStack<kIndices> stack;
+  FreeIndexStack stack(kIndices);
   for (uint32_t i = 0; i < kIndices; ++i) stack.Push(i);
   std::atomic<int> holders[kIndices] = {};
   std::atomic<uint64_t> shared{0}, taken{0};

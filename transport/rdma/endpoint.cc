@@ -89,6 +89,7 @@ Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target
       target_(target),
       refill_below_(target + 1 - std::clamp<size_t>(target / 8, 1, kSrqRefillBatch)),
       owner_(std::move(owner)),
+      spare_(static_cast<uint32_t>(target + options.max_held_slots)),
       sweep_interval_(SweepInterval(options)) {}
 
 absl::Status Endpoint::Init() {
@@ -197,10 +198,7 @@ absl::Status Endpoint::GrowSlots() {
   if (!region.ok()) return region.status();
   regions_.push_back(*region);
   const uint32_t first = slot_count_.load();
-  {
-    std::lock_guard<std::mutex> lock(spare_mu_);
-    for (uint32_t i = 0; i < kSlotsPerRegion; ++i) spare_.push_back(first + i);
-  }
+  for (uint32_t i = 0; i < kSlotsPerRegion; ++i) spare_.Push(first + i);
   slot_count_.fetch_add(kSlotsPerRegion);
   return absl::OkStatus();
 }
@@ -216,12 +214,10 @@ void Endpoint::RefillSrq() {
   bool failed = false;
   while (posted_ < target_ && !failed) {
     size_t taken = 0;
-    {
-      std::lock_guard<std::mutex> lock(spare_mu_);
-      while (posted_ + taken < target_ && taken < kRefillBatch && !spare_.empty()) {
-        take[taken++] = spare_.back();
-        spare_.pop_back();
-      }
+    while (posted_ + taken < target_ && taken < kRefillBatch) {
+      const std::optional<uint32_t> slot = spare_.Pop();
+      if (!slot) break;
+      take[taken++] = *slot;
     }
     if (taken == 0 && !GrowSlots().ok()) break;
     if (taken == 0) continue;
@@ -254,10 +250,7 @@ void Endpoint::RefillSrq() {
 }
 
 void Endpoint::ReleaseSlot(uint32_t slot) {
-  {
-    std::lock_guard<std::mutex> lock(spare_mu_);
-    spare_.push_back(slot);
-  }
+  spare_.Push(slot);
   if (short_.load()) Wake();
 }
 

@@ -187,8 +187,9 @@ class Endpoint {
   std::vector<Region> regions_;  // poller only
   std::atomic<uint32_t> slot_count_{0};
   size_t posted_ = 0;  // poller thread
-  std::mutex spare_mu_;
-  std::vector<uint32_t> spare_;  // guarded by spare_mu_
+  // Slots neither posted nor held: any thread gives them back (a released
+  // Buffer), the poller takes them to post; at most target_ + max_held_slots.
+  FreeIndexStack spare_;
   std::atomic<bool> short_{false};
 
   // Small payload blocks: regions of kSmallBlocksPerRegion slot-sized blocks,
@@ -203,7 +204,7 @@ class Endpoint {
   char* SmallBlock(uint32_t index) const;
   std::array<Region, kMaxSmallRegions> small_regions_{};
   std::atomic<size_t> small_region_count_{0};
-  FreeIndexStack<kMaxSmallBlocks> small_free_;
+  FreeIndexStack small_free_{kMaxSmallBlocks};
   std::mutex small_grow_mu_;
   bool small_growth_failed_ = false;  // guarded by small_grow_mu_
   // Buffers lent out, plus one for the shared_ptr owners (see "Lifetime").

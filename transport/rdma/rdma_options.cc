@@ -57,6 +57,15 @@ absl::Status CheckRdmaOptions(const RdmaOptions& o) {
   if (o.client_receive_slots == 0) {
     return bad("client_receive_slots", "", 0, "nothing could ever be received");
   }
+  // Receive slots are numbered by 32 bits, and each has a 4-byte link in the
+  // endpoint's free stack, allocated up front.
+  constexpr size_t kMaxSlots = std::numeric_limits<uint32_t>::max();
+  const size_t most = std::max(o.server_receive_slots, o.client_receive_slots);
+  if (o.max_held_slots >= kMaxSlots - most) {
+    return bad("max_held_slots", "", o.max_held_slots,
+               absl::StrCat("with ", most, " receive slots posted that exceeds the ", kMaxSlots,
+                            " slots an endpoint can number (default 4096)"));
+  }
   if (o.send_slots == 0) {
     return bad("send_slots", "", 0, "a message too large to go inline could never be sent");
   }
