@@ -22,6 +22,10 @@ namespace {
 std::atomic<uint64_t> g_news{0};
 }  // namespace
 
+// These replace the global allocation functions, so every pointer they free
+// came from the malloc above; GCC cannot tell and warns that free() meets
+// memory from operator new.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(size_t size) {
   g_news.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(size ? size : 1)) return p;

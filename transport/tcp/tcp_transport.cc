@@ -227,8 +227,8 @@ void TcpConnection::OnEvents(uint32_t events) {
 void TcpConnection::OnReadable() {
   char scratch[kReadChunk];
   while (!finished_) {
-    char* dst;
-    size_t want;
+    char* dst = nullptr;
+    size_t want = 0;
     switch (stage_) {
       case Stage::kHeader:
         dst = header_bytes_ + got_;
