@@ -44,6 +44,13 @@ class RingFifo {
     ++size_;
   }
 
+  // Appends an element for the caller to fill in place, without a temporary
+  // to move in: a default-constructed one, or one that pop_front reset to T{}.
+  T& emplace_back() {
+    if (size_ == slots_.size()) Grow();
+    return slots_[(head_ + size_++) & (slots_.size() - 1)];
+  }
+
   void pop_front() {
     assert(size_ > 0);
     slots_[head_] = T{};

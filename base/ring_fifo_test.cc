@@ -50,6 +50,24 @@ TEST(RingFifo, PopReleasesWhatTheSlotHeld) {
   EXPECT_TRUE(ring.empty());
 }
 
+TEST(RingFifo, EmplaceBackGivesAFreshSlotInOrderThroughGrowth) {
+  RingFifo<std::shared_ptr<int>> ring;
+  // Past the first capacity and wrapped: every slot handed out is empty,
+  // whether new or vacated by pop_front, and the order is kept.
+  for (int i = 0; i < 40; ++i) {
+    std::shared_ptr<int>& slot = ring.emplace_back();
+    EXPECT_EQ(slot, nullptr) << i;
+    slot = std::make_shared<int>(i);
+    if (i % 3 == 2) ring.pop_front();
+  }
+  int expect = 13;  // 40 pushed, 13 popped
+  ASSERT_EQ(ring.size(), 27u);
+  while (!ring.empty()) {
+    EXPECT_EQ(*ring.front(), expect++);
+    ring.pop_front();
+  }
+}
+
 TEST(RingFifo, SwapExchangesContentsInOrder) {
   RingFifo<int> a, b;
   for (int i = 0; i < 20; ++i) a.push_back(i);

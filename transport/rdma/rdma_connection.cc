@@ -149,7 +149,7 @@ absl::Status RdmaConnection::Send(OutboundMessage msg) {
   bool took;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queued = SendLocked(msg.header, std::move(msg.metadata), std::move(msg.payload));
+    queued = SendLocked(msg);
     took = TakeOutboxLocked();
   }
   if (!took) return queued;
@@ -157,7 +157,10 @@ absl::Status RdmaConnection::Send(OutboundMessage msg) {
   return queued.ok() ? posted : queued;
 }
 
-absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer payload) {
+absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
+  Header& h = m.header;
+  const std::string& metadata = m.metadata;
+  Buffer& payload = m.payload;
   if (closed_) return absl::UnavailableError(absl::StrCat("connection to ", peer_, " is closed"));
   if (kHeaderSize + metadata.size() > frame_limit_) {
     return absl::ResourceExhaustedError(
@@ -172,7 +175,6 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
   h.remote = RemoteDescriptor{};
   h.metadata_len = static_cast<uint32_t>(metadata.size());
   h.payload_len = static_cast<uint32_t>(payload.size());
-  Pending p;
   const bool remote = payload.size() > read_threshold_ ||
                       kHeaderSize + metadata.size() + payload.size() > frame_limit_;
   if (remote) {
@@ -212,17 +214,13 @@ absl::Status RdmaConnection::SendLocked(Header h, std::string metadata, Buffer p
     advertised_.emplace(token, std::move(adv));
     if (h.kind == MessageKind::kRequest) request_tokens_.emplace(h.call_id, token);
     MutableCounters().payloads_advertised.fetch_add(1);
-  } else {
-    p.payload = std::move(payload);
   }
-  p.header = h;
-  p.metadata = std::move(metadata);
-  if (!backlog_.empty() || !CanPostLocked(p.header)) {
-    backlog_.push_back(std::move(p));
+  if (!backlog_.empty() || !CanPostLocked(h)) {
+    backlog_.push_back(std::move(m));
     MutableCounters().credit_stalls.fetch_add(1);
     return absl::OkStatus();
   }
-  return QueueFrameLocked(p);
+  return QueueFrameLocked(m);
 }
 
 bool RdmaConnection::CanPostLocked(const Header& h) const {
@@ -246,7 +244,7 @@ RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
   return o;
 }
 
-absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
+absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p) {
   p.header.credits = owed_.exchange(0);
   const size_t frame = kHeaderSize + p.metadata.size() + p.payload.size();
   const bool inl = frame <= max_inline_;
@@ -297,7 +295,9 @@ absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
     bind.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
     adv->rkey = rkey;
     p.header.remote.rkey = rkey;
-    posted_.push_back(Posted{bind_seq, -1, Buffer()});
+    Posted& posted = posted_.emplace_back();
+    posted.seq = bind_seq;
+    posted.slot = -1;
     ++sq_used_;
   }
   if (p.header.remote_payload() && FaultInjection::TakeCorruptRkey()) {
@@ -339,7 +339,10 @@ absl::Status RdmaConnection::QueueFrameLocked(Pending& p) {
   out.wr.wr_id = WrId(kWrSend, serial_, seq, signaled);
   out.wr.opcode = IBV_WR_SEND;
   out.wr.send_flags = (inl ? IBV_SEND_INLINE : 0) | (signaled ? IBV_SEND_SIGNALED : 0);
-  posted_.push_back(Posted{seq, slot, std::move(held)});
+  Posted& posted = posted_.emplace_back();
+  posted.seq = seq;
+  posted.slot = slot;
+  posted.payload = std::move(held);
   ++sq_used_;
   if (signaled) ++signaled_outstanding_;
   if (p.header.kind != MessageKind::kCredit) --credits_;
@@ -629,7 +632,7 @@ void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
-    Pending p;
+    OutboundMessage p;
     p.header.kind = kind;
     p.header.remote.token = token;
     if (kind == MessageKind::kCredit) {

@@ -202,11 +202,6 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   }
 
  private:
-  struct Pending {  // a frame waiting for credit, a send slot or SQ room
-    Header header;
-    std::string metadata;
-    Buffer payload;  // inline payload only
-  };
   // A memory window and its rkey as we last bound it. The rkey is kept here,
   // not read from ibv_mw: the provider's copy changes only once the bind has
   // been posted, which may be on another thread after we have moved on.
@@ -268,10 +263,13 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // `why`, plus the peer's revocation rule when one of our READs is running
   // past its expiry: what most likely took the peer down. I/O context.
   absl::Status RevocationHint(absl::Status why);
-  absl::Status SendLocked(Header header, std::string metadata, Buffer payload);
+  // Fills in the header's lengths, flags and remote descriptor, advertises a
+  // payload that goes by READ (moving it out of `m`), then queues the frame
+  // or, without credit, send slot or SQ room, moves `m` to the backlog.
+  absl::Status SendLocked(OutboundMessage& m);
   bool CanPostLocked(const Header& h) const;
   // Builds the frame's work requests (bind, SEND) into the outbox.
-  absl::Status QueueFrameLocked(Pending& p);
+  absl::Status QueueFrameLocked(OutboundMessage& p);
   Outgoing& QueueLocked();
   // Posts the outbox if this thread gets the post token; never under mu_.
   // The error is that of a failed post (the connection then tears down).
@@ -322,7 +320,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::mutex mu_;                // send side
   bool closed_ = false;          // guarded by mu_
   uint32_t credits_ = 0;         // guarded by mu_
-  std::deque<Pending> backlog_;  // guarded by mu_
+  // Frames waiting for credit, a send slot or SQ room, as SendLocked left
+  // them: a payload still in one travels in the SEND itself (one that goes
+  // by READ was advertised and moved out).
+  std::deque<OutboundMessage> backlog_;  // guarded by mu_
   char* send_slots_ = nullptr;
   ibv_mr* send_mr_ = nullptr;
   std::vector<int> free_send_slots_;   // guarded by mu_

@@ -985,29 +985,89 @@ TEST(RdmaTransport, FullSlotFramesGiveBackTheirSlots) {
   (*conn)->Close();
 }
 
+// An echo whose server I/O thread stops in the first request until Open():
+// meanwhile that server neither refills its SRQ nor returns credit.
+class HeldEcho : public EchoObserver {
+ public:
+  void OnMessage(Connection& conn, InboundMessage msg) override {
+    std::unique_lock<std::mutex> lock(gate_mu);
+    if (!first_seen) {
+      first_seen = true;
+      gate_cv.notify_all();
+      gate_cv.wait(lock, [&] { return open; });
+    }
+    lock.unlock();
+    EchoObserver::OnMessage(conn, std::move(msg));
+  }
+  bool WaitForFirst() {
+    std::unique_lock<std::mutex> lock(gate_mu);
+    return gate_cv.wait_for(lock, std::chrono::seconds(30), [&] { return first_seen; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    open = true;
+    gate_cv.notify_all();
+  }
+
+ private:
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool first_seen = false;  // guarded by gate_mu
+  bool open = false;        // guarded by gate_mu
+};
+
+// A sender out of credit keeps its frames in a backlog, in order, and sends
+// them as credit returns: small ones, ones with metadata, and ones whose
+// payload goes by READ (advertised when queued, exposed when sent). Here the
+// server is held in the first request while the client sends three times
+// its credits' worth.
+TEST(RdmaTransport, FramesBeyondTheCreditsWaitInTheBacklogAndAllArrive) {
+  constexpr uint32_t kCredits = 4;
+  constexpr int kFrames = 3 * kCredits;
+  HeldEcho held;
+  Fixture fx;
+  fx.server_observer = &held;
+  RdmaOptions server_opts;
+  server_opts.credits = kCredits;
+  ASSERT_TRUE(fx.Start(server_opts));
+  Waiter& waiter = fx.NewWaiter();
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const size_t by_read = RdmaOptions().slot_size + 1;
+  const auto size_of = [&](int i) -> size_t { return i % 3 == 0 ? by_read : 64 + i; };
+  const uint64_t stalls_before = Counters().credit_stalls.load();
+  const uint64_t reads_before = Counters().reads.load();
+  std::vector<std::future<InboundMessage>> responses;
+  for (int i = 0; i < kFrames; ++i) {
+    const uint64_t id = 1000 + i;
+    responses.push_back(waiter.Expect(id));
+    std::string metadata = i % 2 == 0 ? absl::StrCat("frame-", i) : std::string();
+    ASSERT_TRUE(
+        (*conn)->Send(Request(id, Filled(**conn, size_of(i), id), std::move(metadata))).ok());
+    if (i == 0) ASSERT_TRUE(held.WaitForFirst());
+  }
+  EXPECT_GE(Counters().credit_stalls.load() - stalls_before, uint64_t{kFrames - kCredits})
+      << "frames beyond the credits should have waited";
+  held.Open();
+  for (int i = 0; i < kFrames; ++i) {
+    ASSERT_EQ(responses[i].wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "frame " << i << " was lost; counters: " << Counters().ToString();
+    InboundMessage r = responses[i].get();
+    ASSERT_TRUE(r.payload_status.ok()) << i << ": " << r.payload_status;
+    EXPECT_TRUE(Matches(r.payload, size_of(i), 1000 + i)) << "frame " << i;
+  }
+  // Each large frame's request and response were pulled.
+  EXPECT_GE(Counters().reads.load() - reads_before, uint64_t{2 * (kFrames / 3)});
+  (*conn)->Close();
+}
+
 // Credits are per connection and the SRQ is shared, so a burst from many
 // connections at once can empty it: then the device answers RNR NAK, the
 // sender retries, and nothing is lost; the device counts the NAKs. Here the
 // server's I/O thread is held in the first request's handler, so it cannot
 // refill its 16 slots while four connections send their 8 credits' worth.
 TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
-  class HeldEcho : public EchoObserver {
-   public:
-    void OnMessage(Connection& conn, InboundMessage msg) override {
-      std::unique_lock<std::mutex> lock(gate_mu);
-      if (!first_seen) {
-        first_seen = true;
-        gate_cv.notify_all();
-        gate_cv.wait(lock, [&] { return open; });
-      }
-      lock.unlock();
-      EchoObserver::OnMessage(conn, std::move(msg));
-    }
-    std::mutex gate_mu;
-    std::condition_variable gate_cv;
-    bool first_seen = false;  // guarded by gate_mu
-    bool open = false;        // guarded by gate_mu
-  } held;
+  HeldEcho held;
   constexpr int kConns = 4, kFrames = 8;
   Fixture fx;
   fx.server_observer = &held;
@@ -1030,11 +1090,7 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
       ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
     }
   }
-  {
-    std::unique_lock<std::mutex> lock(held.gate_mu);
-    ASSERT_TRUE(
-        held.gate_cv.wait_for(lock, std::chrono::seconds(30), [&] { return held.first_seen; }));
-  }
+  ASSERT_TRUE(held.WaitForFirst());
   // The retries go on while the server is held; give the device a moment
   // to have NAKed the frames beyond the 16 slots.
   const absl::Time until = absl::Now() + absl::Seconds(10);
@@ -1043,11 +1099,7 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
     absl::SleepFor(absl::Milliseconds(5));
     during = ReadDeviceRnrNaks();
   }
-  {
-    std::lock_guard<std::mutex> lock(held.gate_mu);
-    held.open = true;
-    held.gate_cv.notify_all();
-  }
+  held.Open();
   for (int k = 0; k < static_cast<int>(responses.size()); ++k) {
     ASSERT_EQ(responses[k].wait_for(std::chrono::seconds(60)), std::future_status::ready)
         << "frame " << k << " was lost";
