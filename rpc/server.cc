@@ -23,6 +23,16 @@ constexpr size_t kMaxErrorMessage = 16 * 1024;
 // One call being served. It lives until both the handler has called Finish
 // (self_ keeps it alive until then) and the server no longer tracks it; it
 // holds its connection from the moment the server tracks it (hold_).
+//
+// Tracking (Server::inflight_) is what lets a cancel, a closing connection or
+// Shutdown reach a call that is running. With workers a call is tracked before
+// it is queued. With inline handlers it is tracked only if its handler
+// returns without having finished (it went asynchronous): until the handler
+// returns, the I/O thread that would deliver a cancel or a close for its
+// connection is the one running it, so nothing could reach it anyway, and the
+// usual unary call, finished before its handler returns, costs no lock and no
+// map entry. `tracking_` settles the race between a handler finishing on
+// another thread and the I/O thread tracking the call afterwards.
 class ServerCallImpl : public ServerCall {
  public:
   ServerCallImpl(Server* server, Connection& conn, const Service::Method* method,
@@ -82,8 +92,19 @@ class ServerCallImpl : public ServerCall {
     if (!status.ok()) attachment_len = 0;
     server_->Reply(conn_, key().second, status, std::move(payload), attachment_len,
                    ctx_.TakeResponseMetadata());
-    server_->CallFinished(key());
+    if (tracking_.exchange(kFinished, std::memory_order_acq_rel) == kTracked) {
+      server_->CallFinished(key());
+    }
   }
+
+  enum Tracking : uint8_t { kUntracked, kTracked, kFinished };
+  // Needs Server::mu_: a finishing call that sees kTracked goes on to erase
+  // its entry, which it must find. False when the call has finished already.
+  bool MarkTrackedLocked() {
+    uint8_t expected = kUntracked;
+    return tracking_.compare_exchange_strong(expected, kTracked, std::memory_order_acq_rel);
+  }
+  bool finished() const { return tracking_.load(std::memory_order_acquire) == kFinished; }
 
   Server::CallKey key() const { return {&conn_, msg_.header.call_id}; }
   void Run() {
@@ -107,6 +128,7 @@ class ServerCallImpl : public ServerCall {
   InboundMessage msg_;
   ServerContext ctx_;
   std::atomic<bool> responded_{false};
+  std::atomic<uint8_t> tracking_{kUntracked};
 };
 
 Server::Server(int workers, size_t max_message_size)
@@ -172,6 +194,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   auto call = std::allocate_shared<ServerCallImpl>(internal::SpareAllocator<ServerCallImpl>(),
                                                    this, conn, method, std::move(msg), deadline,
                                                    std::move(client_md));
+  if (inline_handlers_) return RunInline(conn, std::move(call));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(&conn);
@@ -180,17 +203,58 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
       return reply_error(StatusCode::kUnavailable, "server is shutting down");
     }
     if (!inflight_.emplace(call->key(), call).second) {
-      fprintf(stderr, "rdmarpc[server]: %s reused call id %llu while in flight; dropped\n",
-              conn.peer().c_str(), static_cast<unsigned long long>(call_id));
-      return;
+      return DropReusedCallId(conn, call_id);
     }
+    tracked_.fetch_add(1, std::memory_order_relaxed);
+    call->MarkTrackedLocked();
     call->hold_ = it->second;
   }
   call->self_ = call;
-  if (inline_handlers_) return call->Run();
   if (!workers_.Post([call] { call->Run(); })) {
     call->Finish(Status(StatusCode::kUnavailable, "server is shutting down"), nullptr);
   }
+}
+
+void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
+  const CallKey key = call->key();
+  if (shutting_down_.load(std::memory_order_acquire)) {
+    return Reply(conn, key.second, Status(StatusCode::kUnavailable, "server is shutting down"),
+                 Buffer(), 0, {});
+  }
+  // A call id may be reused once its call has ended; while the call runs,
+  // a second request with it is dropped. Only tracked calls can be running
+  // now (see ServerCallImpl), so with none tracked there is nothing to look up.
+  if (tracked_.load(std::memory_order_acquire) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (inflight_.contains(key)) return DropReusedCallId(conn, key.second);
+  }
+  call->self_ = call;
+  call->Run();
+  if (call->finished()) return;
+  // The handler went asynchronous: track the call from here on, unless it
+  // has finished on another thread meanwhile.
+  bool cancel = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(&conn);
+    // Its connection stays open at least until this delivery returns.
+    if (it != conns_.end()) call->hold_ = it->second;
+    if (shutting_down_ || it == conns_.end()) {
+      cancel = true;  // Shutdown may have collected the calls it cancels already
+    } else if (call->MarkTrackedLocked()) {
+      inflight_.emplace(key, call);
+      tracked_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  if (cancel) {
+    call->context()->MarkCancelled();
+    call->Respond(Status(StatusCode::kCancelled, "server shutting down"), nullptr);
+  }
+}
+
+void Server::DropReusedCallId(Connection& conn, uint64_t call_id) {
+  fprintf(stderr, "rdmarpc[server]: %s reused call id %llu while in flight; dropped\n",
+          conn.peer().c_str(), static_cast<unsigned long long>(call_id));
 }
 
 void Server::Reply(Connection& conn, uint64_t call_id, const Status& status, Buffer payload,
@@ -219,6 +283,7 @@ void Server::CallFinished(const CallKey& key) {
   if (it == inflight_.end()) return;
   done = std::move(it->second);
   inflight_.erase(it);
+  tracked_.fetch_sub(1, std::memory_order_relaxed);
   // Under the lock: once Shutdown sees no call in flight, the Server may be
   // destroyed, and with it cv_. Only Shutdown waits for calls to finish.
   if (shutting_down_) cv_.notify_all();

@@ -77,6 +77,10 @@ class Server : private transport::ConnectionObserver {
   void OnMessage(transport::Connection& conn, transport::InboundMessage msg) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
   void HandleRequest(transport::Connection& conn, transport::InboundMessage&& msg);
+  // Inline handlers (SetWorkerThreads(0)): runs the call on this I/O thread
+  // and tracks it only if its handler returns before finishing it.
+  void RunInline(transport::Connection& conn, std::shared_ptr<ServerCallImpl> call);
+  void DropReusedCallId(transport::Connection& conn, uint64_t call_id);
   void Reply(transport::Connection& conn, uint64_t call_id, const Status& status,
              transport::Buffer payload, uint32_t attachment_len, const Metadata& md);
   void CallFinished(const CallKey& key);
@@ -95,11 +99,12 @@ class Server : private transport::ConnectionObserver {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool shutting_down_ = false;  // guarded by mu_
+  std::atomic<bool> shutting_down_{false};  // written under mu_; read without it by RunInline
   bool shut_down_ = false;      // guarded by mu_
   absl::flat_hash_map<transport::Connection*, std::shared_ptr<transport::Connection>>
       conns_;                                                                      // mu_
   absl::flat_hash_map<CallKey, std::shared_ptr<ServerCallImpl>> inflight_;       // mu_
+  std::atomic<size_t> tracked_{0};  // inflight_.size(), written under mu_
 };
 
 class ServerBuilder {

@@ -124,6 +124,41 @@ TEST_P(RpcSuite, AsyncHandlerFinishingOnAnotherThread) {
   EXPECT_EQ(resp.data(), "later");
 }
 
+// Inline handlers (SetWorkerThreads(0)) that finish on another thread: the
+// server tracks such a call only once its handler has returned (server.cc),
+// racing with the finish; every call ends once, and a cancel still reaches a
+// handler that is still running.
+TEST_P(RpcSuite, InlineHandlerFinishingLaterCanBeCancelled) {
+  TestServer ts(GetParam().listen_addr(), /*max_message=*/64u << 20, /*workers=*/0);
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  for (int i = 0; i < 50; ++i) {
+    ClientContext ctx;
+    EchoResponse resp;
+    const std::string data = absl::StrCat("later ", i);
+    Status s = ch->Call(kEchoLater, &ctx, Req(data, i % 3), &resp);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), data);
+  }
+  ClientContext ctx;
+  EchoResponse resp;
+  std::promise<Status> result;
+  ch->CallAsync(kEchoLater, &ctx, Req("slow", 30000), &resp,
+                [&](Status s) { result.set_value(s); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (ts.service.started.load() < 51 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ctx.TryCancel();
+  auto f = result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
+  while (ts.service.saw_cancel.load() == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(ts.service.saw_cancel.load(), 1) << "the handler never saw the cancel";
+}
+
 TEST_P(RpcSuite, DeadlineExceededEndsCallAndTellsServer) {
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
@@ -440,6 +475,46 @@ TEST_P(RpcSuite, ShutdownDrainsThenCancelsInFlightCalls) {
   EXPECT_EQ(ended, kQuick + kSlow);
   EXPECT_GE(ok, 4) << "calls running at shutdown should drain within the grace period";
   EXPECT_LE(ok, kQuick) << "slow calls cannot have finished";
+}
+
+// Shutdown reaches calls whose inline handlers went asynchronous: they are
+// cancelled, answered, and their handlers told.
+TEST_P(RpcSuite, ShutdownCancelsCallsOfInlineHandlersFinishingLater) {
+  auto ts = std::make_unique<TestServer>(GetParam().listen_addr(), 64u << 20, /*workers=*/0);
+  ASSERT_TRUE(ts->server);
+  auto ch = MakeChannel(ts->address);
+  constexpr int kCalls = 10;
+  struct Call {
+    ClientContext ctx;
+    EchoResponse resp;
+    std::promise<Status> result;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    auto c = std::make_unique<Call>();
+    Call* raw = c.get();
+    ch->CallAsync(kEchoLater, &raw->ctx, Req("x", 60000), &raw->resp,
+                  [raw](Status s) { raw->result.set_value(s); });
+    calls.push_back(std::move(c));
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (ts->service.started.load() < kCalls && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(ts->service.started.load(), kCalls);
+  const absl::Time start = absl::Now();
+  ts->server->Shutdown(absl::Milliseconds(100));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << "shutdown exceeded its bound";
+  for (auto& c : calls) {
+    auto f = c->result.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    const Status s = f.get();
+    EXPECT_TRUE(s.code() == StatusCode::kCancelled || s.code() == StatusCode::kUnavailable) << s;
+  }
+  while (ts->service.saw_cancel.load() < kCalls && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(ts->service.saw_cancel.load(), kCalls);
 }
 
 TEST_P(RpcSuite, ChannelReconnectsAfterServerRestart) {

@@ -175,6 +175,44 @@ TEST_F(BadInputTest, ResponsesAndCancelsForUnknownCallsAreIgnored) {
   EXPECT_EQ(r->header.status, 0);
 }
 
+// A call id may be reused once its call has ended, not while the call runs:
+// the second request is dropped without running, whether handlers run on
+// workers or inline (where a call is tracked only once its handler has
+// returned without finishing it, see server.cc).
+TEST_F(BadInputTest, CallIdReusedWhileItsCallRunsIsDropped) {
+  for (int workers : {4, 0}) {
+    SCOPED_TRACE(workers == 0 ? "inline handlers" : "workers");
+    TestServer ts("tcp://127.0.0.1:0", /*max_message=*/1 << 20, workers);
+    ASSERT_TRUE(ts.server);
+    RawClient raw(std::stoi(ts.address.substr(ts.address.rfind(':') + 1)));
+    EchoRequest slow;
+    slow.set_data("first");
+    slow.set_sleep_ms(2000);
+    raw.SendFrame(Request(7, kEchoLater.id), "", slow.SerializeAsString());
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (ts.service.started.load() == 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_EQ(ts.service.started.load(), 1);
+    raw.SendFrame(Request(7, kEcho.id), "", EchoBytes("second"));
+    raw.SendFrame(Request(8, kEcho.id), "", EchoBytes("third"));
+    // The second would have been answered at once, before the first and the
+    // third; the connection answers in order of completion.
+    auto r = raw.ReadFrame();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->header.call_id, 8u);
+    r = raw.ReadFrame();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->header.call_id, 7u);
+    EXPECT_EQ(r->header.status, 0);
+    EchoResponse resp;
+    ASSERT_TRUE(resp.ParseFromString(r->payload));
+    EXPECT_EQ(resp.data(), "first");
+    EXPECT_EQ(ts.service.started.load(), 2) << "the reused id ran";
+  }
+  ExpectGoodClientServed();
+}
+
 TEST_F(BadInputTest, ManyHostileClientsWhileAGoodOneWorks) {
   std::atomic<bool> stop{false};
   std::vector<std::thread> hostile;
