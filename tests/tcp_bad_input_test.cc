@@ -196,8 +196,8 @@ TEST_F(BadInputTest, CallIdReusedWhileItsCallRunsIsDropped) {
     ASSERT_EQ(ts.service.started.load(), 1);
     raw.SendFrame(Request(7, kEcho.id), "", EchoBytes("second"));
     raw.SendFrame(Request(8, kEcho.id), "", EchoBytes("third"));
-    // The second would have been answered at once, before the first and the
-    // third; the connection answers in order of completion.
+    // Had the second run, its answer would have come at once, long before
+    // the first's: the connection answers in order of completion.
     auto r = raw.ReadFrame();
     ASSERT_TRUE(r);
     EXPECT_EQ(r->header.call_id, 8u);
