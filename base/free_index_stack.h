@@ -43,9 +43,7 @@ class FreeIndexStack {
   FreeIndexStack(const FreeIndexStack&) = delete;
   FreeIndexStack& operator=(const FreeIndexStack&) = delete;
 
-  uint32_t capacity() const { return capacity_; }
-
-  // `index` must be < capacity() and not on the stack already.
+  // `index` must be below the capacity and not on the stack already.
   void Push(uint32_t index) {
     assert(index < capacity_);
     uint64_t head = head_.load(std::memory_order_relaxed);

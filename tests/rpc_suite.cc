@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,50 @@ EchoRequest Req(const std::string& data, int sleep_ms = 0) {
   r.set_data(data);
   r.set_sleep_ms(sleep_ms);
   return r;
+}
+
+// Starts a 30 s call to `method`, cancels it once its handler is running
+// (`started` past `started_before`), and expects the call to end CANCELLED
+// and the handler to see the cancel.
+void ExpectCancelReachesRunningHandler(Channel& ch, EchoService& service,
+                                       const MethodInfo& method, int started_before) {
+  ClientContext ctx;
+  EchoResponse resp;
+  std::promise<Status> result;
+  ch.CallAsync(method, &ctx, Req("slow", 30000), &resp, [&](Status s) { result.set_value(s); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (service.started.load() <= started_before && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ctx.TryCancel();
+  auto f = result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
+  while (service.saw_cancel.load() == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(service.saw_cancel.load(), 1) << "server handler never saw the cancel";
+}
+
+// An asynchronous call whose result a test waits for.
+struct AsyncCall {
+  ClientContext ctx;
+  EchoResponse resp;
+  std::promise<Status> result;
+};
+
+// Starts `n` calls to `method`; call i asks its handler to sleep sleep_ms(i).
+std::vector<std::unique_ptr<AsyncCall>> StartCalls(Channel& ch, const MethodInfo& method, int n,
+                                                   const std::function<int(int)>& sleep_ms) {
+  std::vector<std::unique_ptr<AsyncCall>> calls;
+  for (int i = 0; i < n; ++i) {
+    auto c = std::make_unique<AsyncCall>();
+    AsyncCall* raw = c.get();
+    ch.CallAsync(method, &raw->ctx, Req("x", sleep_ms(i)), &raw->resp,
+                 [raw](Status s) { raw->result.set_value(s); });
+    calls.push_back(std::move(c));
+  }
+  return calls;
 }
 
 TEST_P(RpcSuite, EchoCarriesBytesAndMetadataBothWays) {
@@ -140,23 +185,7 @@ TEST_P(RpcSuite, InlineHandlerFinishingLaterCanBeCancelled) {
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(resp.data(), data);
   }
-  ClientContext ctx;
-  EchoResponse resp;
-  std::promise<Status> result;
-  ch->CallAsync(kEchoLater, &ctx, Req("slow", 30000), &resp,
-                [&](Status s) { result.set_value(s); });
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (ts.service.started.load() < 51 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  ctx.TryCancel();
-  auto f = result.get_future();
-  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
-  while (ts.service.saw_cancel.load() == 0 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  EXPECT_EQ(ts.service.saw_cancel.load(), 1) << "the handler never saw the cancel";
+  ExpectCancelReachesRunningHandler(*ch, ts.service, kEchoLater, /*started_before=*/50);
 }
 
 TEST_P(RpcSuite, DeadlineExceededEndsCallAndTellsServer) {
@@ -210,19 +239,7 @@ TEST_P(RpcSuite, CancelStopsThePendingCallAndTheHandler) {
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
   auto ch = MakeChannel(ts.address);
-  ClientContext ctx;
-  EchoResponse resp;
-  std::promise<Status> result;
-  ch->CallAsync(kEcho, &ctx, Req("slow", 30000), &resp,
-                [&](Status s) { result.set_value(s); });
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (ts.service.started.load() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
-  ctx.TryCancel();
-  auto f = result.get_future();
-  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
-  while (ts.service.saw_cancel.load() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ(ts.service.saw_cancel.load(), 1) << "server handler never saw the cancel";
+  ExpectCancelReachesRunningHandler(*ch, ts.service, kEcho, /*started_before=*/0);
 }
 
 // Cancels and deadlines racing with responses: every call ends exactly once,
@@ -442,19 +459,8 @@ TEST_P(RpcSuite, ShutdownDrainsThenCancelsInFlightCalls) {
   ASSERT_TRUE(ts->server);
   auto ch = MakeChannel(ts->address);
   constexpr int kQuick = 20, kSlow = 20;
-  struct Call {
-    ClientContext ctx;
-    EchoResponse resp;
-    std::promise<Status> result;
-  };
-  std::vector<std::unique_ptr<Call>> calls;
-  for (int i = 0; i < kQuick + kSlow; ++i) {
-    auto c = std::make_unique<Call>();
-    Call* raw = c.get();
-    ch->CallAsync(kEcho, &raw->ctx, Req("x", i < kQuick ? 50 : 60000), &raw->resp,
-                  [raw](Status s) { raw->result.set_value(s); });
-    calls.push_back(std::move(c));
-  }
+  auto calls =
+      StartCalls(*ch, kEcho, kQuick + kSlow, [](int i) { return i < kQuick ? 50 : 60000; });
   const absl::Time until = absl::Now() + absl::Seconds(30);
   while (ts->service.started.load() < 4 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
   const absl::Time start = absl::Now();
@@ -484,19 +490,7 @@ TEST_P(RpcSuite, ShutdownCancelsCallsOfInlineHandlersFinishingLater) {
   ASSERT_TRUE(ts->server);
   auto ch = MakeChannel(ts->address);
   constexpr int kCalls = 10;
-  struct Call {
-    ClientContext ctx;
-    EchoResponse resp;
-    std::promise<Status> result;
-  };
-  std::vector<std::unique_ptr<Call>> calls;
-  for (int i = 0; i < kCalls; ++i) {
-    auto c = std::make_unique<Call>();
-    Call* raw = c.get();
-    ch->CallAsync(kEchoLater, &raw->ctx, Req("x", 60000), &raw->resp,
-                  [raw](Status s) { raw->result.set_value(s); });
-    calls.push_back(std::move(c));
-  }
+  auto calls = StartCalls(*ch, kEchoLater, kCalls, [](int) { return 60000; });
   const absl::Time until = absl::Now() + absl::Seconds(30);
   while (ts->service.started.load() < kCalls && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(1));
