@@ -1044,7 +1044,9 @@ TEST(RdmaTransport, FramesBeyondTheCreditsWaitInTheBacklogAndAllArrive) {
     std::string metadata = i % 2 == 0 ? absl::StrCat("frame-", i) : std::string();
     ASSERT_TRUE(
         (*conn)->Send(Request(id, Filled(**conn, size_of(i), id), std::move(metadata))).ok());
-    if (i == 0) ASSERT_TRUE(held.WaitForFirst());
+    if (i == 0) {
+      ASSERT_TRUE(held.WaitForFirst());
+    }
   }
   EXPECT_GE(Counters().credit_stalls.load() - stalls_before, uint64_t{kFrames - kCredits})
       << "frames beyond the credits should have waited";
