@@ -120,11 +120,11 @@ double AllocationsPerCall(int workers, size_t data_bytes) {
   for (int round = 0; round < 20; ++round) RunTogether(**ch, req, 8);
   for (int i = 1; i <= 300; ++i) call(i);
   const int calls = 1000;
-  const uint64_t copies = transport::rdma::Counters().send_payload_copies.load();
+  const uint64_t copies = transport::rdma::Counters().send_payload_copies;
   const uint64_t before = g_news.load();
   for (int i = 1; i <= calls; ++i) call(1000 + i);
   const double per_call = static_cast<double>(g_news.load() - before) / calls;
-  EXPECT_EQ(transport::rdma::Counters().send_payload_copies.load(), copies);
+  EXPECT_EQ(transport::rdma::Counters().send_payload_copies, copies);
   return per_call;
 }
 

@@ -10,6 +10,8 @@
 
 namespace rdmarpc::testing {
 
+using transport::rdma::Counters;
+
 INSTANTIATE_TEST_SUITE_P(Rdma, RpcSuite,
                          ::testing::Values(SuiteParam{"rdma", [] {
                            return "rdma://" + rdma::testing::RequireRdmaTestAddress() + ":0";
@@ -34,7 +36,6 @@ class RdmaCounters : public ::testing::Test {
 };
 
 TEST_F(RdmaCounters, SmallCallsBySendLargeCallsByRead) {
-  const auto& c = transport::rdma::Counters();
   auto call = [&](size_t size) {
     ClientContext ctx;
     EchoRequest req;
@@ -45,15 +46,18 @@ TEST_F(RdmaCounters, SmallCallsBySendLargeCallsByRead) {
     EXPECT_EQ(resp.data().size(), size);
   };
   call(16);  // connects
-  uint64_t reads = c.reads.load(), consumed = c.srq_slots_consumed.load();
+  auto before = Counters();
   for (int i = 0; i < 10; ++i) call(100);
-  EXPECT_EQ(c.reads.load(), reads) << "small calls must not READ";
-  EXPECT_GE(c.srq_slots_consumed.load() - consumed, 20u) << "request and response per call";
-  reads = c.reads.load();
+  auto after = Counters();
+  EXPECT_EQ(after.reads, before.reads) << "small calls must not READ";
+  EXPECT_GE(after.srq_slots_consumed - before.srq_slots_consumed, 20u)
+      << "request and response per call";
+  before = after;
   for (int i = 0; i < 3; ++i) call(256 * 1024);
-  EXPECT_GE(c.reads.load() - reads, 6u) << "large request and response are READ";
+  after = Counters();
+  EXPECT_GE(after.reads - before.reads, 6u) << "large request and response are READ";
   EXPECT_EQ(server_->server->MethodCallCounts()["/rdmarpc.test.Echo/Echo"], 14u);
-  printf("%s\n", c.ToString().c_str());
+  printf("%s\n", after.ToString().c_str());
 }
 
 // An attachment in memory from AllocateAttachment (and a response one from
@@ -62,7 +66,6 @@ TEST_F(RdmaCounters, SmallCallsBySendLargeCallsByRead) {
 // registered memory first (rpc/internal/payload_test.cc shows the runtime's
 // side: the message is written after the attachment, which is not moved).
 TEST_F(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
-  const auto& c = transport::rdma::Counters();
   constexpr size_t kSize = 1 << 20;
   auto call = [&](Attachment att, int64_t response_attachment_size, std::string data) {
     ClientContext ctx;
@@ -86,21 +89,22 @@ TEST_F(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
     return att.ok() ? std::move(*att) : Attachment();
   };
   call(allocated(), 0, "beside the attachment");  // connects, grows the pools
-  uint64_t advertised = c.payloads_advertised.load(), copied = c.advertised_payload_copies.load(),
-           bytes = c.bytes_read.load();
+  auto before = Counters();
   for (int i = 0; i < 3; ++i) call(allocated(), kSize, "beside the attachment");
-  EXPECT_EQ(c.payloads_advertised.load() - advertised, 6u) << "request and response, 3 calls";
-  EXPECT_EQ(c.advertised_payload_copies.load(), copied);
-  EXPECT_GE(c.bytes_read.load() - bytes, 6 * kSize);
+  auto after = Counters();
+  EXPECT_EQ(after.payloads_advertised - before.payloads_advertised, 6u)
+      << "request and response, 3 calls";
+  EXPECT_EQ(after.advertised_payload_copies, before.advertised_payload_copies);
+  EXPECT_GE(after.bytes_read - before.bytes_read, 6 * kSize);
   std::string bytes_here(kSize, '\0');
   FillAttachment(bytes_here.data(), kSize);
-  advertised = c.payloads_advertised.load();
-  copied = c.advertised_payload_copies.load();
+  before = after;
   // With no message to add, the runtime hands the heap memory on as it is.
   call(Attachment::CopyOf(bytes_here), 0, "");
-  EXPECT_EQ(c.payloads_advertised.load() - advertised, 2u);
-  EXPECT_EQ(c.advertised_payload_copies.load() - copied, 1u);
-  printf("%s\n", c.ToString().c_str());
+  after = Counters();
+  EXPECT_EQ(after.payloads_advertised - before.payloads_advertised, 2u);
+  EXPECT_EQ(after.advertised_payload_copies - before.advertised_payload_copies, 1u);
+  printf("%s\n", after.ToString().c_str());
 }
 
 // Run-to-completion: in busy (and adaptive) poll mode a blocking caller picks
@@ -114,7 +118,6 @@ size_t CallerCompletionsFor(const char* poll_mode, int calls) {
   unsetenv("RDMARPC_RDMA_POLL");
   EXPECT_TRUE(ts.server && ch.ok());
   if (!ts.server || !ch.ok()) return 0;
-  const auto& c = transport::rdma::Counters();
   EchoRequest req;
   req.set_data("run to completion");
   EchoResponse resp;
@@ -122,14 +125,14 @@ size_t CallerCompletionsFor(const char* poll_mode, int calls) {
     ClientContext ctx;
     EXPECT_TRUE((*ch)->Call(kEcho, &ctx, req, &resp).ok());  // connects
   }
-  const uint64_t before = c.caller_completions.load();
+  const uint64_t before = Counters().caller_completions;
   for (int i = 0; i < calls; ++i) {
     ClientContext ctx;
     Status s = (*ch)->Call(kEcho, &ctx, req, &resp);
     EXPECT_TRUE(s.ok()) << s;
     EXPECT_EQ(resp.data(), req.data());
   }
-  return c.caller_completions.load() - before;
+  return Counters().caller_completions - before;
 }
 
 TEST(RdmaRunToCompletion, BusyModeCallersPollTheirOwnResponses) {

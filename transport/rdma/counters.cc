@@ -3,8 +3,10 @@
 #include <dirent.h>
 
 #include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -40,14 +42,118 @@ void AddPortCounter(const std::string& device, const char* name, int64_t* sum) {
 
 std::string Show(int64_t v) { return v < 0 ? "n/a" : absl::StrCat(v); }
 
-}  // namespace
+using Field = RdmaCounters::Field;
+constexpr Field kFields[] = {
+    &RdmaCounters::sends,
+    &RdmaCounters::sends_inline,
+    &RdmaCounters::send_payload_copies,
+    &RdmaCounters::reads,
+    &RdmaCounters::bytes_read,
+    &RdmaCounters::payloads_advertised,
+    &RdmaCounters::advertised_payload_copies,
+    &RdmaCounters::releases_expired,
+    &RdmaCounters::late_reads_skipped,
+    &RdmaCounters::srq_slots_posted,
+    &RdmaCounters::srq_slots_consumed,
+    &RdmaCounters::srq_short,
+    &RdmaCounters::rnr_retry_exhausted,
+    &RdmaCounters::credit_stalls,
+    &RdmaCounters::credit_messages,
+    &RdmaCounters::keepalives,
+    &RdmaCounters::connections_opened,
+    &RdmaCounters::connections_closed,
+    &RdmaCounters::registered_bytes,
+    &RdmaCounters::poller_sleeps,
+    &RdmaCounters::caller_completions,
+};
+constexpr bool FieldsDistinct() {
+  for (size_t i = 0; i < std::size(kFields); ++i) {
+    for (size_t j = i + 1; j < std::size(kFields); ++j) {
+      if (kFields[i] == kFields[j]) return false;
+    }
+  }
+  return true;
+}
+static_assert(sizeof(RdmaCounters) == std::size(kFields) * sizeof(uint64_t) && FieldsDistinct(),
+              "kFields must list every field of RdmaCounters once");
 
-RdmaCounters& MutableCounters() {
-  static RdmaCounters* counters = new RdmaCounters;
-  return *counters;
+// One thread's counts. Its owner writes with relaxed atomic stores of its
+// own load plus n (one writer: no read-modify-write needed); Counters()
+// reads with relaxed loads. A shard outlives its thread and passes to a
+// later one with its counts in it, so a sum over shards never loses what
+// an exited thread counted; the registry mutex orders the hand-over.
+struct alignas(64) Shard {
+  RdmaCounters counts;
+  bool in_use = false;  // guarded by RegistryMu()
+};
+
+std::mutex& RegistryMu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+std::vector<Shard*>& Shards() {  // guarded by RegistryMu(); never shrinks
+  static auto* shards = new std::vector<Shard*>;
+  return *shards;
+}
+// Counts made by a thread while it exits, after its shard went back: shared,
+// so added to atomically.
+Shard& LateShard() {
+  static Shard* shard = new Shard;
+  return *shard;
 }
 
-const RdmaCounters& Counters() { return MutableCounters(); }
+thread_local bool tls_exited = false;
+
+// Gives the thread's shard back when the thread exits.
+struct ShardReturn {
+  Shard* shard = nullptr;
+  ~ShardReturn() {
+    std::lock_guard<std::mutex> lock(RegistryMu());
+    if (shard != nullptr) shard->in_use = false;
+    internal::tls_counts = nullptr;
+    tls_exited = true;
+  }
+};
+
+Shard* AcquireShard() {
+  thread_local ShardReturn give_back_at_exit;
+  std::lock_guard<std::mutex> lock(RegistryMu());
+  Shard* shard = nullptr;
+  for (Shard* s : Shards()) {
+    if (!s->in_use) {
+      shard = s;
+      break;
+    }
+  }
+  if (shard == nullptr) shard = Shards().emplace_back(new Shard);
+  shard->in_use = true;
+  give_back_at_exit.shard = shard;
+  return shard;
+}
+
+}  // namespace
+
+namespace internal {
+void CountSlow(Field field, uint64_t n) {
+  if (tls_exited) {
+    __atomic_fetch_add(&(LateShard().counts.*field), n, __ATOMIC_RELAXED);
+    return;
+  }
+  tls_counts = &AcquireShard()->counts;
+  Count(field, n);
+}
+}  // namespace internal
+
+RdmaCounters Counters() {
+  RdmaCounters sum;
+  std::lock_guard<std::mutex> lock(RegistryMu());
+  const auto add = [&sum](const Shard& s) {
+    for (Field f : kFields) sum.*f += __atomic_load_n(&(s.counts.*f), __ATOMIC_RELAXED);
+  };
+  for (const Shard* s : Shards()) add(*s);
+  add(LateShard());
+  return sum;
+}
 
 void NoteDeviceInUse(const std::string& device) {
   std::lock_guard<std::mutex> lock(DevicesMu());
@@ -72,21 +178,17 @@ DeviceRnrNaks ReadDeviceRnrNaks() {
 std::string RdmaCounters::ToString() const {
   const DeviceRnrNaks naks = ReadDeviceRnrNaks();
   return absl::StrCat(
-      "sends=", sends.load(), " (inline ", sends_inline.load(),
-      ", payload copied ", send_payload_copies.load(), ") reads=", reads.load(),
-      " bytes_read=", bytes_read.load(), " advertised=", payloads_advertised.load(),
-      " (copied ", advertised_payload_copies.load(), ")",
-      " releases_expired=", releases_expired.load(), " late_reads_skipped=",
-      late_reads_skipped.load(),
-      " srq_posted=", srq_slots_posted.load(), " srq_consumed=", srq_slots_consumed.load(),
-      " srq_short=", srq_short.load(), " device_rnr_naks_received=", Show(naks.received),
-      " device_rnr_naks_sent=", Show(naks.sent),
-      " rnr_retry_exhausted=", rnr_retry_exhausted.load(),
-      " credit_stalls=", credit_stalls.load(), " credit_msgs=", credit_messages.load(),
-      " keepalives=", keepalives.load(),
-      " conns_opened=", connections_opened.load(), " conns_closed=", connections_closed.load(),
-      " registered_bytes=", registered_bytes.load(), " poller_sleeps=", poller_sleeps.load(),
-      " caller_completions=", caller_completions.load());
+      "sends=", sends, " (inline ", sends_inline, ", payload copied ", send_payload_copies,
+      ") reads=", reads, " bytes_read=", bytes_read, " advertised=", payloads_advertised,
+      " (copied ", advertised_payload_copies, ")", " releases_expired=", releases_expired,
+      " late_reads_skipped=", late_reads_skipped, " srq_posted=", srq_slots_posted,
+      " srq_consumed=", srq_slots_consumed, " srq_short=", srq_short,
+      " device_rnr_naks_received=", Show(naks.received),
+      " device_rnr_naks_sent=", Show(naks.sent), " rnr_retry_exhausted=", rnr_retry_exhausted,
+      " credit_stalls=", credit_stalls, " credit_msgs=", credit_messages,
+      " keepalives=", keepalives, " conns_opened=", connections_opened,
+      " conns_closed=", connections_closed, " registered_bytes=", registered_bytes,
+      " poller_sleeps=", poller_sleeps, " caller_completions=", caller_completions);
 }
 
 }  // namespace rdmarpc::transport::rdma

@@ -1,62 +1,98 @@
 // Counters of the RDMA transport, process-wide, readable from code:
 //
-//   const auto& c = rdmarpc::transport::rdma::Counters();
+//   const rdmarpc::transport::rdma::RdmaCounters c = rdmarpc::transport::rdma::Counters();
 //   printf("%s\n", c.ToString().c_str());
-//   uint64_t reads = c.reads.load();
+//   uint64_t reads = c.reads;
 //
 // They prove where bytes went: small messages as SENDs into the SRQ
 // (srq_slots_consumed), large ones as READs (reads, bytes_read). RNR events
 // are counted by the device, not by us (a retried SEND completes like any
 // other): ReadDeviceRnrNaks.
+//
+// Why sharded: every SEND and every receive counts, on whichever thread does
+// it (callers driving their own completions, pollers, workers). One shared
+// set of atomics would bounce its cache lines between all those cores on
+// each message; so each thread counts in a shard of its own with plain
+// (relaxed, unlocked) stores, and Counters() adds the shards up.
+// bench/counter_bench.cc measures the two side by side.
+//
+// What not to rely on: Counters() is a snapshot, not a fast path (it takes
+// a lock and reads every shard), and counts made on other threads at the
+// same moment may be in it or not; a count made before Counters() on the
+// same thread, or on a thread joined or synchronized with since, is in it.
 #ifndef RDMARPC_TRANSPORT_RDMA_COUNTERS_H_
 #define RDMARPC_TRANSPORT_RDMA_COUNTERS_H_
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
 namespace rdmarpc::transport::rdma {
 
+// Every field is a uint64_t that counters.cc lists (and checks it lists all),
+// so that shards add up field by field.
 struct RdmaCounters {
-  std::atomic<uint64_t> sends{0};              // SENDs posted
-  std::atomic<uint64_t> sends_inline{0};       //   of which inline
+  uint64_t sends = 0;         // SENDs posted
+  uint64_t sends_inline = 0;  //   of which inline
   // SENDs whose payload was copied into the frame rather than sent from where
   // it was serialized: payloads not from AllocatePayload (error texts), or
   // past the bound of registered small blocks (Endpoint::SmallBuffer).
-  std::atomic<uint64_t> send_payload_copies{0};
-  std::atomic<uint64_t> reads{0};              // RDMA READ work requests posted
-  std::atomic<uint64_t> bytes_read{0};         // bytes fetched by READ
-  std::atomic<uint64_t> payloads_advertised{0};
+  uint64_t send_payload_copies = 0;
+  uint64_t reads = 0;       // RDMA READ work requests posted
+  uint64_t bytes_read = 0;  // bytes fetched by READ
+  uint64_t payloads_advertised = 0;
   //   of which first copied into registered memory (not from AllocatePayload)
-  std::atomic<uint64_t> advertised_payload_copies{0};
+  uint64_t advertised_payload_copies = 0;
   // Advertised payloads revoked by release_timeout_ms and back in the pool:
   // responses the client did not release in time, requests left unanswered
   // that long past their deadline (without windows: the connection closed).
-  std::atomic<uint64_t> releases_expired{0};
+  uint64_t releases_expired = 0;
   // Response payloads a client did not READ because it got to them too late
   // in the server's release timeout; their calls end DEADLINE_EXCEEDED.
-  std::atomic<uint64_t> late_reads_skipped{0};
-  std::atomic<uint64_t> srq_slots_posted{0};
-  std::atomic<uint64_t> srq_slots_consumed{0};
-  std::atomic<uint64_t> srq_short{0};          // times the SRQ could not be refilled
-  std::atomic<uint64_t> rnr_retry_exhausted{0};  // RNR retries ran out (the safety net failed)
-  std::atomic<uint64_t> credit_stalls{0};      // sends queued for lack of credit or slot
-  std::atomic<uint64_t> credit_messages{0};    // credit-only frames sent
+  uint64_t late_reads_skipped = 0;
+  uint64_t srq_slots_posted = 0;
+  uint64_t srq_slots_consumed = 0;
+  uint64_t srq_short = 0;            // times the SRQ could not be refilled
+  uint64_t rnr_retry_exhausted = 0;  // RNR retries ran out (the safety net failed)
+  uint64_t credit_stalls = 0;        // sends queued for lack of credit or slot
+  uint64_t credit_messages = 0;      // credit-only frames sent
   // Zero-byte WRITEs sent to peers silent for RdmaOptions::keepalive_ms.
-  std::atomic<uint64_t> keepalives{0};
-  std::atomic<uint64_t> connections_opened{0};
-  std::atomic<uint64_t> connections_closed{0};
-  std::atomic<uint64_t> registered_bytes{0};   // currently registered
-  std::atomic<uint64_t> poller_sleeps{0};      // adaptive/event poller went to sleep
+  uint64_t keepalives = 0;
+  uint64_t connections_opened = 0;
+  uint64_t connections_closed = 0;
+  // Currently registered. A gauge: added to on registration and taken from
+  // on deregistration (Uncount), possibly on different threads; the shards
+  // add up modulo 2^64, so the total is right although one shard may wrap.
+  uint64_t registered_bytes = 0;
+  uint64_t poller_sleeps = 0;  // adaptive/event poller went to sleep
   // Completions picked up by a blocked caller's own thread (run-to-completion,
   // Endpoint::Drive) instead of the poller thread.
-  std::atomic<uint64_t> caller_completions{0};
+  uint64_t caller_completions = 0;
+
+  using Field = uint64_t RdmaCounters::*;
 
   std::string ToString() const;
 };
 
-const RdmaCounters& Counters();
-RdmaCounters& MutableCounters();
+// The sum over all threads' shards, now.
+RdmaCounters Counters();
+
+namespace internal {
+// The calling thread's shard; null before its first count and after its exit.
+inline thread_local RdmaCounters* tls_counts = nullptr;
+void CountSlow(RdmaCounters::Field field, uint64_t n);
+}  // namespace internal
+
+// Adds n to one counter in the calling thread's shard, e.g.
+// Count(&RdmaCounters::sends). A few plain instructions: no lock, no
+// read-modify-write shared with other threads (a shard has one writer).
+inline void Count(RdmaCounters::Field field, uint64_t n = 1) {
+  RdmaCounters* counts = internal::tls_counts;
+  if (__builtin_expect(counts == nullptr, 0)) return internal::CountSlow(field, n);
+  uint64_t* v = &(counts->*field);
+  __atomic_store_n(v, __atomic_load_n(v, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
+}
+// Takes n from a gauge (registered_bytes).
+inline void Uncount(RdmaCounters::Field field, uint64_t n) { Count(field, uint64_t{0} - n); }
 
 // RNR NAKs as counted by the RDMA devices this process uses: device-wide
 // (every process on the device counts) since the device came up. Received:

@@ -169,12 +169,12 @@ absl::StatusOr<Endpoint::Region> Endpoint::NewRegion(size_t bytes, int access,
     free(mem);
     return Errno(absl::StrCat("ibv_reg_mr of ", bytes, " bytes for ", what), device_name_);
   }
-  MutableCounters().registered_bytes.fetch_add(bytes);
+  Count(&RdmaCounters::registered_bytes, bytes);
   return Region{static_cast<char*>(mem), mr};
 }
 
 void Endpoint::FreeRegion(const Region& r) {
-  MutableCounters().registered_bytes.fetch_sub(r.mr->length);
+  Uncount(&RdmaCounters::registered_bytes, r.mr->length);
   ibv_dereg_mr(r.mr);
   free(r.base);
 }
@@ -242,10 +242,10 @@ void Endpoint::RefillSrq() {
       failed = true;
     }
     posted_ += posted;
-    MutableCounters().srq_slots_posted.fetch_add(posted);
+    Count(&RdmaCounters::srq_slots_posted, posted);
   }
   const bool short_now = posted_ < target_;
-  if (short_now && !short_.load()) MutableCounters().srq_short.fetch_add(1);
+  if (short_now && !short_.load()) Count(&RdmaCounters::srq_short);
   short_.store(short_now);
 }
 
@@ -379,7 +379,7 @@ void Endpoint::HandleCompletion(const ibv_wc& wc) {
   if (recv && wc.status == IBV_WC_SUCCESS) {
     const uint32_t slot = static_cast<uint32_t>(wc.wr_id);
     --posted_;
-    MutableCounters().srq_slots_consumed.fetch_add(1);
+    Count(&RdmaCounters::srq_slots_consumed);
     auto it = by_qp_.find(wc.qp_num);
     if (it == by_qp_.end() || it->second->torn_down()) {
       ReleaseSlot(slot);
@@ -464,7 +464,7 @@ bool Endpoint::Drive(absl::FunctionRef<bool()> done) {
       int completions = 0;
       const bool active = PollOnce(&completions);
       ReleaseIo();
-      if (completions > 0) MutableCounters().caller_completions.fetch_add(completions);
+      if (completions > 0) Count(&RdmaCounters::caller_completions, completions);
       if (active) {
         if (options_.poll_mode == PollMode::kAdaptive) {
           last_activity = std::chrono::steady_clock::now();
@@ -555,7 +555,7 @@ void Endpoint::PollLoop() {
       last_activity = std::chrono::steady_clock::now();
       continue;
     }
-    MutableCounters().poller_sleeps.fetch_add(1);
+    Count(&RdmaCounters::poller_sleeps);
     // A bounded sleep keeps timers (drain deadlines, release timeouts) moving.
     SleepUntilWoken(100);
     last_activity = std::chrono::steady_clock::now();

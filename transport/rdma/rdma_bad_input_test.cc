@@ -429,7 +429,7 @@ TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
     const size_t closed_before = server.answerer.closed_count();
-    const uint64_t reads_before = Counters().reads.load();
+    const uint64_t reads_before = Counters().reads;
     RawPeer peer;
     ASSERT_EQ(peer.Connect(server.listener->address()), "");
     ASSERT_TRUE(peer.Send(c.frame));
@@ -440,7 +440,7 @@ TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
     EXPECT_EQ(why->code(), absl::StatusCode::kInternal) << *why;
     EXPECT_NE(why->message().find("malformed frame from rdma://"), std::string::npos) << *why;
     EXPECT_NE(why->message().find(c.error), std::string::npos) << *why;
-    EXPECT_EQ(Counters().reads.load(), reads_before) << "a READ was spent on a bad frame";
+    EXPECT_EQ(Counters().reads, reads_before) << "a READ was spent on a bad frame";
     EXPECT_TRUE(good_observer.Call(**good, good_id++).ok()) << "the good client was not served";
   }
   (*good)->Close();
@@ -455,7 +455,7 @@ TEST(RdmaBadInput, AdvertisementOverTheMessageLimitIsAnsweredWithoutARead) {
   ASSERT_TRUE(server.Start(1u << 20));
   RawPeer peer;
   ASSERT_EQ(peer.Connect(server.listener->address()), "");
-  const uint64_t reads_before = Counters().reads.load();
+  const uint64_t reads_before = Counters().reads;
   Header lying = SmallRequest(7, 64u << 20);
   lying.flags = kFlagRemotePayload;
   lying.remote = RemoteDescriptor{0x1000, 0x1234, 1};  // nothing there: a READ would fail
@@ -465,7 +465,7 @@ TEST(RdmaBadInput, AdvertisementOverTheMessageLimitIsAnsweredWithoutARead) {
   EXPECT_EQ(answer->kind, MessageKind::kResponse);
   EXPECT_EQ(answer->call_id, 7u);
   EXPECT_EQ(answer->status, static_cast<uint16_t>(absl::StatusCode::kResourceExhausted));
-  EXPECT_EQ(Counters().reads.load(), reads_before) << "the server READ an oversize payload";
+  EXPECT_EQ(Counters().reads, reads_before) << "the server READ an oversize payload";
 
   // The same connection still serves a good request.
   ASSERT_TRUE(peer.Send(Frame(SmallRequest(8, 3), "abc")));
@@ -478,9 +478,9 @@ TEST(RdmaBadInput, AdvertisementOverTheMessageLimitIsAnsweredWithoutARead) {
 }
 
 // True once `counter` exceeds `above`, within 10 s.
-bool CountsPast(const std::atomic<uint64_t>& counter, uint64_t above) {
+bool CountsPast(RdmaCounters::Field counter, uint64_t above) {
   const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (counter.load() <= above) {
+  while (Counters().*counter <= above) {
     if (absl::Now() > until) return false;
     absl::SleepFor(absl::Milliseconds(5));
   }
@@ -536,22 +536,22 @@ TEST(RdmaBadInput, UnreleasedResponsePayloadIsRevokedAtTheReleaseTimeout) {
   ASSERT_TRUE(good.ok()) << good.status();
   RawPeer peer;
   ASSERT_EQ(peer.Connect(server.listener->address()), "");
-  const uint64_t expired_before = Counters().releases_expired.load();
+  const uint64_t expired_before = Counters().releases_expired;
   auto released = AskAndRead(peer, 1);
   ASSERT_TRUE(released.has_value());
   ASSERT_TRUE(peer.Send(Frame(Release(released->remote.token))));
   auto kept = AskAndRead(peer, 2);  // and never released
   ASSERT_TRUE(kept.has_value());
 
-  ASSERT_TRUE(CountsPast(Counters().releases_expired, expired_before))
+  ASSERT_TRUE(CountsPast(&RdmaCounters::releases_expired, expired_before))
       << "an unreleased response payload was never revoked";
-  EXPECT_EQ(Counters().releases_expired.load(), expired_before + 1)
+  EXPECT_EQ(Counters().releases_expired, expired_before + 1)
       << "a released payload was counted too";
-  const uint64_t registered = Counters().registered_bytes.load();
+  const uint64_t registered = Counters().registered_bytes;
   ASSERT_TRUE(peer.Send(Frame(SmallRequest(3, 0))));
   auto next = peer.NextFrame(absl::Seconds(10));
   ASSERT_TRUE(next.has_value()) << "not answered";
-  EXPECT_EQ(Counters().registered_bytes.load(), registered) << "the revoked block was not reused";
+  EXPECT_EQ(Counters().registered_bytes, registered) << "the revoked block was not reused";
   EXPECT_EQ(next->remote.addr, kept->remote.addr);
   EXPECT_NE(next->remote.rkey, kept->remote.rkey);
   // The stale advertisement reads nothing, though its bytes are exposed
@@ -578,7 +578,7 @@ TEST(RdmaBadInput, WithoutMemoryWindowsAnUnreleasedResponseClosesItsConnection) 
   ASSERT_TRUE(good.ok()) << good.status();
   RawPeer peer;
   ASSERT_EQ(peer.Connect(server.listener->address()), "");
-  const uint64_t expired_before = Counters().releases_expired.load();
+  const uint64_t expired_before = Counters().releases_expired;
   ASSERT_TRUE(AskAndRead(peer, 1).has_value());  // and never released
   EXPECT_TRUE(peer.Disconnected(absl::Seconds(10))) << "the server kept the connection";
   auto why = server.answerer.ClosedAfter(0);
@@ -587,7 +587,7 @@ TEST(RdmaBadInput, WithoutMemoryWindowsAnUnreleasedResponseClosesItsConnection) 
   EXPECT_NE(why->message().find("did not release 1 response payload(s) within 300ms"),
             std::string::npos)
       << *why;
-  EXPECT_EQ(Counters().releases_expired.load(), expired_before + 1);
+  EXPECT_EQ(Counters().releases_expired, expired_before + 1);
   EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
   EXPECT_EQ(server.answerer.closed_count(), 1u);
   (*good)->Close();
@@ -626,7 +626,7 @@ TEST(RdmaBadInput, ClientThatVanishesIsNoticedByTheServersKeepalive) {
     ASSERT_EQ(peer.Connect(server.listener->address(), retry_count), "");
     ASSERT_TRUE(peer.Send(Frame(SmallRequest(1, 0))));
     ASSERT_TRUE(peer.NextFrame(absl::Seconds(10)).has_value()) << "not answered";
-    const uint64_t keepalives_before = Counters().keepalives.load();
+    const uint64_t keepalives_before = Counters().keepalives;
     ASSERT_TRUE(peer.Vanish());
     const absl::Time vanished = absl::Now();
     auto why = server.answerer.ClosedAfter(closed);
@@ -639,7 +639,7 @@ TEST(RdmaBadInput, ClientThatVanishesIsNoticedByTheServersKeepalive) {
                                                    : "neither acknowledged nor failed"),
               std::string::npos)
         << *why;
-    EXPECT_GT(Counters().keepalives.load(), keepalives_before);
+    EXPECT_GT(Counters().keepalives, keepalives_before);
     EXPECT_EQ(server.answerer.closed_count(), ++closed) << "other connections were closed too";
     EXPECT_TRUE(good_observer.Call(**good, closed).ok()) << "the good client was not served";
   }
@@ -702,10 +702,10 @@ TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
   auto received = raw_server.NextFrame(absl::Seconds(10));
   ASSERT_TRUE(received.has_value() && received->call_id == 1) << "the request never arrived";
   ASSERT_TRUE(received->remote_payload()) << "1 MiB went by SEND, not advertised for READ";
-  const uint64_t keepalives_before = Counters().keepalives.load();
+  const uint64_t keepalives_before = Counters().keepalives;
   EXPECT_FALSE(watcher.EndedWithin(absl::Milliseconds(3 * kKeepaliveMs)).has_value())
       << "a live server's connection ended";
-  EXPECT_GT(Counters().keepalives.load(), keepalives_before) << "a silent peer was not probed";
+  EXPECT_GT(Counters().keepalives, keepalives_before) << "a silent peer was not probed";
 
   ASSERT_TRUE(raw_server.Vanish());
   const absl::Time vanished = absl::Now();

@@ -186,7 +186,7 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
       if (!got.ok()) return got.status();
       b = *got;
       memcpy(b->data, payload.data(), payload.size());
-      MutableCounters().advertised_payload_copies.fetch_add(1);
+      Count(&RdmaCounters::advertised_payload_copies);
       const size_t size = payload.size();
       payload = endpoint_->BlockBuffer(b, size);
     }
@@ -213,11 +213,11 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
     adv.payload = std::move(payload);
     advertised_.emplace(token, std::move(adv));
     if (h.kind == MessageKind::kRequest) request_tokens_.emplace(h.call_id, token);
-    MutableCounters().payloads_advertised.fetch_add(1);
+    Count(&RdmaCounters::payloads_advertised);
   }
   if (!backlog_.empty() || !CanPostLocked(h)) {
     backlog_.push_back(std::move(m));
-    MutableCounters().credit_stalls.fetch_add(1);
+    Count(&RdmaCounters::credit_stalls);
     return absl::OkStatus();
   }
   return QueueFrameLocked(m);
@@ -323,7 +323,7 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p) {
       !p.payload.empty() && (inl || endpoint_->SmallBlockLkey(p.payload.data(), &payload_lkey));
   if (!p.payload.empty() && !gather) {
     memcpy(dst + head, p.payload.data(), p.payload.size());
-    MutableCounters().send_payload_copies.fetch_add(1);
+    Count(&RdmaCounters::send_payload_copies);
   }
   out.inline_bytes = inl;
   out.sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(dst),
@@ -346,8 +346,8 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p) {
   ++sq_used_;
   if (signaled) ++signaled_outstanding_;
   if (p.header.kind != MessageKind::kCredit) --credits_;
-  MutableCounters().sends.fetch_add(1);
-  if (inl) MutableCounters().sends_inline.fetch_add(1);
+  Count(&RdmaCounters::sends);
+  if (inl) Count(&RdmaCounters::sends_inline);
   return absl::OkStatus();
 }
 
@@ -500,7 +500,7 @@ void RdmaConnection::SendKeepalive(absl::Time now) {
   }
   keepalive_outstanding_ = true;
   keepalive_sent_ = now;
-  MutableCounters().keepalives.fetch_add(1);
+  Count(&RdmaCounters::keepalives);
   FlushOutbox().IgnoreError();
 }
 
@@ -591,7 +591,7 @@ void RdmaConnection::ExpireUnreleased(absl::Time now) {
   if (!windows) {
     // A registration cannot be revoked for one peer: only the QP's leaving
     // RTS ends its access.
-    MutableCounters().releases_expired.fetch_add(expired);
+    Count(&RdmaCounters::releases_expired, expired);
     return Fail(absl::DeadlineExceededError(
         absl::StrCat(what, "; without memory windows the connection is closed to revoke them")));
   }
@@ -639,7 +639,7 @@ void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
       // Credit-only frames jump the backlog (they need no credit); if there
       // is no room, the credit goes with a later frame instead.
       if (owed_.load() == 0 || !CanPostLocked(p.header)) return;
-      MutableCounters().credit_messages.fetch_add(1);
+      Count(&RdmaCounters::credit_messages);
       QueueFrameLocked(p).IgnoreError();
     } else if (!backlog_.empty() || !CanPostLocked(p.header)) {
       backlog_.push_back(std::move(p));
@@ -761,7 +761,7 @@ void RdmaConnection::StartReads() {
               absl::StrCat("the response's payload from ", peer_,
                            " was not read in time: the server revokes it ",
                            peer_release_timeout_ms_, " ms after sending (its release_timeout_ms)"));
-          MutableCounters().late_reads_skipped.fetch_add(1);
+          Count(&RdmaCounters::late_reads_skipped);
         }
         read_queue_.pop_front();
         DeliverRead(op_id);
@@ -796,7 +796,7 @@ void RdmaConnection::StartReads() {
       ++op.in_flight;
       ++reads_in_flight_;
       queued = true;
-      MutableCounters().reads.fetch_add(1);
+      Count(&RdmaCounters::reads);
     }
     if (op.next < len) break;  // no more room now
     read_queue_.pop_front();
@@ -811,7 +811,7 @@ void RdmaConnection::DeliverRead(uint32_t op_id) {
   const uint64_t token = op.msg.header.remote.token;
   if (op.block != nullptr && op.msg.payload_status.ok()) {
     op.msg.payload = endpoint_->BlockBuffer(op.block, op.msg.header.payload_len);
-    MutableCounters().bytes_read.fetch_add(op.msg.header.payload_len);
+    Count(&RdmaCounters::bytes_read, op.msg.header.payload_len);
   } else if (op.block != nullptr) {
     endpoint_->pool().Put(op.block);
   }
@@ -861,7 +861,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
       queued = !outbox_.empty();
     }
     // Counted once the block is back in the pool.
-    if (expired) MutableCounters().releases_expired.fetch_add(1);
+    if (expired) Count(&RdmaCounters::releases_expired);
   } else if (kind == kWrRead || kind == kWrKeepalive) {
     {
       // The room this work request held may be what a waiting frame needs.
@@ -888,7 +888,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
   }
   if (queued) FlushOutbox().IgnoreError();
   if (wc.status != IBV_WC_SUCCESS && !torn_down_) {
-    if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) MutableCounters().rnr_retry_exhausted.fetch_add(1);
+    if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) Count(&RdmaCounters::rnr_retry_exhausted);
     const char* what = kind == kWrRead         ? "RDMA READ from"
                        : kind == kWrKeepalive  ? "keepalive (a zero-byte RDMA WRITE) to"
                        : kind == kWrBind       ? "memory-window bind for"
@@ -986,7 +986,7 @@ void RdmaConnection::Teardown(absl::Status why) {
   // can no longer READ what we advertised.
   rdma_disconnect(id_);
   read_queue_.clear();
-  MutableCounters().connections_closed.fetch_add(1);
+  Count(&RdmaCounters::connections_closed);
   if (observer_) observer_->OnClosed(*this, why);
   endpoint_->AddDraining(this);
 }

@@ -197,7 +197,7 @@ void RdmaTransport::SetAckTimeout(rdma_cm_id* id) {
 }
 
 void RdmaTransport::Track(const std::shared_ptr<RdmaConnection>& conn) {
-  MutableCounters().connections_opened.fetch_add(1);
+  Count(&RdmaCounters::connections_opened);
   conn->set_on_freed([this](RdmaConnection* c, rdma_cm_id* id) {
     // The CM thread owns the ids: a poller that destroyed one would wait for
     // the CM thread's acks while the CM thread may wait for the poller.

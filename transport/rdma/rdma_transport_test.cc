@@ -220,15 +220,15 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
                {size_t{64} << 20, true}};
   uint64_t id = 1;
   for (const Case& c : cases) {
-    const uint64_t reads_before = Counters().reads.load();
-    const uint64_t consumed_before = Counters().srq_slots_consumed.load();
-    const uint64_t copies_before = Counters().send_payload_copies.load();
+    const uint64_t reads_before = Counters().reads;
+    const uint64_t consumed_before = Counters().srq_slots_consumed;
+    const uint64_t copies_before = Counters().send_payload_copies;
     auto r = Call(**conn, waiter, id, Filled(**conn, c.size, id));
     ASSERT_TRUE(r.ok()) << c.size << ": " << r.status();
     EXPECT_TRUE(Matches(r->payload, c.size, id)) << "bytes differ at size " << c.size;
-    const uint64_t reads = Counters().reads.load() - reads_before;
+    const uint64_t reads = Counters().reads - reads_before;
     // Request and response each arrived in an SRQ slot.
-    EXPECT_GE(Counters().srq_slots_consumed.load() - consumed_before, 2u) << c.size;
+    EXPECT_GE(Counters().srq_slots_consumed - consumed_before, 2u) << c.size;
     if (c.by_read) {
       // Request and response each pulled; a payload over max_msg_sz in parts.
       const uint64_t parts = (c.size + max_msg - 1) / max_msg;
@@ -237,7 +237,7 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
       EXPECT_EQ(reads, 0u) << "size " << c.size << " should travel inside the SEND";
     }
     // Payloads from AllocatePayload go out from where they were written.
-    EXPECT_EQ(Counters().send_payload_copies.load(), copies_before) << "size " << c.size;
+    EXPECT_EQ(Counters().send_payload_copies, copies_before) << "size " << c.size;
     ++id;
   }
   printf("counters: %s\n", Counters().ToString().c_str());
@@ -267,21 +267,21 @@ TEST(RdmaTransport, SmallPayloadBlocksRunOutIntoCopiesAndComeBack) {
     EXPECT_EQ(distinct.size(), kHeld) << "a block was handed out twice";
     const uint64_t first = id - kHeld + 1;
     // The first payload sits in a registered block, the last on the heap.
-    uint64_t copies = Counters().send_payload_copies.load();
+    uint64_t copies = Counters().send_payload_copies;
     auto r = Call(**conn, waiter, first, std::move(held.front()));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(Matches(r->payload, kSize, first));
-    EXPECT_EQ(Counters().send_payload_copies.load(), copies);
+    EXPECT_EQ(Counters().send_payload_copies, copies);
     r = Call(**conn, waiter, id, std::move(held.back()));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(Matches(r->payload, kSize, id));
-    EXPECT_EQ(Counters().send_payload_copies.load(), copies + 1);
+    EXPECT_EQ(Counters().send_payload_copies, copies + 1);
     // Given back, the blocks serve the next round (and no more registration).
     held.clear();
     ++id;
     r = Call(**conn, waiter, id, Filled(**conn, kSize, id));
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(Counters().send_payload_copies.load(), copies + 1);
+    EXPECT_EQ(Counters().send_payload_copies, copies + 1);
   }
   (*conn)->Close();
 }
@@ -427,7 +427,7 @@ TEST(RdmaTransport, RequestPastItsDeadlineIsNotRead) {
   ASSERT_TRUE(conn.ok()) << conn.status();
   const size_t big = size_t{32} << 20;
   const size_t late = size_t{1} << 20;
-  const uint64_t bytes_read_before = Counters().bytes_read.load();
+  const uint64_t bytes_read_before = Counters().bytes_read;
   auto first = waiter.Expect(1);
   auto second = waiter.Expect(2);
   ASSERT_TRUE((*conn)->Send(Request(1, Filled(**conn, big, 1))).ok());
@@ -444,7 +444,7 @@ TEST(RdmaTransport, RequestPastItsDeadlineIsNotRead) {
   ASSERT_TRUE(answered.payload_status.ok()) << answered.payload_status;
   EXPECT_TRUE(Matches(answered.payload, big, 1));
   // The first request and its response were READ, the late one not at all.
-  EXPECT_EQ(Counters().bytes_read.load() - bytes_read_before, 2 * big);
+  EXPECT_EQ(Counters().bytes_read - bytes_read_before, 2 * big);
   // The connection goes on serving.
   auto after = Call(**conn, waiter, 3, Filled(**conn, late, 3));
   ASSERT_TRUE(after.ok()) << after.status();
@@ -496,8 +496,8 @@ TEST(RdmaTransport, ResponseReachedAfterTheServersReleaseTimeoutIsNotRead) {
   ASSERT_TRUE(fx.Start(server_opts, one_read));
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
-  const uint64_t bytes_read_before = Counters().bytes_read.load();
-  const uint64_t skipped_before = Counters().late_reads_skipped.load();
+  const uint64_t bytes_read_before = Counters().bytes_read;
+  const uint64_t skipped_before = Counters().late_reads_skipped;
   auto push = waiter.Expect(AnswerBehindABigPush::kPushId);
   auto answer = waiter.Expect(1);
   ASSERT_TRUE((*conn)->Send(Request(1, Buffer())).ok());
@@ -512,9 +512,9 @@ TEST(RdmaTransport, ResponseReachedAfterTheServersReleaseTimeoutIsNotRead) {
   InboundMessage pushed = push.get();
   ASSERT_TRUE(pushed.payload_status.ok()) << pushed.payload_status;
   EXPECT_TRUE(Matches(pushed.payload, AnswerBehindABigPush::kPush, AnswerBehindABigPush::kPushId));
-  EXPECT_EQ(Counters().bytes_read.load() - bytes_read_before, AnswerBehindABigPush::kPush)
+  EXPECT_EQ(Counters().bytes_read - bytes_read_before, AnswerBehindABigPush::kPush)
       << "the late response's payload was READ";
-  EXPECT_EQ(Counters().late_reads_skipped.load(), skipped_before + 1);
+  EXPECT_EQ(Counters().late_reads_skipped, skipped_before + 1);
   // The connection goes on (a payload small enough to go by SEND: one that
   // goes by READ would race the 2 ms timeout).
   auto after = Call(**conn, waiter, 3, Filled(**conn, 3, 3));
@@ -612,23 +612,23 @@ TEST(RdmaTransport, UnansweredRequestPayloadIsRevokedAfterItsDeadline) {
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
   const size_t size = size_t{64} << 10;  // goes by READ
-  const uint64_t expired_before = Counters().releases_expired.load();
+  const uint64_t expired_before = Counters().releases_expired;
   OutboundMessage first = Request(1, Filled(**conn, size, 1));
   first.header.timeout_us = 100000;
   ASSERT_TRUE((*conn)->Send(std::move(first)).ok());
   ASSERT_EQ(server_side.Received(0), static_cast<int64_t>(size)) << "the server did not READ it";
   const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (Counters().releases_expired.load() == expired_before && absl::Now() < until) {
+  while (Counters().releases_expired == expired_before && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  ASSERT_EQ(Counters().releases_expired.load(), expired_before + 1)
+  ASSERT_EQ(Counters().releases_expired, expired_before + 1)
       << "the unanswered request's payload was not revoked";
-  const uint64_t registered = Counters().registered_bytes.load();
+  const uint64_t registered = Counters().registered_bytes;
   OutboundMessage second = Request(2, Filled(**conn, size, 2));
   second.header.timeout_us = 100000;
   ASSERT_TRUE((*conn)->Send(std::move(second)).ok());
   ASSERT_EQ(server_side.Received(1), static_cast<int64_t>(size));
-  EXPECT_EQ(Counters().registered_bytes.load(), registered) << "the revoked block was not reused";
+  EXPECT_EQ(Counters().registered_bytes, registered) << "the revoked block was not reused";
   EXPECT_FALSE(waiter.closed.load());
   (*conn)->Close();
 }
@@ -1035,8 +1035,8 @@ TEST(RdmaTransport, FramesBeyondTheCreditsWaitInTheBacklogAndAllArrive) {
   ASSERT_TRUE(conn.ok()) << conn.status();
   const size_t by_read = RdmaOptions().slot_size + 1;
   const auto size_of = [&](int i) -> size_t { return i % 3 == 0 ? by_read : 64 + i; };
-  const uint64_t stalls_before = Counters().credit_stalls.load();
-  const uint64_t reads_before = Counters().reads.load();
+  const uint64_t stalls_before = Counters().credit_stalls;
+  const uint64_t reads_before = Counters().reads;
   std::vector<std::future<InboundMessage>> responses;
   for (int i = 0; i < kFrames; ++i) {
     const uint64_t id = 1000 + i;
@@ -1048,7 +1048,7 @@ TEST(RdmaTransport, FramesBeyondTheCreditsWaitInTheBacklogAndAllArrive) {
       ASSERT_TRUE(held.WaitForFirst());
     }
   }
-  EXPECT_GE(Counters().credit_stalls.load() - stalls_before, uint64_t{kFrames - kCredits})
+  EXPECT_GE(Counters().credit_stalls - stalls_before, uint64_t{kFrames - kCredits})
       << "frames beyond the credits should have waited";
   held.Open();
   for (int i = 0; i < kFrames; ++i) {
@@ -1059,7 +1059,7 @@ TEST(RdmaTransport, FramesBeyondTheCreditsWaitInTheBacklogAndAllArrive) {
     EXPECT_TRUE(Matches(r.payload, size_of(i), 1000 + i)) << "frame " << i;
   }
   // Each large frame's request and response were pulled.
-  EXPECT_GE(Counters().reads.load() - reads_before, uint64_t{2 * (kFrames / 3)});
+  EXPECT_GE(Counters().reads - reads_before, uint64_t{2 * (kFrames / 3)});
   (*conn)->Close();
 }
 
@@ -1122,7 +1122,7 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
   } else {
     printf("this device exposes no count of RNR NAKs received; delivery was checked\n");
   }
-  EXPECT_EQ(Counters().rnr_retry_exhausted.load(), 0u);
+  EXPECT_EQ(Counters().rnr_retry_exhausted, 0u);
   for (auto& c : conns) c->Close();
 }
 
@@ -1151,19 +1151,19 @@ TEST(RdmaTransport, ThousandConnectDisconnectCyclesDoNotLeak) {
   for (int i = 0; i < 20; ++i) cycle(i);  // warm the pools
   absl::SleepFor(absl::Milliseconds(500));
   const int fds = OpenFds();
-  const uint64_t registered = Counters().registered_bytes.load();
-  const uint64_t opened = Counters().connections_opened.load();
+  const uint64_t registered = Counters().registered_bytes;
+  const uint64_t opened = Counters().connections_opened;
   for (int i = 0; i < 1000; ++i) {
     cycle(i);
     if (HasFatalFailure()) return;
     if (i % 200 == 0)
       printf("cycle %d: %d fds, %llu registered bytes\n", i, OpenFds(),
-             static_cast<unsigned long long>(Counters().registered_bytes.load()));
+             static_cast<unsigned long long>(Counters().registered_bytes));
   }
   absl::SleepFor(absl::Milliseconds(500));
-  EXPECT_EQ(Counters().connections_opened.load() - opened, 2000u);  // both ends
+  EXPECT_EQ(Counters().connections_opened - opened, 2000u);  // both ends
   EXPECT_LE(OpenFds(), fds + 2) << "file descriptors leak";
-  EXPECT_EQ(Counters().registered_bytes.load(), registered) << "registered memory grows";
+  EXPECT_EQ(Counters().registered_bytes, registered) << "registered memory grows";
 }
 
 // A client process that advertises a large request and is killed while the
@@ -1192,10 +1192,10 @@ TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
   close(out[1]);
   char buf[16] = {};
   ASSERT_GT(read(out[0], buf, sizeof buf - 1), 0) << "the doomed client never sent";
-  const uint64_t reads_before = Counters().reads.load();
+  const uint64_t reads_before = Counters().reads;
   // Let the server get into its READ, then kill the client.
   const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (Counters().reads.load() == reads_before && absl::Now() < until) {
+  while (Counters().reads == reads_before && absl::Now() < until) {
     absl::SleepFor(absl::Microseconds(200));
   }
   kill(pid, SIGKILL);
@@ -1203,7 +1203,7 @@ TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
   waitpid(pid, &status, 0);
   close(out[0]);
   printf("doomed client killed after %llu READ(s) were posted\n",
-         static_cast<unsigned long long>(Counters().reads.load() - reads_before));
+         static_cast<unsigned long long>(Counters().reads - reads_before));
   // Its connection ends on the server...
   const absl::Time closed_by = absl::Now() + absl::Seconds(60);
   for (;;) {

@@ -17,7 +17,7 @@ RegisteredPool::~RegisteredPool() {
   for (Block* b : all_) {
     ibv_dereg_mr(b->mr);
     free(b->data);
-    MutableCounters().registered_bytes.fetch_sub(b->capacity);
+    Uncount(&RdmaCounters::registered_bytes, b->capacity);
     delete b;
   }
 }
@@ -64,7 +64,7 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
         "ibv_reg_mr of ", capacity, " bytes on ", device_, " failed: ", strerror(err),
         " (check `ulimit -l`, the locked-memory limit)"));
   }
-  MutableCounters().registered_bytes.fetch_add(capacity);
+  Count(&RdmaCounters::registered_bytes, capacity);
   auto* b = new Block{static_cast<char*>(mem), capacity, mr, cls, remote_read};
   std::lock_guard<std::mutex> lock(mu_);
   all_.push_back(b);
