@@ -43,8 +43,9 @@ struct SharedCounters {
 };
 SharedCounters g_shared;
 
-// Nanoseconds per message with `threads` threads each counting `messages`,
-// started together.
+// `threads` threads, started together, each count `messages`: the wall time
+// over `messages` is what counting adds to each thread's message while the
+// others count too.
 template <typename CountOne>
 double NsPerMessage(int threads, int messages, CountOne count_one) {
   std::atomic<int> ready{0};
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
   }
   const int messages = absl::GetFlag(FLAGS_messages);
   const RdmaCounters before = rdmarpc::transport::rdma::Counters();
-  uint64_t sharded_messages = 0;
+  uint64_t messages_each_design_counted = 0;
   for (int n : counts) {
     const double shared = NsPerMessage(n, messages, [] {
       g_shared.sends.fetch_add(1);
@@ -96,19 +97,19 @@ int main(int argc, char** argv) {
       Count(&RdmaCounters::sends_inline);
       Count(&RdmaCounters::srq_slots_consumed);
     });
-    sharded_messages += uint64_t(n) * messages;
+    messages_each_design_counted += uint64_t(n) * messages;
     printf("counters_%d_threads_shared_ns_per_message %.2f\n", n, shared);
     printf("counters_%d_threads_sharded_ns_per_message %.2f\n", n, sharded);
     printf("counters_%d_threads_shared_over_sharded %.2f\n", n, shared / sharded);
   }
   // Both must have counted every message; a figure from lost counts is no figure.
   const RdmaCounters after = rdmarpc::transport::rdma::Counters();
-  if (after.sends - before.sends != sharded_messages ||
-      g_shared.sends.load() != sharded_messages) {
+  if (after.sends - before.sends != messages_each_design_counted ||
+      g_shared.sends.load() != messages_each_design_counted) {
     fprintf(stderr, "counts lost: sharded %llu, shared %llu, expected %llu\n",
             static_cast<unsigned long long>(after.sends - before.sends),
             static_cast<unsigned long long>(g_shared.sends.load()),
-            static_cast<unsigned long long>(sharded_messages));
+            static_cast<unsigned long long>(messages_each_design_counted));
     return 1;
   }
   return 0;
