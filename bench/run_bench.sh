@@ -64,13 +64,15 @@ ucx() {  # test size iterations column-of-Final
 field() { echo "$1" | awk -v k="$2" '$1 == k {print $2}'; }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 
-# The same ping-pong as ib_send_lat, bare and with a little user code between
-# round trips: under an emulator the second is much slower than the code
-# alone explains, which bounds what any RPC layer can reach here.
+# The same ping-pong as ib_send_lat, bare, with a little user code between
+# round trips, and with a spin as long as that code: under an emulator the
+# round trip after the code is much slower than after the spin, which bounds
+# what any RPC layer can reach here.
 probe=$(bazel-bin/transport/rdma/pingpong_probe --address "$ip" --size $frame)
 awk -v b="$(field "$probe" probe_bare_rtt_p50_us)" -v c="$(field "$probe" probe_user_code_us)" \
-    -v a="$(field "$probe" probe_rtt_after_user_code_p50_us)" 'BEGIN {
-  printf "probe: bare verbs RTT %.1f us; after %.1f us of user code %.1f us: +%.1f us that the code does not explain\n", b, c, a, a - b;
+    -v a="$(field "$probe" probe_rtt_after_user_code_p50_us)" \
+    -v p="$(field "$probe" probe_rtt_after_spin_p50_us)" 'BEGIN {
+  printf "probe: bare verbs RTT %.1f us; after %.1f us of user code %.1f us (+%.1f us that the code does not explain); after spinning as long %.1f us (+%.1f)\n", b, c, a, a - b, p, p - b;
 }'
 
 # Each round measures perftest, UCX and rdmarpc back to back, so a slow spell

@@ -1,18 +1,21 @@
 // pingpong_probe: the smallest rdma_cm SEND/RECV ping-pong there is, run
-// twice: bare (what ib_send_lat measures) and with a fixed piece of ordinary
-// user code (containers, formatting, sorting) between round trips. It tells
-// what the machine charges for running any code between posts from what
-// rdmarpc itself costs.
+// three ways: bare (what ib_send_lat measures), with a fixed piece of
+// ordinary user code (containers, formatting, sorting) between round trips,
+// and with a spin on the clock for as long as that code takes. It tells what
+// the machine charges for running any code between posts from what rdmarpc
+// itself costs.
 //
 //   bazel-bin/transport/rdma/pingpong_probe --address 10.77.0.1
 //
-// Under QEMU TCG (the Soft-RoCE VM) the second round trip grows by far more
-// than the code's own time: the kernel's Soft-RoCE send path, which runs
-// inside ibv_post_send, is slower after user code has displaced it from the
+// Under QEMU TCG (the Soft-RoCE VM) the round trip after the user code,
+// timed without the code, is slower than the bare one, and slower than
+// after the spin: what costs is not the time away from the posts but the
+// code run in it. The kernel's Soft-RoCE send path, which runs inside
+// ibv_post_send, is slower after user code has displaced it from the
 // emulator's translation caches. Any RPC layer runs such code between posts,
 // so its round trip cannot get near 2 x ib_send_lat there; on hardware the
-// step is an ordinary cache miss. bench/run_bench.sh prints both figures next
-// to perftest's.
+// step is an ordinary cache miss. bench/run_bench.sh prints these figures
+// next to perftest's.
 //
 // Client and server are two threads of this process, each with its own
 // queue pair, completion queue and receive buffers; every SEND is inline and
@@ -42,7 +45,13 @@ ABSL_FLAG(int, size, 130, "bytes per message (rdmarpc's small-call frame is 130)
 namespace {
 
 constexpr int kReceives = 16;
-constexpr int kBlock = 250;  // the two variants alternate in blocks of this many
+constexpr int kBlock = 250;  // the variants take turns in blocks of this many
+
+// What the client does between round trips: nothing (ib_send_lat's loop),
+// ordinary user code, or a spin on the clock for as long as that code takes
+// (the same time away from the posts, with next to no code).
+enum class Between { kNothing, kUserCode, kSpin };
+constexpr int kVariants = 3;
 
 std::string g_address;
 
@@ -189,7 +198,7 @@ int main(int argc, char** argv) {
   if (rdma_listen(listener, 1) != 0) Die("rdma_listen");
   addr.sin_port = rdma_get_src_port(listener);
 
-  const int total = 2 * iterations + kBlock;  // a block of warm-up, then both variants
+  const int total = kVariants * iterations + kBlock;  // a block of warm-up, then the variants
   std::thread server([&] {
     rdma_cm_event* ev = Expect(server_ch, RDMA_CM_EVENT_CONNECT_REQUEST);
     rdma_cm_id* id = ev->id;
@@ -225,24 +234,30 @@ int main(int argc, char** argv) {
   if (rdma_connect(id, &param) != 0) Die("rdma_connect");
   rdma_ack_cm_event(Expect(client_ch, RDMA_CM_EVENT_ESTABLISHED));
 
-  std::vector<double> bare, with_work, work_alone;
+  // The user code's own time first, so that the spin can last as long.
+  std::vector<double> work_alone;
   volatile size_t sink = 0;
-  for (int block = 0; block * kBlock < total; ++block) {
-    // Block 0 warms up; then odd blocks are bare, even ones run the code.
-    const bool work = block > 0 && block % 2 == 0;
-    for (int i = 0; i < kBlock; ++i) {
-      if (work) sink = UserWork(i);
-      const double t0 = NowUs();
-      side.Send();
-      side.Receive();
-      const double rtt = NowUs() - t0;
-      if (block > 0) (work ? with_work : bare).push_back(rtt);
-    }
-  }
   for (int i = 0; i < iterations; ++i) {
     const double t0 = NowUs();
     sink = UserWork(i);
     work_alone.push_back(NowUs() - t0);
+  }
+  const double work_us = Median(work_alone);
+  // Block 0 warms up; then the variants take turns, a block each.
+  std::vector<double> rtts[kVariants];
+  for (int block = 0; block * kBlock < total; ++block) {
+    const auto between = static_cast<Between>(block % kVariants);
+    for (int i = 0; i < kBlock; ++i) {
+      if (between == Between::kUserCode) sink = UserWork(i);
+      if (between == Between::kSpin) {
+        for (const double until = NowUs() + work_us; NowUs() < until;) {
+        }
+      }
+      const double t0 = NowUs();
+      side.Send();
+      side.Receive();
+      if (block > 0) rtts[static_cast<int>(between)].push_back(NowUs() - t0);
+    }
   }
   (void)sink;
   rdma_disconnect(id);
@@ -256,8 +271,10 @@ int main(int argc, char** argv) {
   rdma_destroy_event_channel(client_ch);
   rdma_destroy_event_channel(server_ch);
 
-  printf("probe_bare_rtt_p50_us %.2f\n", Median(bare));
-  printf("probe_user_code_us %.2f\n", Median(work_alone));
-  printf("probe_rtt_after_user_code_p50_us %.2f\n", Median(with_work));
+  printf("probe_bare_rtt_p50_us %.2f\n", Median(rtts[static_cast<int>(Between::kNothing)]));
+  printf("probe_user_code_us %.2f\n", work_us);
+  printf("probe_rtt_after_user_code_p50_us %.2f\n",
+         Median(rtts[static_cast<int>(Between::kUserCode)]));
+  printf("probe_rtt_after_spin_p50_us %.2f\n", Median(rtts[static_cast<int>(Between::kSpin)]));
   return 0;
 }
