@@ -66,8 +66,8 @@ median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR] = $1} END {print a[int((
 
 # The same ping-pong as ib_send_lat, bare, with a little user code between
 # round trips, and with a spin as long as that code: under an emulator the
-# round trip after the code is much slower than after the spin, which bounds
-# what any RPC layer can reach here.
+# round trip after the code is slower than after the spin (by far more in
+# the machine's slow spells), which bounds what any RPC layer can reach here.
 probe=$(bazel-bin/transport/rdma/pingpong_probe --address "$ip" --size $frame)
 awk -v b="$(field "$probe" probe_bare_rtt_p50_us)" -v c="$(field "$probe" probe_user_code_us)" \
     -v a="$(field "$probe" probe_rtt_after_user_code_p50_us)" \

@@ -8,9 +8,9 @@
 //   bazel-bin/transport/rdma/pingpong_probe --address 10.77.0.1
 //
 // Under QEMU TCG (the Soft-RoCE VM) the round trip after the user code,
-// timed without the code, is slower than the bare one, and slower than
-// after the spin: what costs is not the time away from the posts but the
-// code run in it. The kernel's Soft-RoCE send path, which runs inside
+// timed without the code, is slower than the bare one and slower than after
+// the spin, by far more in the machine's slow spells: what costs is not the
+// time away from the posts but the code run in it. The kernel's Soft-RoCE send path, which runs inside
 // ibv_post_send, is slower after user code has displaced it from the
 // emulator's translation caches. Any RPC layer runs such code between posts,
 // so its round trip cannot get near 2 x ib_send_lat there; on hardware the
@@ -52,6 +52,7 @@ constexpr int kBlock = 250;  // the variants take turns in blocks of this many
 // (the same time away from the posts, with next to no code).
 enum class Between { kNothing, kUserCode, kSpin };
 constexpr int kVariants = 3;
+static_assert(static_cast<int>(Between::kSpin) + 1 == kVariants, "one block kind per variant");
 
 std::string g_address;
 
