@@ -39,7 +39,7 @@ Channel::~Channel() {
   transport_->Shutdown();  // pending calls end in OnClosed
   std::vector<Pending> rest;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     for (auto& [id, p] : pending_) rest.push_back(std::move(p));
     pending_.clear();
   }
@@ -138,7 +138,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   std::shared_ptr<transport::Connection> conn;
   uint64_t id = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     conn = conn_;
     if (conn) id = TrackLocked(std::move(p), conn.get());
   }
@@ -148,7 +148,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
       return fail(connected.status().code(), std::string(connected.status().message()));
     }
     conn = std::move(*connected);
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     id = TrackLocked(std::move(p), conn.get());
   }
   const auto end = [&](const Status& s) {
@@ -211,13 +211,13 @@ uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn) {
 
 StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::Time call_deadline) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;
   }
   const absl::Time deadline = std::min(call_deadline, absl::Now() + options_.connect_timeout);
   std::lock_guard<std::mutex> connecting(connect_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;  // another caller connected meanwhile
   }
   auto conn = transport_->Connect(addr_, this, deadline);
@@ -225,7 +225,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::
     return Status(StatusCode::kUnavailable,
                   absl::StrCat("cannot reach ", target_, ": ", conn.status().message()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<InlineMutex> lock(mu_);
   conn_ = *conn;
   return conn_;
 }
@@ -234,7 +234,7 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   Pending p;
   std::shared_ptr<transport::Connection> conn;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     auto it = pending_.find(id);
     if (it == pending_.end()) return;  // already ended (late response, timer, cancel)
     p = std::move(it->second);
@@ -334,7 +334,7 @@ void Channel::OnMessage(transport::Connection& conn, InboundMessage msg) {
 void Channel::OnClosed(transport::Connection& conn, const absl::Status& why) {
   std::vector<uint64_t> lost;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (conn_.get() == &conn) conn_.reset();
     for (auto& [id, p] : pending_)
       if (p.conn == &conn) lost.push_back(id);

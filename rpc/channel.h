@@ -32,6 +32,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "google/protobuf/message_lite.h"
+#include "base/inline_mutex.h"
 #include "rpc/attachment.h"
 #include "rpc/client_context.h"
 #include "rpc/internal/thread_pool.h"
@@ -123,7 +124,7 @@ class Channel : private transport::ConnectionObserver {
   const ChannelOptions options_;
 
   std::mutex connect_mu_;  // serializes (re)connecting
-  std::mutex mu_;
+  InlineMutex mu_;
   std::shared_ptr<transport::Connection> conn_;                 // guarded by mu_
   // Pending calls by id, stored in place: no allocation per call.
   absl::flat_hash_map<uint64_t, Pending> pending_;              // guarded by mu_

@@ -37,7 +37,7 @@ struct FaultInjection {
     std::lock_guard<std::mutex> lock(h.mu);
     h.who = std::this_thread::get_id();
     h.held = h.released = false;
-    h.armed.store(true);
+    hold_armed_.store(true);
   }
   static void WaitUntilPostHeld() {
     Hold& h = HoldState();
@@ -50,21 +50,15 @@ struct FaultInjection {
     h.released = true;
     h.cv.notify_all();
   }
-  // The poster, just before ibv_post_send.
+  // The poster, just before ibv_post_send: one relaxed load of a constant-
+  // initialized flag when disarmed (no guard for a function-local static,
+  // no call), since it runs on every post.
   static void MaybeHoldPost() {
-    Hold& h = HoldState();
-    if (!h.armed.load(std::memory_order_relaxed)) return;
-    std::unique_lock<std::mutex> lock(h.mu);
-    if (!h.armed.load() || h.who != std::this_thread::get_id()) return;
-    h.armed.store(false);
-    h.held = true;
-    h.cv.notify_all();
-    h.cv.wait(lock, [&] { return h.released; });
+    if (hold_armed_.load(std::memory_order_relaxed)) HoldIfThisThread();
   }
 
  private:
   struct Hold {
-    std::atomic<bool> armed{false};
     std::mutex mu;
     std::condition_variable cv;
     std::thread::id who;  // guarded by mu
@@ -74,6 +68,17 @@ struct FaultInjection {
   static Hold& HoldState() {
     static Hold h;
     return h;
+  }
+  static inline std::atomic<bool> hold_armed_{false};
+
+  static void HoldIfThisThread() {
+    Hold& h = HoldState();
+    std::unique_lock<std::mutex> lock(h.mu);
+    if (!hold_armed_.load() || h.who != std::this_thread::get_id()) return;
+    hold_armed_.store(false);
+    h.held = true;
+    h.cv.notify_all();
+    h.cv.wait(lock, [&] { return h.released; });
   }
 
   static bool Take(std::atomic<int>& n) {

@@ -88,7 +88,7 @@ void RdmaConnection::ReleaseId() {
 }
 
 void RdmaConnection::SetPeer(const Handshake& peer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<InlineMutex> lock(mu_);
   credits_ = peer.credits;
   peer_release_timeout_ms_ = peer.release_timeout_ms;
   if (peer.slot_size) frame_limit_ = std::min<size_t>(endpoint_->slot_size(), peer.slot_size);
@@ -148,7 +148,7 @@ absl::Status RdmaConnection::Send(OutboundMessage msg) {
   absl::Status queued;
   bool took;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     queued = SendLocked(msg);
     took = TakeOutboxLocked();
   }
@@ -353,7 +353,7 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p) {
 
 absl::Status RdmaConnection::FlushOutbox() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (!TakeOutboxLocked()) return absl::OkStatus();
   }
   return PostTaken();
@@ -390,7 +390,7 @@ absl::Status RdmaConnection::PostTaken() {
         if (w->send_flags & IBV_SEND_SIGNALED) ++lost_signaled;
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        std::lock_guard<InlineMutex> lock(mu_);
         closed_ = true;
         signaled_outstanding_ -= lost_signaled;
       }
@@ -407,7 +407,7 @@ absl::Status RdmaConnection::PostTaken() {
     // the store just above; all are seq_cst, so the load below sees it. Then
     // the lock is taken only when frames are waiting, not after every post.
     if (!outbox_waiting_.load()) return result;
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (!TakeOutboxLocked()) return result;
   }
 }
@@ -440,7 +440,7 @@ void RdmaConnection::LearnRetryPolicy() {
       ibv_query_qp(id_->qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &init) != 0) {
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<InlineMutex> lock(mu_);
   ack_timeout_exp_ = attr.timeout;
   retries_ = attr.retry_cnt;
   // Timeout 0 means the device waits for ever: keep what was asked for, for
@@ -452,7 +452,7 @@ void RdmaConnection::LearnRetryPolicy() {
 }
 
 std::string RdmaConnection::DescribeRetryPolicy() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<InlineMutex> lock(mu_);
   if (ack_timeout_exp_ < 0) return "the QP's retry policy could not be read";
   return absl::StrCat("ACK timeout 4.096 us x 2^", ack_timeout_exp_, ", ", retries_ + 1,
                       " tries: a peer that stops answering fails after ~", Rounded(unacked_limit_),
@@ -461,7 +461,7 @@ std::string RdmaConnection::DescribeRetryPolicy() {
 
 bool RdmaConnection::TimeoutsDue(absl::Time now) {
   if (now >= next_give_up_ || KeepaliveDue(now)) return true;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<InlineMutex> lock(mu_);
   if (KeepaliveOverdueLocked(now)) return true;
   return !closed_ && now >= next_release_due_;
 }
@@ -488,7 +488,7 @@ bool RdmaConnection::KeepaliveDue(absl::Time now) {
 
 void RdmaConnection::SendKeepalive(absl::Time now) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (closed_ || sq_used_ >= sq_depth_) return;
     ibv_send_wr& wr = QueueLocked().wr;
     wr.wr_id = WrId(kWrKeepalive, serial_, 0, true);
@@ -508,7 +508,7 @@ bool RdmaConnection::FailUnansweredKeepalive(absl::Time now) {
   if (torn_down_) return false;
   absl::Duration limit;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (!KeepaliveOverdueLocked(now)) return false;
     limit = unacked_limit_;
   }
@@ -532,7 +532,7 @@ bool RdmaConnection::FailStalledReads(absl::Time now) {
   if (stalled == nullptr) return false;
   uint32_t peer_release_ms;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     peer_release_ms = peer_release_timeout_ms_;
   }
   // The peer revoked the buffer under the READ, and the device neither
@@ -549,7 +549,7 @@ void RdmaConnection::ExpireUnreleased(absl::Time now) {
   size_t requests = 0;
   bool windows = true;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (closed_ || now < next_release_due_) return;
     next_release_due_ = absl::InfiniteFuture();
     for (auto it = advertised_.begin(); it != advertised_.end();) {
@@ -630,7 +630,7 @@ void RdmaConnection::FreeWindowsLocked() {
 
 void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (closed_) return;
     OutboundMessage p;
     p.header.kind = kind;
@@ -670,7 +670,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   bool queued;
   uint32_t peer_release_ms;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     peer_release_ms = peer_release_timeout_ms_;
     if (h->credits) {
       credits_ += h->credits;
@@ -756,7 +756,7 @@ void RdmaConnection::StartReads() {
           op.msg.payload_status =
               absl::DeadlineExceededError("deadline passed before the request's payload was read");
         } else {
-          std::lock_guard<std::mutex> lock(mu_);
+          std::lock_guard<InlineMutex> lock(mu_);
           op.msg.payload_status = absl::DeadlineExceededError(
               absl::StrCat("the response's payload from ", peer_,
                            " was not read in time: the server revokes it ",
@@ -777,7 +777,7 @@ void RdmaConnection::StartReads() {
       op.block = *block;
     }
     const size_t chunk_max = read_chunk_;
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     while (op.next < len && reads_in_flight_ < static_cast<int>(rd_atom_)) {
       const size_t chunk = std::min(len - op.next, chunk_max);
       Outgoing& out = QueueLocked();
@@ -825,12 +825,12 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
   const uint32_t index = static_cast<uint32_t>(wc.wr_id);
   if (wc.status == IBV_WC_SUCCESS) ++heard_;
   if (wc.wr_id & kSignaledBit) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     --signaled_outstanding_;
   }
   bool queued = false;
   if (kind == kWrSend) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     while (!posted_.empty() && static_cast<int32_t>(posted_.front().seq - index) <= 0) {
       if (posted_.front().slot >= 0) free_send_slots_.push_back(posted_.front().slot);
       posted_.pop_front();
@@ -844,7 +844,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
   } else if (kind == kWrInvalidate) {
     bool expired = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<InlineMutex> lock(mu_);
       --sq_used_;
       auto node = invalidating_.extract(index);
       if (!node.empty() && wc.status == IBV_WC_SUCCESS) {
@@ -865,7 +865,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
   } else if (kind == kWrRead || kind == kWrKeepalive) {
     {
       // The room this work request held may be what a waiting frame needs.
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<InlineMutex> lock(mu_);
       --sq_used_;
       if (wc.status == IBV_WC_SUCCESS) FlushBacklogLocked();
       queued = !outbox_.empty();
@@ -898,7 +898,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
     if (wc.status == IBV_WC_REM_ACCESS_ERR) {
       hint = " (the peer advertised a bad rkey, address or length, or released the buffer)";
       auto it = kind == kWrRead ? reads_.find(index) : reads_.end();
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<InlineMutex> lock(mu_);
       if (it != reads_.end() && it->second.give_up != absl::InfiniteFuture()) {
         hint =
             absl::StrCat(" (", RevocationRule(it->second.msg.header.kind, peer_release_timeout_ms_),
@@ -912,7 +912,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
           "disconnected, or this side failed as its responder, e.g. the peer READ a buffer we "
           "had revoked or bytes we never advertised)";
     } else if (wc.status == IBV_WC_RETRY_EXC_ERR) {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<InlineMutex> lock(mu_);
       hint = absl::StrCat(" (not acknowledged for ~", Rounded(unacked_limit_),
                           ", RdmaOptions::peer_timeout_ms: the peer's machine, device or link "
                           "is down; if it never worked, on RoCE check the GID index)");
@@ -924,7 +924,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
 
 void RdmaConnection::Close() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     if (closed_) return;
     closed_ = true;
   }
@@ -953,7 +953,7 @@ absl::Status RdmaConnection::RevocationHint(absl::Status why) {
     if (op.in_flight == 0 || op.give_up == absl::InfiniteFuture() || now < op.expiry) continue;
     uint32_t peer_release_ms;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<InlineMutex> lock(mu_);
       peer_release_ms = peer_release_timeout_ms_;
     }
     return absl::Status(
@@ -978,7 +978,7 @@ void RdmaConnection::Teardown(absl::Status why) {
   keep_alive_ = shared_from_this();
   teardown_started_ = absl::Now();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     closed_ = true;
     backlog_.clear();
   }
@@ -997,7 +997,7 @@ bool RdmaConnection::FinishTeardown() {
   FlushOutbox().IgnoreError();
   bool drained;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     // Every READ is signaled, so this covers all DMA into our memory; an
     // unsignaled SEND only reads a local slot, freed with the QP.
     drained = signaled_outstanding_ == 0;
@@ -1016,7 +1016,7 @@ bool RdmaConnection::FinishTeardown() {
     // Windows first: rxe holds a QP reference per bound window, so destroying
     // the QP before them would block. The QP is in the error state already,
     // so no READ can use them.
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<InlineMutex> lock(mu_);
     outbox_.clear();
     outbox_waiting_.store(false);
     FreeWindowsLocked();

@@ -108,6 +108,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "base/inline_mutex.h"
 #include "base/ring_fifo.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/transport.h"
@@ -317,7 +318,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t max_inline_ = 0;
   ConnectionObserver* observer_ = nullptr;
 
-  std::mutex mu_;                // send side
+  InlineMutex mu_;               // send side
   bool closed_ = false;          // guarded by mu_
   uint32_t credits_ = 0;         // guarded by mu_
   // Frames waiting for credit, a send slot or SQ room, as SendLocked left
