@@ -107,7 +107,7 @@ class Responder : public rdmarpc::transport::ConnectionObserver {
  public:
   explicit Responder(bool echo) : echo_(echo) {}
   void OnMessage(rdmarpc::transport::Connection& conn,
-                 rdmarpc::transport::InboundMessage msg) override {
+                 rdmarpc::transport::InboundMessage&& msg) override {
     if (msg.header.kind != rdmarpc::transport::MessageKind::kRequest) return;
     rdmarpc::transport::OutboundMessage r;
     r.header.kind = rdmarpc::transport::MessageKind::kResponse;
@@ -128,7 +128,7 @@ class ResponseSink : public rdmarpc::transport::ConnectionObserver {
   explicit ResponseSink(std::function<void(uint64_t call_id, uint16_t status)> on_response)
       : on_response_(std::move(on_response)) {}
   void OnMessage(rdmarpc::transport::Connection&,
-                 rdmarpc::transport::InboundMessage msg) override {
+                 rdmarpc::transport::InboundMessage&& msg) override {
     if (msg.header.kind == rdmarpc::transport::MessageKind::kResponse) {
       on_response_(msg.header.call_id, msg.header.status);
     }

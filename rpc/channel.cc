@@ -306,7 +306,7 @@ void Channel::Deliver(Pending&& p, Status status) {
   callbacks_.Post(std::move(run));
 }
 
-void Channel::OnMessage(transport::Connection& conn, InboundMessage msg) {
+void Channel::OnMessage(transport::Connection& conn, InboundMessage&& msg) {
   if (msg.header.kind != MessageKind::kResponse) {
     fprintf(stderr, "rdmarpc[channel %s]: ignoring message kind %d from %s\n", target_.c_str(),
             static_cast<int>(msg.header.kind), conn.peer().c_str());

@@ -116,7 +116,7 @@ class Channel : private transport::ConnectionObserver {
   void Complete(uint64_t id, Status status, transport::InboundMessage* msg, bool tell_server);
   void Deliver(Pending&& p, Status status);
 
-  void OnMessage(transport::Connection& conn, transport::InboundMessage msg) override;
+  void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
 
   const std::string target_;

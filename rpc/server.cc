@@ -138,7 +138,7 @@ Server::Server(int workers, size_t max_message_size)
 
 Server::~Server() { Shutdown(); }
 
-void Server::OnMessage(Connection& conn, InboundMessage msg) {
+void Server::OnMessage(Connection& conn, InboundMessage&& msg) {
   switch (msg.header.kind) {
     case MessageKind::kRequest:
       return HandleRequest(conn, std::move(msg));

@@ -74,7 +74,7 @@ class Server : private transport::ConnectionObserver {
   using CallKey = std::pair<transport::Connection*, uint64_t>;
 
   Server(int workers, size_t max_message_size);
-  void OnMessage(transport::Connection& conn, transport::InboundMessage msg) override;
+  void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
   void HandleRequest(transport::Connection& conn, transport::InboundMessage&& msg);
   // Inline handlers (SetWorkerThreads(0)): runs the call on this I/O thread

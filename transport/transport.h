@@ -71,7 +71,10 @@ class Connection;
 class ConnectionObserver {
  public:
   virtual ~ConnectionObserver() = default;
-  virtual void OnMessage(Connection& conn, InboundMessage msg) = 0;
+  // `msg` is the observer's to move from (by reference, not by value: a
+  // move of the whole message per frame is measurable on the fast path);
+  // the transport destroys whatever is left of it after the call returns.
+  virtual void OnMessage(Connection& conn, InboundMessage&& msg) = 0;
   // Exactly once per connection, after the last OnMessage.
   virtual void OnClosed(Connection& conn, const absl::Status& why) = 0;
 };

@@ -363,13 +363,24 @@ void Endpoint::RunOnPollerAndWait(std::function<void()> task) {
 
 void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   by_serial_[conn->serial() & 0x07ffffff] = conn.get();
+  last_receiver_ = nullptr;
   by_qp_[conn->qp_num()] = std::move(conn);
 }
 
 void Endpoint::RemoveConnection(RdmaConnection* conn) {
   by_serial_.erase(conn->serial() & 0x07ffffff);
+  last_receiver_ = nullptr;
   auto it = by_qp_.find(conn->qp_num());
   if (it != by_qp_.end() && it->second.get() == conn) by_qp_.erase(it);
+}
+
+RdmaConnection* Endpoint::ReceiverOf(uint32_t qp_num) {
+  if (last_receiver_ != nullptr && last_receiver_qp_ == qp_num) return last_receiver_;
+  auto it = by_qp_.find(qp_num);
+  if (it == by_qp_.end()) return nullptr;
+  last_receiver_qp_ = qp_num;
+  last_receiver_ = it->second.get();
+  return last_receiver_;
 }
 
 void Endpoint::HandleCompletion(const ibv_wc& wc) {
@@ -380,13 +391,13 @@ void Endpoint::HandleCompletion(const ibv_wc& wc) {
     const uint32_t slot = static_cast<uint32_t>(wc.wr_id);
     --posted_;
     Count(&RdmaCounters::srq_slots_consumed);
-    auto it = by_qp_.find(wc.qp_num);
-    if (it == by_qp_.end() || it->second->torn_down()) {
+    RdmaConnection* conn = ReceiverOf(wc.qp_num);
+    if (conn == nullptr || conn->torn_down()) {
       ReleaseSlot(slot);
       return;
     }
     const Region& r = regions_[slot / kSlotsPerRegion];
-    it->second->OnRecv(slot, r.base + (slot % kSlotsPerRegion) * options_.slot_size, wc.byte_len);
+    conn->OnRecv(slot, r.base + (slot % kSlotsPerRegion) * options_.slot_size, wc.byte_len);
     return;
   }
   if (recv) {

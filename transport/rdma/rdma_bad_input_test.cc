@@ -286,7 +286,7 @@ std::string ResponseBytes(size_t size) {
 // ResponseBytes), and records how connections ended.
 class Answerer : public ConnectionObserver {
  public:
-  void OnMessage(Connection& conn, InboundMessage msg) override {
+  void OnMessage(Connection& conn, InboundMessage&& msg) override {
     if (msg.header.kind != MessageKind::kRequest) return;
     OutboundMessage r;
     r.header.kind = MessageKind::kResponse;
@@ -349,7 +349,7 @@ class GoodClient : public ConnectionObserver {
     const uint16_t status = f.get();
     return status == 0 ? absl::OkStatus() : absl::InternalError(absl::StrCat("status ", status));
   }
-  void OnMessage(Connection&, InboundMessage msg) override { Answer(msg.header.status); }
+  void OnMessage(Connection&, InboundMessage&& msg) override { Answer(msg.header.status); }
   void OnClosed(Connection&, const absl::Status&) override { Answer(1); }
 
  private:
@@ -649,7 +649,7 @@ TEST(RdmaBadInput, ClientThatVanishesIsNoticedByTheServersKeepalive) {
 // Records how its connection ended.
 class EndWatcher : public ConnectionObserver {
  public:
-  void OnMessage(Connection&, InboundMessage) override {}
+  void OnMessage(Connection&, InboundMessage&&) override {}
   void OnClosed(Connection&, const absl::Status& why) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!why_.has_value()) why_ = why;

@@ -58,7 +58,7 @@ bool Matches(const Buffer& b, size_t size, uint64_t seed) {
 // Server side: answers every request with its own payload, byte for byte.
 class EchoObserver : public ConnectionObserver {
  public:
-  void OnMessage(Connection& conn, InboundMessage msg) override {
+  void OnMessage(Connection& conn, InboundMessage&& msg) override {
     if (msg.header.kind != MessageKind::kRequest) return;
     OutboundMessage r;
     r.header.kind = MessageKind::kResponse;
@@ -92,7 +92,7 @@ class Waiter : public ConnectionObserver {
     std::lock_guard<std::mutex> lock(mu_);
     return waiting_[call_id].get_future();
   }
-  void OnMessage(Connection&, InboundMessage msg) override {
+  void OnMessage(Connection&, InboundMessage&& msg) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = waiting_.find(msg.header.call_id);
     if (it == waiting_.end()) return;
@@ -458,7 +458,7 @@ TEST(RdmaTransport, RequestPastItsDeadlineIsNotRead) {
 // echoed.
 class AnswerBehindABigPush : public ConnectionObserver {
  public:
-  void OnMessage(Connection& conn, InboundMessage msg) override {
+  void OnMessage(Connection& conn, InboundMessage&& msg) override {
     if (msg.header.kind != MessageKind::kRequest || msg.header.call_id != 1) {
       return echo_.OnMessage(conn, std::move(msg));
     }
@@ -560,7 +560,7 @@ TEST(RdmaTransport, ResponseRevokedDuringItsReadEndsTheConnectionSayingWhy) {
 // and how connections ended.
 class NeverAnswers : public ConnectionObserver {
  public:
-  void OnMessage(Connection&, InboundMessage msg) override {
+  void OnMessage(Connection&, InboundMessage&& msg) override {
     std::lock_guard<std::mutex> lock(mu_);
     received_.push_back(msg.payload_status.ok() ? msg.payload.size() : 0);
   }
@@ -901,7 +901,7 @@ TEST(RdmaTransport, ForkingWhileCallsAreInFlightCorruptsNothing) {
 // reaches the client to flush its outbox meanwhile.
 TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
   struct AnswersTwoAfterThree : EchoObserver {
-    void OnMessage(Connection& conn, InboundMessage msg) override {
+    void OnMessage(Connection& conn, InboundMessage&& msg) override {
       const uint64_t id = msg.header.call_id;
       if (id == 2) {
         std::lock_guard<std::mutex> lock(mu);
@@ -989,7 +989,7 @@ TEST(RdmaTransport, FullSlotFramesGiveBackTheirSlots) {
 // meanwhile that server neither refills its SRQ nor returns credit.
 class HeldEcho : public EchoObserver {
  public:
-  void OnMessage(Connection& conn, InboundMessage msg) override {
+  void OnMessage(Connection& conn, InboundMessage&& msg) override {
     std::unique_lock<std::mutex> lock(gate_mu);
     if (!first_seen) {
       first_seen = true;
