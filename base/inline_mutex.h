@@ -15,9 +15,10 @@
 // the RDMA tests run in, time per round trip follows the instruction count
 // (README, Benchmarks).
 //
-// The design is the futex mutex of Drepper's "Futexes Are Tricky" (mutex 3):
-// state 0 is free, 1 held, 2 held with possible sleepers; unlock wakes one
-// sleeper only from state 2.
+// The design is the third futex mutex of Drepper's "Futexes Are Tricky",
+// unlocking with an exchange as glibc's low-level lock does: state 0 is
+// free, 1 held, 2 held with possible sleepers; unlock wakes one sleeper
+// only from state 2.
 //
 // What not to rely on: fairness (a thread that unlocks may take it straight
 // back); use with std::condition_variable (it needs std::mutex; use
