@@ -55,6 +55,9 @@ TEST(InlineMutexTest, SleeperIsWokenByUnlock) {
     mu.unlock();
   });
   while (!waiting) std::this_thread::yield();
+  // Time for the sleeper to reach the kernel wait, so that the unlock below
+  // has someone to wake (a broken wake then hangs the test). Nothing else
+  // rests on it: were the sleeper late, the checks below would still hold.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(acquired);
   mu.unlock();

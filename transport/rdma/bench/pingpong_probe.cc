@@ -10,9 +10,9 @@
 // Under QEMU TCG (the Soft-RoCE VM) the round trip after the user code,
 // timed without the code, is slower than the bare one and slower than after
 // the spin, by far more in the machine's slow spells: what costs is not the
-// time away from the posts but the code run in it. The kernel's Soft-RoCE send path, which runs inside
-// ibv_post_send, is slower after user code has displaced it from the
-// emulator's translation caches. Any RPC layer runs such code between posts,
+// time away from the posts but the code run in it. The kernel's Soft-RoCE
+// send path, which runs inside ibv_post_send, is slower after user code has
+// displaced it from the emulator's translation caches. Any RPC layer runs such code between posts,
 // so its round trip cannot get near 2 x ib_send_lat there; on hardware the
 // step is an ordinary cache miss. bench/run_bench.sh prints these figures
 // next to perftest's.
