@@ -40,8 +40,10 @@ Channel::~Channel() {
   std::vector<Pending> rest;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    for (auto& [id, p] : pending_) rest.push_back(std::move(p));
-    pending_.clear();
+    pending_.ForEach([&](uint64_t id, Pending&) {
+      rest.emplace_back();
+      pending_.Take(id, &rest.back());
+    });
   }
   for (auto& p : rest) {
     timers_.Cancel(p.timer);
@@ -196,16 +198,14 @@ StatusOr<Attachment> Channel::AllocateAttachment(size_t size, size_t message_roo
 }
 
 uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn) {
-  const uint64_t id = next_call_id_++;
-  p.id = id;
   p.conn = conn;
   const absl::Time deadline = p.ctx->deadline();
+  const uint64_t id = pending_.Insert(std::move(p));
   if (deadline != absl::InfiniteFuture()) {
-    p.timer = timers_.Schedule(deadline, [this, id] {
+    pending_.Get(id)->timer = timers_.Schedule(deadline, [this, id] {
       Complete(id, Status(StatusCode::kDeadlineExceeded, "deadline exceeded"), nullptr, true);
     });
   }
-  pending_.emplace(id, std::move(p));
   return id;
 }
 
@@ -235,10 +235,7 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   std::shared_ptr<transport::Connection> conn;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return;  // already ended (late response, timer, cancel)
-    p = std::move(it->second);
-    pending_.erase(it);
+    if (!pending_.Take(id, &p)) return;  // already ended (late response, timer, cancel)
     if (conn_ && conn_.get() == p.conn) conn = conn_;
   }
   if (p.timer != 0) timers_.Cancel(p.timer);
@@ -336,8 +333,9 @@ void Channel::OnClosed(transport::Connection& conn, const absl::Status& why) {
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_.get() == &conn) conn_.reset();
-    for (auto& [id, p] : pending_)
+    pending_.ForEach([&](uint64_t id, Pending& p) {
       if (p.conn == &conn) lost.push_back(id);
+    });
   }
   for (uint64_t id : lost) {
     Complete(id,

@@ -29,10 +29,10 @@
 #include <mutex>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "google/protobuf/message_lite.h"
 #include "base/inline_mutex.h"
+#include "base/slot_map.h"
 #include "rpc/attachment.h"
 #include "rpc/client_context.h"
 #include "rpc/internal/thread_pool.h"
@@ -89,7 +89,6 @@ class Channel : private transport::ConnectionObserver {
 
  private:
   struct Pending {
-    uint64_t id = 0;
     const char* method = nullptr;  // full name (static), for error messages
     ClientContext* ctx = nullptr;
     google::protobuf::MessageLite* response = nullptr;
@@ -126,9 +125,9 @@ class Channel : private transport::ConnectionObserver {
   std::mutex connect_mu_;  // serializes (re)connecting
   InlineMutex mu_;
   std::shared_ptr<transport::Connection> conn_;                 // guarded by mu_
-  // Pending calls by id, stored in place: no allocation per call.
-  absl::flat_hash_map<uint64_t, Pending> pending_;              // guarded by mu_
-  uint64_t next_call_id_ = 1;                                   // guarded by mu_
+  // Pending calls; a call's id is its key here (base/slot_map.h), so a
+  // response finds its call without a hash, and no allocation per call.
+  SlotMap<Pending> pending_;                                    // guarded by mu_
 
   internal::ThreadPool callbacks_;
   internal::TimerQueue timers_;

@@ -45,7 +45,7 @@ void EncodeHeader(const Header& h, char* out) {
   Put<uint64_t>(out, 56, h.remote.token);
 }
 
-absl::StatusOr<Header> DecodeHeader(const char* in, size_t len) {
+absl::Status DecodeHeader(const char* in, size_t len, Header* out) {
   if (len < kHeaderSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("truncated header: ", len, " of ", kHeaderSize, " bytes"));
@@ -59,7 +59,7 @@ absl::StatusOr<Header> DecodeHeader(const char* in, size_t len) {
                                                    Get<uint8_t>(in, 2), ", expected ",
                                                    kWireVersion));
   }
-  Header h;
+  Header& h = *out;
   const uint8_t kind = Get<uint8_t>(in, 3);
   if (kind < static_cast<uint8_t>(MessageKind::kRequest) ||
       kind > static_cast<uint8_t>(MessageKind::kRelease)) {
@@ -99,7 +99,7 @@ absl::StatusOr<Header> DecodeHeader(const char* in, size_t len) {
   if (h.remote_payload() && h.payload_len == 0) {
     return absl::InvalidArgumentError("it advertises a payload of 0 bytes");
   }
-  return h;
+  return absl::OkStatus();
 }
 
 absl::Status ValidateMetadata(const Metadata& md) {

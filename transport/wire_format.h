@@ -102,8 +102,17 @@ struct Header {
 // Writes exactly kHeaderSize bytes.
 void EncodeHeader(const Header& h, char* out);
 
-// Parses and validates a header; the error says which field is wrong.
-absl::StatusOr<Header> DecodeHeader(const char* in, size_t len);
+// Parses and validates a header into `*h`; the error says which field is
+// wrong (then `*h` holds part of the frame's fields: do not use it). The
+// receive path decodes straight into the message it delivers.
+absl::Status DecodeHeader(const char* in, size_t len, Header* h);
+// The same, returning the header.
+inline absl::StatusOr<Header> DecodeHeader(const char* in, size_t len) {
+  Header h;
+  absl::Status s = DecodeHeader(in, len, &h);
+  if (!s.ok()) return s;
+  return h;
+}
 
 using Metadata = std::vector<std::pair<std::string, std::string>>;
 

@@ -653,66 +653,65 @@ void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
 
 void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   ++heard_;
-  auto h = DecodeHeader(data, length);
-  if (!h.ok()) {
+  InboundMessage m;
+  const Header& h = m.header;
+  if (absl::Status s = DecodeHeader(data, length, &m.header); !s.ok()) {
     endpoint_->ReleaseSlot(slot);
-    return Fail(absl::InternalError(
-        absl::StrCat("malformed frame from ", peer_, ": ", h.status().message())));
+    return Fail(
+        absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ", s.message())));
   }
   const size_t expected =
-      kHeaderSize + h->metadata_len + (h->remote_payload() ? 0 : h->payload_len);
+      kHeaderSize + h.metadata_len + (h.remote_payload() ? 0 : h.payload_len);
   if (length != expected) {
     endpoint_->ReleaseSlot(slot);
     return Fail(absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ", length,
                                                  " bytes received, header says ", expected)));
   }
-  if (h->kind != MessageKind::kCredit) owed_.fetch_add(1);
+  if (h.kind != MessageKind::kCredit) owed_.fetch_add(1);
   bool queued;
   uint32_t peer_release_ms;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     peer_release_ms = peer_release_timeout_ms_;
-    if (h->credits) {
-      credits_ += h->credits;
+    if (h.credits) {
+      credits_ += h.credits;
       FlushBacklogLocked();
     }
-    if (h->kind == MessageKind::kRelease) ReleaseAdvertisedLocked(h->remote.token);
-    if (h->kind == MessageKind::kResponse && !request_tokens_.empty()) {
-      auto range = request_tokens_.equal_range(h->call_id);
+    if (h.kind == MessageKind::kRelease) ReleaseAdvertisedLocked(h.remote.token);
+    if (h.kind == MessageKind::kResponse && !request_tokens_.empty()) {
+      auto range = request_tokens_.equal_range(h.call_id);
       for (auto it = range.first; it != range.second; ++it) ReleaseAdvertisedLocked(it->second);
       request_tokens_.erase(range.first, range.second);
     }
     queued = !outbox_.empty();
   }
   if (queued) FlushOutbox().IgnoreError();
-  if (h->kind == MessageKind::kCredit || h->kind == MessageKind::kRelease) {
+  if (h.kind == MessageKind::kCredit || h.kind == MessageKind::kRelease) {
     endpoint_->ReleaseSlot(slot);
   } else {
-    InboundMessage m;
-    m.header = *h;
-    if (h->metadata_len > 0) m.metadata.assign(data + kHeaderSize, h->metadata_len);
-    if (!h->remote_payload()) {
-      m.payload = endpoint_->SlotBuffer(slot, kHeaderSize + h->metadata_len, h->payload_len);
+    if (h.metadata_len > 0) m.metadata.assign(data + kHeaderSize, h.metadata_len);
+    if (!h.remote_payload()) {
+      m.payload = endpoint_->SlotBuffer(slot, kHeaderSize + h.metadata_len, h.payload_len);
       m.payload_on_loan = true;
       observer_->OnMessage(*this, std::move(m));
     } else {
       endpoint_->ReleaseSlot(slot);
       const uint32_t op_id = next_read_op_++;
       ReadOp& op = reads_[op_id];
-      op.remote_addr = h->remote.addr;
-      op.rkey = h->remote.rkey;
+      op.remote_addr = h.remote.addr;
+      op.rkey = h.remote.rkey;
       if (FaultInjection::TakeStaleRead() && last_remote_.second != 0) {
         op.remote_addr = last_remote_.first;  // test only: replay the previous one
         op.rkey = last_remote_.second;
       }
-      last_remote_ = {h->remote.addr, h->remote.rkey};
-      if (h->kind == MessageKind::kRequest && h->timeout_us) {
-        op.expiry = absl::Now() + absl::Microseconds(h->timeout_us);
+      last_remote_ = {h.remote.addr, h.remote.rkey};
+      if (h.kind == MessageKind::kRequest && h.timeout_us) {
+        op.expiry = absl::Now() + absl::Microseconds(h.timeout_us);
         if (peer_release_ms > 0) {
           op.give_up = op.expiry + absl::Milliseconds(peer_release_ms) * 2;
           next_give_up_ = std::min(next_give_up_, op.give_up);
         }
-      } else if (h->kind == MessageKind::kResponse && peer_release_ms > 0) {
+      } else if (h.kind == MessageKind::kResponse && peer_release_ms > 0) {
         // The peer revokes it at its release timeout, counted from before
         // it sent; half leaves room for the READ itself.
         const absl::Time now = absl::Now();
@@ -720,10 +719,10 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
         op.give_up = now + absl::Milliseconds(peer_release_ms) * 2;
         next_give_up_ = std::min(next_give_up_, op.give_up);
       }
-      if (h->payload_len > options_.max_message_size) {
+      if (h.payload_len > options_.max_message_size) {
         op.msg = std::move(m);
         op.msg.payload_status = absl::ResourceExhaustedError(
-            absl::StrCat("message of ", h->payload_len, " bytes exceeds max_message_size ",
+            absl::StrCat("message of ", h.payload_len, " bytes exceeds max_message_size ",
                          options_.max_message_size));
         DeliverRead(op_id);
       } else {

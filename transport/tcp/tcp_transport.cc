@@ -287,12 +287,14 @@ absl::Status TcpConnection::FrameProgress() {
   switch (stage_) {
     case Stage::kHeader: {
       if (got_ < kHeaderSize) return absl::OkStatus();
-      auto h = DecodeHeader(header_bytes_, kHeaderSize);
-      if (!h.ok()) return h.status();
-      if (h->remote_payload()) return absl::InvalidArgumentError("remote payload over TCP");
       in_ = InboundMessage{};
-      in_.header = *h;
-      in_.metadata.resize(h->metadata_len);
+      if (absl::Status s = DecodeHeader(header_bytes_, kHeaderSize, &in_.header); !s.ok()) {
+        return s;
+      }
+      if (in_.header.remote_payload()) {
+        return absl::InvalidArgumentError("remote payload over TCP");
+      }
+      in_.metadata.resize(in_.header.metadata_len);
       got_ = 0;
       stage_ = Stage::kMetadata;
       return FrameProgress();
