@@ -284,8 +284,8 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
       }
     }
   }
-  const bool decorate = made_here || status.code() == StatusCode::kUnimplemented;
-  if (!status.ok() && decorate && status.message().find(p.method) == absl::string_view::npos) {
+  if (!status.ok() && (made_here || status.code() == StatusCode::kUnimplemented) &&
+      status.message().find(p.method) == absl::string_view::npos) {
     status = Status(status.code(), absl::StrCat(p.method, ": ", status.message()));
   }
   Deliver(std::move(p), std::move(status));
