@@ -16,7 +16,7 @@ using test::EchoResponse;
 // The connection a FakeCall's context names; nothing is sent on it.
 class NoConnection : public transport::Connection {
  public:
-  absl::Status Send(transport::OutboundMessage) override {
+  absl::Status Send(transport::OutboundMessage&&) override {
     return absl::UnavailableError("no connection");
   }
   absl::StatusOr<transport::Buffer> AllocatePayload(size_t size) override {

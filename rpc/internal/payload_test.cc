@@ -13,7 +13,7 @@ namespace {
 
 class CountingConnection : public transport::Connection {
  public:
-  absl::Status Send(transport::OutboundMessage) override { return absl::OkStatus(); }
+  absl::Status Send(transport::OutboundMessage&&) override { return absl::OkStatus(); }
   absl::StatusOr<transport::Buffer> AllocatePayload(size_t size) override {
     ++allocations;
     if (fail) return absl::ResourceExhaustedError("bound reached");

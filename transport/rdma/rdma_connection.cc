@@ -144,7 +144,7 @@ absl::StatusOr<Buffer> RdmaConnection::AllocatePayload(size_t size) {
   return endpoint_->BlockBuffer(*block, size);
 }
 
-absl::Status RdmaConnection::Send(OutboundMessage msg) {
+absl::Status RdmaConnection::Send(OutboundMessage&& msg) {
   absl::Status queued;
   bool took;
   {
@@ -312,7 +312,7 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p) {
     dst = send_slots_ + size_t(slot) * endpoint_->slot_size();
   }
   EncodeHeader(p.header, dst);
-  memcpy(dst + kHeaderSize, p.metadata.data(), p.metadata.size());
+  if (!p.metadata.empty()) memcpy(dst + kHeaderSize, p.metadata.data(), p.metadata.size());
   const size_t head = kHeaderSize + p.metadata.size();
   // The payload is sent from where it was serialized: an inline SEND's
   // provider copies it during the post (any memory will do); otherwise the

@@ -148,7 +148,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   absl::Status CreateQp();
   void set_observer(ConnectionObserver* observer) { observer_ = observer; }
 
-  absl::Status Send(OutboundMessage msg) override;
+  absl::Status Send(OutboundMessage&& msg) override;
   absl::StatusOr<Buffer> AllocatePayload(size_t size) override;
   void Close() override;
   const std::string& peer() const override { return peer_; }

@@ -79,7 +79,7 @@ class TcpConnection : public Connection,
     if (fd_ >= 0) close(fd_);
   }
 
-  absl::Status Send(OutboundMessage msg) override;
+  absl::Status Send(OutboundMessage&& msg) override;
   absl::StatusOr<Buffer> AllocatePayload(size_t size) override { return Buffer::Allocate(size); }
   void Close() override {
     closing_.store(true);
@@ -129,7 +129,7 @@ class TcpConnection : public Connection,
   size_t skip_left_ = 0;
 };
 
-absl::Status TcpConnection::Send(OutboundMessage msg) {
+absl::Status TcpConnection::Send(OutboundMessage&& msg) {
   Header h = msg.header;
   h.flags = 0;
   h.credits = 0;
