@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iterator>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -655,6 +656,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   ++heard_;
   InboundMessage m;
   const Header& h = m.header;
+  static_assert(std::is_trivially_copyable_v<Header>, "h is read after m is moved from");
   if (absl::Status s = DecodeHeader(data, length, &m.header); !s.ok()) {
     endpoint_->ReleaseSlot(slot);
     return Fail(
