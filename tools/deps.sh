@@ -16,8 +16,9 @@ packages=(
   qemu-system-x86 busybox-static kmod cpio
 )
 
-# --bench: also what bench/ measures beside rdmarpc (UCX) and with (callgrind).
-[ "${1:-}" = --bench ] && packages+=(ucx-utils valgrind)
+# --bench: also what bench/ measures beside rdmarpc (UCX) and with (callgrind,
+# and python3 for bench/callgrind_per_call.py).
+[ "${1:-}" = --bench ] && packages+=(ucx-utils valgrind python3)
 
 missing=()
 for p in "${packages[@]}"; do
