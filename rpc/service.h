@@ -78,9 +78,10 @@ class Service {
 // to a MethodHandler: parses the request (INVALID_ARGUMENT if it does not
 // parse), keeps Req and Resp alive until `done` runs, then finishes the call.
 //
-// The Req/Resp pair comes from a pool and goes back to it, cleared, after
-// `done`, unless either message was larger than kMaxPooledMessageBytes (then
-// it is freed, so that one huge call does not pin its memory).
+// The Req/Resp pair comes from a pool and goes back to it after `done` (the
+// response cleared; the next parse replaces the request), unless either
+// message was larger than kMaxPooledMessageBytes (then it is freed, so that
+// one huge call does not pin its memory).
 inline constexpr size_t kMaxPooledMessageBytes = 64 * 1024;
 
 template <typename Req, typename Resp, typename Fn>
@@ -99,7 +100,7 @@ MethodHandler UnaryHandler(Fn fn) {
           delete s;
           return;
         }
-        s->request.Clear();
+        // The request is not cleared: the next call's ParseFromArray does that.
         s->response.Clear();
         Pool::Give(s);
       }

@@ -1,6 +1,7 @@
-// UnaryHandler's pooled request/response pairs: a pair comes back cleared,
-// keeps the capacity small calls gave it, and is not kept after a large call
-// (so one huge request does not pin its memory in the pool).
+// UnaryHandler's pooled request/response pairs: a pair comes back with its
+// response cleared and its request replaced by the new parse, keeps the
+// capacity small calls gave it, and is not kept after a large call (so one
+// huge request does not pin its memory in the pool).
 #include <string>
 
 #include "gtest/gtest.h"
@@ -85,7 +86,7 @@ TEST(UnaryHandler, PooledMessagesComeBackClearedAndLargeOnesAreNotKept) {
 
   serve(4000, 1);
   // The pair used for 4000 bytes is reused: its string kept the capacity,
-  // and both messages were cleared in between.
+  // the response was cleared and the request holds only the new call's.
   serve(0, 2);
   EXPECT_GE(seen.data_capacity, 4000u);
   EXPECT_EQ(seen.data, "");
