@@ -153,16 +153,8 @@ std::shared_ptr<transport::Connection> Channel::Start(
     std::lock_guard<InlineMutex> lock(mu_);
     id = TrackLocked(std::move(p), conn.get());
   }
-  const auto end = [&](const Status& s) {
-    Complete(id, s, nullptr, false);
-    return nullptr;
-  };
 
   OutboundMessage msg;
-  msg.header.attachment_len = static_cast<uint32_t>(attachment.size());
-  auto payload = internal::BuildPayload(*conn, std::move(attachment), request, size);
-  if (!payload.ok()) return end(payload.status());
-  msg.payload = std::move(*payload);
   if (has_metadata) msg.metadata = transport::EncodeMetadata(ctx->metadata());
   msg.header.kind = MessageKind::kRequest;
   msg.header.method_id = method.id;
@@ -180,7 +172,12 @@ std::shared_ptr<transport::Connection> Channel::Start(
   // A call cancelled before it was sent has ended already. (One that timed
   // out meanwhile is sent; its late response is dropped.)
   if (cancelled) return nullptr;
-  if (Status s = conn->Send(std::move(msg)); !s.ok()) return end(s);
+  if (Status s = internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request,
+                                          size);
+      !s.ok()) {
+    Complete(id, s, nullptr, false);
+    return nullptr;
+  }
   return conn;
 }
 

@@ -59,11 +59,16 @@ class ServerCallImpl : public ServerCall {
   // Sends the one response this call gets; later attempts do nothing.
   void Respond(Status status, const google::protobuf::MessageLite* response) {
     if (responded_.exchange(true)) return;
-    Buffer payload;
-    uint32_t attachment_len = 0;
+    // Past the deadline the client is no longer waiting for a result, and
+    // whatever the handler made of its cancellation, the cause is the deadline.
+    if (ctx_.deadline() != absl::InfiniteFuture() && absl::Now() >= ctx_.deadline()) {
+      status = Status(StatusCode::kDeadlineExceeded, "deadline exceeded on the server");
+    }
+    Attachment attachment;
+    size_t size = 0;
     if (status.ok() && response != nullptr) {
-      Attachment attachment = ctx_.TakeResponseAttachment();
-      const size_t size = response->ByteSizeLong();
+      attachment = ctx_.TakeResponseAttachment();
+      size = response->ByteSizeLong();
       if (size + attachment.size() > server_->max_message_size_) {
         status = Status(StatusCode::kResourceExhausted,
                         absl::StrCat(method_->full_name, ": response of ", size, " bytes",
@@ -73,25 +78,10 @@ class ServerCallImpl : public ServerCall {
                                                         attachment.size(), " bytes"),
                                      " exceeds max_message_size ",
                                      server_->max_message_size_));
-      } else {
-        attachment_len = static_cast<uint32_t>(attachment.size());
-        auto built = internal::BuildPayload(conn_, std::move(attachment), *response, size);
-        if (built.ok()) {
-          payload = std::move(*built);
-        } else {
-          status = built.status();
-        }
       }
     }
-    // Past the deadline the client is no longer waiting for a result, and
-    // whatever the handler made of its cancellation, the cause is the deadline.
-    if (ctx_.deadline() != absl::InfiniteFuture() && absl::Now() >= ctx_.deadline()) {
-      payload.Reset();
-      status = Status(StatusCode::kDeadlineExceeded, "deadline exceeded on the server");
-    }
-    if (!status.ok()) attachment_len = 0;
-    server_->Reply(conn_, key().second, status, std::move(payload), attachment_len,
-                   ctx_.TakeResponseMetadata());
+    server_->Reply(conn_, key().second, status, ctx_.TakeResponseMetadata(),
+                   status.ok() ? response : nullptr, std::move(attachment), size);
     if (tracking_.exchange(kFinished, std::memory_order_acq_rel) == kTracked) {
       server_->CallFinished(key());
     }
@@ -159,7 +149,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   // `conn` is alive while it delivers this message; an answer to a
   // connection that has closed meanwhile is dropped by its Send.
   const auto reply_error = [&](StatusCode code, const std::string& text) {
-    Reply(conn, call_id, Status(code, text), Buffer(), 0, {});
+    Reply(conn, call_id, Status(code, text));
   };
   auto m = methods_.find(msg.header.method_id);
   if (m == methods_.end()) {
@@ -218,8 +208,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
 void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
   const CallKey key = call->key();
   if (shutting_down_.load(std::memory_order_acquire)) {
-    return Reply(conn, key.second, Status(StatusCode::kUnavailable, "server is shutting down"),
-                 Buffer(), 0, {});
+    return Reply(conn, key.second, Status(StatusCode::kUnavailable, "server is shutting down"));
   }
   // A call id may be reused once its call has ended; while the call runs,
   // a second request with it is dropped. Only tracked calls can be running
@@ -257,24 +246,31 @@ void Server::DropReusedCallId(Connection& conn, uint64_t call_id) {
           conn.peer().c_str(), static_cast<unsigned long long>(call_id));
 }
 
-void Server::Reply(Connection& conn, uint64_t call_id, const Status& status, Buffer payload,
-                   uint32_t attachment_len, const Metadata& md) {
+void Server::Reply(Connection& conn, uint64_t call_id, const Status& status, const Metadata& md,
+                   const google::protobuf::MessageLite* message, Attachment attachment,
+                   size_t message_size) {
   OutboundMessage out;
   out.header.kind = MessageKind::kResponse;
   out.header.call_id = call_id;
   // code() is out of line in absl; most replies are OK.
   out.header.status = status.ok() ? 0 : static_cast<uint16_t>(status.code());
-  out.header.attachment_len = attachment_len;
-  if (!status.ok()) {
-    const absl::string_view text = status.message().substr(0, kMaxErrorMessage);
-    payload = Buffer::CopyOf(text.data(), text.size());
-  }
-  out.payload = std::move(payload);
   if (!md.empty() && transport::ValidateMetadata(md).ok()) {
     out.metadata = transport::EncodeMetadata(md);
   }
-  // A failed send means the connection is gone; OnClosed deals with that.
-  conn.Send(std::move(out)).IgnoreError();
+  if (!status.ok() || message == nullptr) {
+    if (!status.ok()) {
+      const absl::string_view text = status.message().substr(0, kMaxErrorMessage);
+      out.payload = Buffer::CopyOf(text.data(), text.size());
+    }
+    // A failed send means the connection is gone; OnClosed deals with that.
+    conn.Send(std::move(out)).IgnoreError();
+    return;
+  }
+  const Status sent =
+      internal::SendWithMessage(conn, std::move(out), std::move(attachment), *message, message_size);
+  // Anything but a lost connection (memory for the payload, a frame the
+  // transport refused) still gets the client an answer: the error.
+  if (!sent.ok() && sent.code() != StatusCode::kUnavailable) Reply(conn, call_id, sent);
 }
 
 void Server::CallFinished(const CallKey& key) {

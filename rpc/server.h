@@ -81,8 +81,12 @@ class Server : private transport::ConnectionObserver {
   // and tracks it only if its handler returns before finishing it.
   void RunInline(transport::Connection& conn, std::shared_ptr<ServerCallImpl> call);
   void DropReusedCallId(transport::Connection& conn, uint64_t call_id);
+  // Sends the response: the error's text when `status` is not OK, else
+  // `attachment` then `message` (ByteSizeLong() gave `message_size`), if any.
+  // When the transport cannot take that payload, the client gets its error.
   void Reply(transport::Connection& conn, uint64_t call_id, const Status& status,
-             transport::Buffer payload, uint32_t attachment_len, const Metadata& md);
+             const Metadata& md = {}, const google::protobuf::MessageLite* message = nullptr,
+             Attachment attachment = Attachment(), size_t message_size = 0);
   void CallFinished(const CallKey& key);
 
   const size_t max_message_size_;

@@ -87,6 +87,22 @@ class Connection {
   // UNAVAILABLE once the connection is closing or closed;
   // RESOURCE_EXHAUSTED when the transport's bounded memory is used up.
   virtual absl::Status Send(OutboundMessage&& msg) = 0;
+  // Send with a payload of `payload_size` bytes that `write` puts in place
+  // (exactly that many; `msg.payload` must be empty). RDMA writes a small
+  // frame's payload straight into its SEND, with no payload buffer to take,
+  // lend and give back; otherwise, and by default, it is written into
+  // AllocatePayload's memory and sent as Send sends it. `write` may run
+  // under the connection's lock: it must not call into the transport.
+  virtual absl::Status SendWith(OutboundMessage&& msg, size_t payload_size,
+                                absl::FunctionRef<void(char*)> write) {
+    if (payload_size > 0) {
+      absl::StatusOr<Buffer> memory = AllocatePayload(payload_size);
+      if (!memory.ok()) return memory.status();
+      write(memory->data());
+      msg.payload = std::move(*memory);
+    }
+    return Send(std::move(msg));
+  }
   // Memory that Send can carry without copying (registered memory on RDMA).
   virtual absl::StatusOr<Buffer> AllocatePayload(size_t size) = 0;
   // Starts closing; OnClosed follows on the I/O thread. Idempotent.

@@ -24,4 +24,20 @@ absl::StatusOr<transport::Buffer> BuildPayload(transport::Connection& conn, Atta
   return payload;
 }
 
+absl::Status SendWithMessage(transport::Connection& conn, transport::OutboundMessage&& msg,
+                             Attachment attachment,
+                             const google::protobuf::MessageLite& message, size_t message_size) {
+  if (attachment.empty()) {
+    msg.header.attachment_len = 0;
+    return conn.SendWith(std::move(msg), message_size, [&message](char* out) {
+      message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out));
+    });
+  }
+  msg.header.attachment_len = static_cast<uint32_t>(attachment.size());
+  auto payload = BuildPayload(conn, std::move(attachment), message, message_size);
+  if (!payload.ok()) return payload.status();
+  msg.payload = std::move(*payload);
+  return conn.Send(std::move(msg));
+}
+
 }  // namespace rdmarpc::internal

@@ -20,6 +20,14 @@ absl::StatusOr<transport::Buffer> BuildPayload(transport::Connection& conn, Atta
                                                const google::protobuf::MessageLite& message,
                                                size_t message_size);
 
+// Sends `msg` with that payload and its header's attachment_len set. With no
+// attachment the message is serialized by Connection::SendWith, straight into
+// the frame where the transport can (a small RDMA SEND); with one, the
+// payload is built by BuildPayload and sent by Send.
+absl::Status SendWithMessage(transport::Connection& conn, transport::OutboundMessage&& msg,
+                             Attachment attachment,
+                             const google::protobuf::MessageLite& message, size_t message_size);
+
 }  // namespace rdmarpc::internal
 
 #endif  // RDMARPC_RPC_INTERNAL_PAYLOAD_H_

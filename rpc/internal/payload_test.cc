@@ -1,6 +1,7 @@
 // BuildPayload: the attachment stays where the caller wrote it when its
 // memory has room for the message; otherwise both go into new memory from
-// the connection, attachment first.
+// the connection, attachment first. SendWithMessage: what it sends is that
+// layout, with the header's attachment_len, by either path.
 #include "rpc/internal/payload.h"
 
 #include <string>
@@ -13,7 +14,10 @@ namespace {
 
 class CountingConnection : public transport::Connection {
  public:
-  absl::Status Send(transport::OutboundMessage&&) override { return absl::OkStatus(); }
+  absl::Status Send(transport::OutboundMessage&& msg) override {
+    sent = std::move(msg);
+    return absl::OkStatus();
+  }
   absl::StatusOr<transport::Buffer> AllocatePayload(size_t size) override {
     ++allocations;
     if (fail) return absl::ResourceExhaustedError("bound reached");
@@ -24,6 +28,7 @@ class CountingConnection : public transport::Connection {
 
   int allocations = 0;
   bool fail = false;
+  transport::OutboundMessage sent;
 
  private:
   const std::string peer_ = "test";
@@ -91,6 +96,42 @@ TEST(BuildPayload, AllocationFailureIsReturned) {
   auto payload = BuildPayload(conn, Attachment::CopyOf("no room"), message,
                               message.ByteSizeLong());
   EXPECT_EQ(payload.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(SendWithMessage, WithoutAnAttachmentTheMessageIsThePayload) {
+  CountingConnection conn;
+  const test::EchoRequest message = Message();
+  transport::OutboundMessage msg;
+  msg.header.call_id = 42;
+  msg.header.attachment_len = 99;  // stale: SendWithMessage sets it
+  ASSERT_TRUE(SendWithMessage(conn, std::move(msg), Attachment(), message,
+                              message.ByteSizeLong())
+                  .ok());
+  EXPECT_EQ(conn.sent.header.call_id, 42u);
+  EXPECT_EQ(conn.sent.header.attachment_len, 0u);
+  ExpectLayout(conn.sent.payload, "", message);
+}
+
+TEST(SendWithMessage, WithAnAttachmentItComesFirst) {
+  CountingConnection conn;
+  const test::EchoRequest message = Message();
+  ASSERT_TRUE(SendWithMessage(conn, transport::OutboundMessage(), Attachment::CopyOf("att"),
+                              message, message.ByteSizeLong())
+                  .ok());
+  EXPECT_EQ(conn.sent.header.attachment_len, 3u);
+  ExpectLayout(conn.sent.payload, "att", message);
+}
+
+TEST(SendWithMessage, AllocationFailureIsReturnedAndNothingSent) {
+  CountingConnection conn;
+  conn.fail = true;
+  const test::EchoRequest message = Message();
+  transport::OutboundMessage msg;
+  msg.header.call_id = 5;
+  EXPECT_EQ(SendWithMessage(conn, std::move(msg), Attachment(), message, message.ByteSizeLong())
+                .code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(conn.sent.header.call_id, 0u);
 }
 
 }  // namespace

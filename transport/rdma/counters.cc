@@ -46,6 +46,7 @@ using Field = RdmaCounters::Field;
 constexpr Field kFields[] = {
     &RdmaCounters::sends,
     &RdmaCounters::sends_inline,
+    &RdmaCounters::sends_in_place,
     &RdmaCounters::send_payload_copies,
     &RdmaCounters::reads,
     &RdmaCounters::bytes_read,
@@ -178,7 +179,8 @@ DeviceRnrNaks ReadDeviceRnrNaks() {
 std::string RdmaCounters::ToString() const {
   const DeviceRnrNaks naks = ReadDeviceRnrNaks();
   return absl::StrCat(
-      "sends=", sends, " (inline ", sends_inline, ", payload copied ", send_payload_copies,
+      "sends=", sends, " (inline ", sends_inline, ", in place ", sends_in_place,
+      ", payload copied ", send_payload_copies,
       ") reads=", reads, " bytes_read=", bytes_read, " advertised=", payloads_advertised,
       " (copied ", advertised_payload_copies, ")", " releases_expired=", releases_expired,
       " late_reads_skipped=", late_reads_skipped, " srq_posted=", srq_slots_posted,

@@ -33,6 +33,9 @@ namespace rdmarpc::transport::rdma {
 struct RdmaCounters {
   uint64_t sends = 0;         // SENDs posted
   uint64_t sends_inline = 0;  //   of which inline
+  // SENDs whose payload was serialized straight into the frame (SendWith),
+  // with no payload block.
+  uint64_t sends_in_place = 0;
   // SENDs whose payload was copied into the frame rather than sent from where
   // it was serialized: payloads not from AllocatePayload (error texts), or
   // past the bound of registered small blocks (Endpoint::SmallBuffer).

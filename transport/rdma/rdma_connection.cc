@@ -158,6 +158,40 @@ absl::Status RdmaConnection::Send(OutboundMessage&& msg) {
   return queued.ok() ? posted : queued;
 }
 
+absl::Status RdmaConnection::SendWith(OutboundMessage&& msg, size_t payload_size,
+                                      absl::FunctionRef<void(char*)> write) {
+  // In place only for a frame that goes inline and can be posted now: the
+  // provider copies it during the post, so it needs no registered memory.
+  // Anything else (credit or SQ room short, a larger payload) is sent as
+  // Send sends it, from a payload buffer.
+  const size_t frame = kHeaderSize + msg.metadata.size() + payload_size;
+  if (frame <= max_inline_ && frame <= frame_limit_ && payload_size <= read_threshold_ &&
+      msg.payload.empty()) {
+    absl::Status queued;
+    bool took = false;
+    bool in_place = false;
+    {
+      std::lock_guard<InlineMutex> lock(mu_);
+      Header& h = msg.header;
+      h.flags = 0;
+      h.remote = RemoteDescriptor{};
+      h.metadata_len = static_cast<uint32_t>(msg.metadata.size());
+      h.payload_len = static_cast<uint32_t>(payload_size);
+      if (!closed_ && backlog_.empty() && CanPostLocked(h)) {
+        in_place = true;
+        queued = QueueFrameLocked(msg, payload_size, &write);
+        took = TakeOutboxLocked();
+      }
+    }
+    if (in_place) {
+      if (!took) return queued;
+      absl::Status posted = PostTaken();
+      return queued.ok() ? posted : queued;
+    }
+  }
+  return Connection::SendWith(std::move(msg), payload_size, write);
+}
+
 absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
   Header& h = m.header;
   const std::string& metadata = m.metadata;
@@ -245,9 +279,11 @@ RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
   return o;
 }
 
-absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p) {
+absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p, size_t in_place,
+                                              const absl::FunctionRef<void(char*)>* write) {
   p.header.credits = owed_.exchange(0);
-  const size_t frame = kHeaderSize + p.metadata.size() + p.payload.size();
+  const size_t frame =
+      kHeaderSize + p.metadata.size() + (write != nullptr ? in_place : p.payload.size());
   const bool inl = frame <= max_inline_;
   Advertised* adv = nullptr;  // what this frame advertises
   if (p.header.remote_payload()) {
@@ -322,7 +358,10 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p) {
   uint32_t payload_lkey = 0;
   const bool gather =
       !p.payload.empty() && (inl || endpoint_->SmallBlockLkey(p.payload.data(), &payload_lkey));
-  if (!p.payload.empty() && !gather) {
+  if (write != nullptr) {
+    (*write)(dst + head);  // SendWith: inline, so dst is the outbox entry's bytes
+    Count(&RdmaCounters::sends_in_place);
+  } else if (!p.payload.empty() && !gather) {
     memcpy(dst + head, p.payload.data(), p.payload.size());
     Count(&RdmaCounters::send_payload_copies);
   }

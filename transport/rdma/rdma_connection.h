@@ -10,11 +10,14 @@
 //
 // No copy on the way out. A small payload from AllocatePayload is a block of
 // registered memory (Endpoint::SmallBuffer) and the SEND gathers it as a
-// second entry after header and metadata: an inline SEND's provider copies
-// it during the post, a non-inline SEND's device reads it, and the block is
-// held by the posted_ entry until a completion at or after that SEND (or,
-// at teardown, until the QP is destroyed). A payload from elsewhere is copied
-// into the frame (counted as send_payload_copies). A large payload from
+// second entry after header and metadata: an inline SEND's provider copies it
+// during the post, a non-inline SEND's device reads it, and the block is held
+// by the posted_ entry until a completion at or after that SEND (or, at
+// teardown, until the QP is destroyed). A payload from elsewhere is copied
+// into the frame (counted as send_payload_copies). SendWith goes one better
+// for a frame that fits inline and can be posted at once: the payload is
+// serialized straight into the outbox entry after the header, so the SEND has
+// one entry and no block is taken, lent or given back. A large payload from
 // AllocatePayload is advertised where it was written, even when the runtime
 // made its Buffer shorter (an attachment with room for the message after it,
 // rpc/attachment.h); one from elsewhere is copied into a pool block first
@@ -149,6 +152,11 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void set_observer(ConnectionObserver* observer) { observer_ = observer; }
 
   absl::Status Send(OutboundMessage&& msg) override;
+  absl::Status SendWith(OutboundMessage&& msg, size_t payload_size,
+                        absl::FunctionRef<void(char*)> write) override;
+  // Frames up to this many bytes go inline (the QP's max_inline_data, at
+  // most kMaxInlineUsed); SendWith writes their payloads in place.
+  uint32_t max_inline() const { return max_inline_; }
   absl::StatusOr<Buffer> AllocatePayload(size_t size) override;
   void Close() override;
   const std::string& peer() const override { return peer_; }
@@ -270,7 +278,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   absl::Status SendLocked(OutboundMessage& m);
   bool CanPostLocked(const Header& h) const;
   // Builds the frame's work requests (bind, SEND) into the outbox.
-  absl::Status QueueFrameLocked(OutboundMessage& p);
+  // With `write`, the payload is `in_place` bytes that it writes into the
+  // frame (SendWith; the frame goes inline).
+  absl::Status QueueFrameLocked(OutboundMessage& p, size_t in_place = 0,
+                                const absl::FunctionRef<void(char*)>* write = nullptr);
   Outgoing& QueueLocked();
   // Posts the outbox if this thread gets the post token; never under mu_.
   // The error is that of a failed post (the connection then tears down).
