@@ -11,6 +11,8 @@
 //   m.header.kind = MessageKind::kRequest;
 //   m.payload = (*conn)->AllocatePayload(n);   // fill in place: no copy later
 //   (*conn)->Send(std::move(m));
+//   // Or let the transport say where: a small payload goes into the frame.
+//   (*conn)->SendWith(std::move(m2), n, [&](char* out) { Serialize(out); });
 //
 // Threading: each Transport runs its own I/O thread(s); observer callbacks run
 // there, one at a time per connection, and must not block. Send() and Close()
