@@ -153,9 +153,7 @@ absl::Status RdmaConnection::Send(OutboundMessage&& msg) {
     queued = SendLocked(msg);
     took = TakeOutboxLocked();
   }
-  if (!took) return queued;
-  absl::Status posted = PostTaken();
-  return queued.ok() ? posted : queued;
+  return PostIfTaken(took, std::move(queued));
 }
 
 absl::Status RdmaConnection::SendWith(OutboundMessage&& msg, size_t payload_size,
@@ -172,22 +170,14 @@ absl::Status RdmaConnection::SendWith(OutboundMessage&& msg, size_t payload_size
     bool in_place = false;
     {
       std::lock_guard<InlineMutex> lock(mu_);
-      Header& h = msg.header;
-      h.flags = 0;
-      h.remote = RemoteDescriptor{};
-      h.metadata_len = static_cast<uint32_t>(msg.metadata.size());
-      h.payload_len = static_cast<uint32_t>(payload_size);
-      if (!closed_ && backlog_.empty() && CanPostLocked(h)) {
+      SetFrameLengths(msg.header, msg.metadata.size(), payload_size);
+      if (!closed_ && backlog_.empty() && CanPostLocked(msg.header)) {
         in_place = true;
-        queued = QueueFrameLocked(msg, payload_size, &write);
+        queued = QueueFrameLocked(msg, &write);
         took = TakeOutboxLocked();
       }
     }
-    if (in_place) {
-      if (!took) return queued;
-      absl::Status posted = PostTaken();
-      return queued.ok() ? posted : queued;
-    }
+    if (in_place) return PostIfTaken(took, std::move(queued));
   }
   return Connection::SendWith(std::move(msg), payload_size, write);
 }
@@ -206,10 +196,7 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
     return absl::ResourceExhaustedError(
         absl::StrCat("payload of ", payload.size(), " bytes exceeds the wire limit"));
   }
-  h.flags = 0;
-  h.remote = RemoteDescriptor{};
-  h.metadata_len = static_cast<uint32_t>(metadata.size());
-  h.payload_len = static_cast<uint32_t>(payload.size());
+  SetFrameLengths(h, metadata.size(), payload.size());
   const bool remote = payload.size() > read_threshold_ ||
                       kHeaderSize + metadata.size() + payload.size() > frame_limit_;
   if (remote) {
@@ -279,11 +266,11 @@ RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
   return o;
 }
 
-absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p, size_t in_place,
+absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
                                               const absl::FunctionRef<void(char*)>* write) {
   p.header.credits = owed_.exchange(0);
-  const size_t frame =
-      kHeaderSize + p.metadata.size() + (write != nullptr ? in_place : p.payload.size());
+  const size_t payload_size = write != nullptr ? p.header.payload_len : p.payload.size();
+  const size_t frame = kHeaderSize + p.metadata.size() + payload_size;
   const bool inl = frame <= max_inline_;
   Advertised* adv = nullptr;  // what this frame advertises
   if (p.header.remote_payload()) {
