@@ -10,6 +10,8 @@
 # runs of rpc_bench (with and without small calls, each short and long),
 # differenced by bench/callgrind_per_call.py so that start-up and the
 # transport's own ping-pong cancel out. The pollers' spinning is left out.
+# The caller reuses its response message; RDMARPC_PROFILE_RESPONSES=fresh
+# profiles calls that each parse into a new one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${RDMARPC_VM_ROLE:-}" ]; then
@@ -26,7 +28,7 @@ for rpc in true false; do
     echo "callgrind: rpc=$rpc, $pings pings" >&2
     RDMARPC_RDMA_POLL=busy valgrind --tool=callgrind --callgrind-out-file="$dir/$rpc.$pings" \
       --fair-sched=yes bazel-bin/bench/rpc_bench --workers 0 --pulls 0 --rpc="$rpc" \
-      --pings "$pings" >/dev/null 2>&1
+      --pings "$pings" --responses "${RDMARPC_PROFILE_RESPONSES:-reuse}" >/dev/null 2>&1
   done
 done
 python3 bench/callgrind_per_call.py "$dir/true.$short" "$dir/true.$long" "$dir/false.$short" \

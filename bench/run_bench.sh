@@ -84,7 +84,9 @@ awk -v b="$(field "$probe" probe_bare_rtt_p50_us)" -v c="$(field "$probe" probe_
 # Latency: busy-poll mode (the target's terms) with handlers inline on the
 # I/O thread (SetWorkerThreads(0)). Bandwidth: the defaults (adaptive poll,
 # one worker per core), which leave the CPU to the kernel's READ processing
-# and run the protobuf copies beside it.
+# and run the protobuf copies beside it. The small call's figure reuses its
+# response message, as perftest reuses its buffers; the same calls with a
+# fresh message each are printed beside it.
 ratios=""
 raws=""
 for round in $(seq 1 "$rounds"); do
@@ -104,13 +106,14 @@ for round in $(seq 1 "$rounds"); do
 $pull" | grep "^counters" || true; fi
   trtt=$(field "$ping" transport_rtt_p50_us)
   rtt=$(field "$ping" rpc_small_rtt_p50_us)
+  frtt=$(field "$ping" rpc_small_fresh_response_rtt_p50_us)
   tbw=$(field "$pull" transport_pull_1mib_mib_per_s)
   bw=$(field "$pull" rpc_pull_1mib_mib_per_s)
   abw=$(field "$pull" rpc_pull_attachment_1mib_mib_per_s)
   missing=""
   for f in ulat:"$ulat" lat_before:"$lat_before" lat_after:"$lat_after" ucp_get:"$ubw" \
            ib_read_bw_before:"$rbw_before" ib_read_bw_after:"$rbw_after" frame_rtt:"$trtt" \
-           call_rtt:"$rtt" transport_pull:"$tbw" call_pull:"$bw" attachment_pull:"$abw"; do
+           call_rtt:"$rtt" fresh_response_call_rtt:"$frtt" transport_pull:"$tbw" call_pull:"$bw" attachment_pull:"$abw"; do
     case ${f#*:} in '' | none | -1*) missing="$missing ${f%%:*}" ;; esac
   done
   if [ -n "$missing" ]; then
@@ -126,22 +129,23 @@ $pull" | grep -v -E '^[a-z0-9_]+ -?[0-9.]+$|^counters |RDMA device' | sed "s/^/r
        "attachment pull $(field "$pull" rpc_attachment_pull_softirq_ms_per_mib)"
   line=$(awk -v lat="$lat" -v lb="$lat_before" -v la="$lat_after" -v ulat="$ulat" \
              -v rbw="$rbw" -v rb="$rbw_before" -v ra="$rbw_after" -v ubw="$ubw" \
-             -v trtt="$trtt" -v rtt="$rtt" -v tbw="$tbw" -v bw="$bw" -v abw="$abw" \
+             -v trtt="$trtt" -v rtt="$rtt" -v frtt="$frtt" -v tbw="$tbw" -v bw="$bw" -v abw="$abw" \
              -v r="$round" 'BEGIN {
     printf "round %d: ib_send_lat %.2f us one-way (%.2f before, %.2f after),", r, lat, lb, la;
-    printf " UCX tag_lat %.2f, frame RTT %.1f us, call RTT %.1f us;", ulat, trtt, rtt;
+    printf " UCX tag_lat %.2f, frame RTT %.1f us, call RTT %.1f us (%.1f with a fresh response message);",
+           ulat, trtt, rtt, frtt;
     printf " ib_read_bw %.1f MiB/s (%.1f before, %.1f after),", rbw, rb, ra;
     printf " UCX ucp_get %.1f, transport pull %.1f, call pull %.1f, attachment pull %.1f",
            ubw, tbw, bw, abw;
-    printf " | %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f", ulat / lat, trtt / (2 * lat),
+    printf " | %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f %.3f", ulat / lat, trtt / (2 * lat),
            rtt / (2 * lat), rtt / (2 * ulat), ubw / rbw, tbw / rbw, bw / rbw, bw / ubw,
-           abw / rbw, abw / ubw;
+           abw / rbw, abw / ubw, frtt / (2 * lat);
   }')
   echo "${line% | *}"
   ratios="$ratios
 ${line##* | }"
   raws="$raws
-$lat_before $lat_after $ulat $trtt $rtt $rbw_before $rbw_after $ubw $tbw $bw $abw"
+$lat_before $lat_after $ulat $trtt $rtt $rbw_before $rbw_after $ubw $tbw $bw $abw $frtt"
 done
 if [ -z "${raws//[[:space:]]/}" ]; then
   echo "bench: no round gave every figure (see the skipped rounds above); no ratios" >&2
@@ -150,11 +154,13 @@ fi
 # Medians per column over the rounds.
 med() { echo "$ratios" | awk -v c="$1" 'NF {print $c}' | median; }
 awk -v ul="$(med 1)" -v t="$(med 2)" -v s="$(med 3)" -v su="$(med 4)" -v ub="$(med 5)" \
-    -v tb="$(med 6)" -v b="$(med 7)" -v bu="$(med 8)" -v ab="$(med 9)" -v abu="$(med 10)" 'BEGIN {
+    -v tb="$(med 6)" -v b="$(med 7)" -v bu="$(med 8)" -v ab="$(med 9)" -v abu="$(med 10)" \
+    -v sf="$(med 11)" 'BEGIN {
   printf "ratio UCX tag_lat RTT / (2 x ib_send_lat) = %.2f (median; the peer framework)\n", ul;
   printf "ratio transport frame RTT / (2 x ib_send_lat) = %.2f (median)\n", t;
   printf "ratio small-call RTT / (2 x ib_send_lat) = %.2f (median; target <= 1.15)\n", s;
   printf "ratio small-call RTT / UCX tag_lat RTT = %.2f (median)\n", su;
+  printf "ratio small-call RTT with a fresh response message / (2 x ib_send_lat) = %.2f (median)\n", sf;
   printf "ratio UCX ucp_get 1 MiB / ib_read_bw = %.2f (median; the peer framework)\n", ub;
   printf "ratio 1 MiB transport pull / ib_read_bw = %.2f (median)\n", tb;
   printf "ratio 1 MiB call pull / ib_read_bw = %.2f (median; target >= 0.95)\n", b;
@@ -171,11 +177,12 @@ awk -v ul="$(med 1)" -v t="$(med 2)" -v s="$(med 3)" -v su="$(med 4)" -v ub="$(m
 echo "$raws" | awk 'NF {
   lat = min(lat, ($1 + $2) / 2); ul = min(ul, $3); t = min(t, $4); s = min(s, $5);
   rb = max(rb, ($6 + $7) / 2); ub = max(ub, $8); tb = max(tb, $9); b = max(b, $10); ab = max(ab, $11);
+  sf = min(sf, $12);
 }
 function min(a, b) { return a == "" || b < a ? b : a }
 function max(a, b) { return a == "" || b > a ? b : a }
 END {
-  printf "best of the boot: ib_send_lat %.2f us one-way, UCX tag_lat %.2f, frame RTT %.1f us, call RTT %.1f us;", lat, ul, t, s;
+  printf "best of the boot: ib_send_lat %.2f us one-way, UCX tag_lat %.2f, frame RTT %.1f us, call RTT %.1f us (%.1f with a fresh response message);", lat, ul, t, s, sf;
   printf " ib_read_bw %.1f MiB/s, UCX ucp_get %.1f, transport pull %.1f, call pull %.1f, attachment pull %.1f\n", rb, ub, tb, b, ab;
   printf "ratio best small-call RTT / (2 x best ib_send_lat) = %.2f (UCX tag_lat %.2f, frame %.2f)\n", s / (2 * lat), ul / lat, t / (2 * lat);
   printf "ratio best 1 MiB call pull / best ib_read_bw = %.2f (attachment %.2f, transport %.2f, UCX ucp_get %.2f)\n", b / rb, ab / rb, tb / rb, ub / rb;
