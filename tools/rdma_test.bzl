@@ -1,4 +1,4 @@
-"""rdma_cc_test: a cc_test that needs real RDMA verbs.
+"""rdma_cc_test and rdma_sh_test: tests that need real RDMA verbs.
 
 Tagged "rdma" (or "rdma_two_vms" with two_vms = True) so that `make test` runs
 it under tools/vm/run.sh: on this machine's RDMA device or in a Soft-RoCE VM.
@@ -8,10 +8,11 @@ machine without RDMA runs it directly, where it FAILS with a message saying to
 use `make test` (see transport/rdma/testing/rdma_test_env.h).
 """
 
+def _rdma_tags(tags, two_vms):
+    return tags + ["rdma_two_vms" if two_vms else "rdma", "local", "exclusive"]
+
 def rdma_cc_test(name, two_vms = False, tags = [], size = "medium", **kwargs):
-    native.cc_test(
-        name = name,
-        size = size,
-        tags = tags + ["rdma_two_vms" if two_vms else "rdma", "local", "exclusive"],
-        **kwargs
-    )
+    native.cc_test(name = name, size = size, tags = _rdma_tags(tags, two_vms), **kwargs)
+
+def rdma_sh_test(name, two_vms = False, tags = [], size = "medium", **kwargs):
+    native.sh_test(name = name, size = size, tags = _rdma_tags(tags, two_vms), **kwargs)
