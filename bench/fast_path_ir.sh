@@ -50,7 +50,7 @@ calls=$(( pings + 100 ))
 for responses in reuse fresh; do
   RDMARPC_RDMA_POLL=busy valgrind --tool=callgrind --callgrind-out-file="$out" --fair-sched=yes \
     bazel-bin/bench/rpc_bench --workers 0 --pulls 0 --pings "$pings" --responses "$responses" \
-    2>&1 | grep rpc_small.*_rtt_p50
+    2>&1 | grep 'rpc_small.*_rtt_p50'
   start=$(incl "Channel::Start(")
   server=$(incl "Server::OnMessage(")
   response=$(incl "Channel::OnMessage(")
