@@ -14,5 +14,26 @@ def _rdma_tags(tags, two_vms):
 def rdma_cc_test(name, two_vms = False, tags = [], size = "medium", **kwargs):
     native.cc_test(name = name, size = size, tags = _rdma_tags(tags, two_vms), **kwargs)
 
-def rdma_sh_test(name, two_vms = False, tags = [], size = "medium", **kwargs):
-    native.sh_test(name = name, size = size, tags = _rdma_tags(tags, two_vms), **kwargs)
+def rdma_sh_test(name, src, two_vms = False, tags = [], size = "medium", **kwargs):
+    """An sh_test of `src` for verbs. The test runs a copy of the script.
+
+    An sh_test's executable is a link to the script in the workspace. The
+    VM sees the host's / but has its own /tmp, so a workspace under /tmp (a
+    fresh clone there, say) leaves that link dangling in the guest. The copy
+    lives in Bazel's output tree beside every test binary the VM runs.
+    """
+    copy = name + "_script.sh"
+    native.genrule(
+        name = name + "_script",
+        srcs = [src],
+        outs = [copy],
+        cmd = "cp $< $@",
+        executable = True,
+    )
+    native.sh_test(
+        name = name,
+        size = size,
+        srcs = [copy],
+        tags = _rdma_tags(tags, two_vms),
+        **kwargs
+    )
