@@ -233,10 +233,12 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (!pending_.Take(id, &p)) return;  // already ended (late response, timer, cancel)
-    if (conn_ && conn_.get() == p.conn) conn = conn_;
+    // Only a cancel needs the connection; copying it for every response
+    // cost two atomic read-modify-writes per call.
+    if (tell_server && conn_ && conn_.get() == p.conn) conn = conn_;
   }
   if (p.timer != 0) timers_.Cancel(p.timer);
-  if (tell_server && conn) {
+  if (conn) {
     OutboundMessage cancel;
     cancel.header.kind = MessageKind::kCancel;
     cancel.header.call_id = id;
