@@ -21,7 +21,9 @@ namespace rdmarpc::transport::rdma {
 
 enum class PollMode {
   kAdaptive,  // spin on the CQ for spin_us after activity, then sleep on events
-  kBusy,      // always spin: lowest latency, one core per transport
+  kBusy,      // always spin: lowest latency, one core per transport; under
+              // Soft-RoCE also the fastest READs (the kernel's packet work
+              // keeps to the other cores, bench/RESULTS.md)
   kEvent,     // always sleep on the completion channel: no spinning at all
 };
 
