@@ -185,16 +185,22 @@ int ChosenGidIndex(rdma_cm_id* id) {
       return attr.ah_attr.grh.sgid_index;
     }
   }
+  // Before a connection, only the route's GID value is known. Where a RoCE
+  // v1 and a v2 entry share it, rdma_cm takes the port's default RoCE mode,
+  // v2 unless changed in configfs (see CheckGidIndex).
   ibv_port_attr pa{};
   if (ibv_query_port(id->verbs, id->port_num, &pa) != 0) return -1;
+  int first = -1;
   for (int i = 0; i < pa.gid_tbl_len; ++i) {
-    ibv_gid gid{};
-    if (ibv_query_gid(id->verbs, id->port_num, i, &gid) == 0 &&
-        memcmp(&gid, &id->route.addr.addr.ibaddr.sgid, sizeof gid) == 0) {
-      return i;
+    ibv_gid_entry e{};
+    if (ibv_query_gid_ex(id->verbs, id->port_num, i, &e, 0) != 0 ||
+        memcmp(&e.gid, &id->route.addr.addr.ibaddr.sgid, sizeof e.gid) != 0) {
+      continue;
     }
+    if (e.gid_type == IBV_GID_TYPE_ROCE_V2) return i;
+    if (first < 0) first = i;
   }
-  return -1;
+  return first;
 }
 
 std::string DescribeChoice(rdma_cm_id* id) {
@@ -208,6 +214,65 @@ std::string DescribeChoice(rdma_cm_id* id) {
   ibv_query_port(id->verbs, id->port_num, &pa);
   return absl::StrCat("device ", ibv_get_device_name(id->verbs->device), " port ", id->port_num,
                       " gid_index ", index, " (", gid, ") active_mtu ", 128 << pa.active_mtu);
+}
+
+absl::StatusOr<Route> ResolveRoute(const sockaddr* to, const RdmaOptions& o) {
+  const std::string target = SockaddrString(to);
+  auto src = NamedGidAddress(o, 0);
+  if (!src.ok()) return src.status();
+  struct Cm {
+    rdma_event_channel* channel = rdma_create_event_channel();
+    rdma_cm_id* id = nullptr;
+    ~Cm() {
+      if (id != nullptr) rdma_destroy_id(id);
+      if (channel != nullptr) rdma_destroy_event_channel(channel);
+    }
+  } cm;
+  const auto fail = [&](const std::string& what) {
+    return absl::UnavailableError(absl::StrCat(what, " for ", target, ": ", strerror(errno),
+                                               ". Devices: ", DescribeDevices()));
+  };
+  if (cm.channel == nullptr) return fail("rdma_create_event_channel");
+  if (rdma_create_id(cm.channel, &cm.id, nullptr, RDMA_PS_TCP) != 0) return fail("rdma_create_id");
+  // Each step ends in an event, success or not, within its timeout.
+  const auto step = [&](int rc, const char* what,
+                        rdma_cm_event_type want) -> absl::Status {
+    if (rc != 0) {
+      return absl::UnavailableError(absl::StrCat(
+          what, " for ", target, ": ", strerror(errno),
+          ": no RDMA device reaches it (no interface with one routes there). Devices: ", DescribeDevices()));
+    }
+    rdma_cm_event* ev = nullptr;
+    if (rdma_get_cm_event(cm.channel, &ev) != 0) return fail("rdma_get_cm_event");
+    const rdma_cm_event_type got = ev->event;
+    const int status = ev->status;
+    rdma_ack_cm_event(ev);
+    if (got == want) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(
+        what, " for ", target, ": ", rdma_event_str(got), " (status ", status,
+        "): no RDMA device reaches it. Devices: ", DescribeDevices()));
+  };
+  constexpr int kTimeoutMs = 2000;
+  sockaddr* from = src->has_value() ? reinterpret_cast<sockaddr*>(&**src) : nullptr;
+  if (absl::Status s = step(rdma_resolve_addr(cm.id, from, const_cast<sockaddr*>(to), kTimeoutMs),
+                            "rdma_resolve_addr", RDMA_CM_EVENT_ADDR_RESOLVED);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = step(rdma_resolve_route(cm.id, kTimeoutMs), "rdma_resolve_route",
+                            RDMA_CM_EVENT_ROUTE_RESOLVED);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckDeviceAndPort(cm.id, o); !s.ok()) return s;
+  if (o.gid_index >= 0 && ChosenGidIndex(cm.id) != o.gid_index) return CheckGidIndex(cm.id, o);
+  Route route;
+  route.device = ibv_get_device_name(cm.id->verbs->device);
+  route.port = cm.id->port_num;
+  route.gid_index = ChosenGidIndex(cm.id);
+  route.text =
+      absl::StrCat(DescribeChoice(cm.id), " from ", SockaddrString(rdma_get_local_addr(cm.id)));
+  return route;
 }
 
 absl::Status CheckDeviceAndPort(rdma_cm_id* id, const RdmaOptions& o) {

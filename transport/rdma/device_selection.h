@@ -36,7 +36,7 @@
 namespace rdmarpc::transport::rdma {
 
 // A line per device with its ports, states and GIDs, or why there is none;
-// for error messages and `ListDevices` in examples.
+// for error messages and tools (rdmarpc_devices).
 std::string DescribeDevices();
 // True when at least one device has an active port.
 bool RdmaUsable();
@@ -56,6 +56,19 @@ int ChosenGidIndex(rdma_cm_id* id);
 
 // "device rxe0 port 1 gid_index 1 (::ffff:10.0.0.1, RoCE v2)" for id.
 std::string DescribeChoice(rdma_cm_id* id);
+
+// What a connection to `to` would use, found as one finds it: rdma_cm
+// resolves the address and the route (from the GID `options` names, if any),
+// then the choice is checked against `options` like a connection's.
+// UNAVAILABLE says which step failed and lists the devices there are. For
+// tools (rdmarpc_devices).
+struct Route {
+  std::string device;
+  int port = 0;
+  int gid_index = -1;
+  std::string text;  // DescribeChoice's line and the local address
+};
+absl::StatusOr<Route> ResolveRoute(const sockaddr* to, const RdmaOptions& options);
 
 // OK when the device and port rdma_cm chose for id are the ones `options`
 // names (if any); otherwise UNAVAILABLE naming both and what to try. Valid

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# rdmarpc_devices in the Soft-RoCE VM: it lists the device with its active
+# port and GIDs, finds the route to the VM's own address on the GID that
+# carries it (the entry the listing shows), checks a named device and GID as
+# a connection would, and fails with the reason and the devices for an
+# address no device reaches and for a device that is not the route's.
+set -uo pipefail
+tool=$1
+if [ -z "${RDMARPC_TEST_ADDR:-}" ]; then
+  echo "FAIL: no RDMA address: this test needs verbs; run it with make test (tools/vm/run.sh)"
+  exit 1
+fi
+ip=$RDMARPC_TEST_ADDR
+fail=0
+check() {  # what, condition...
+  local what=$1
+  shift
+  if ! "$@"; then
+    echo "FAIL: $what"
+    fail=1
+  fi
+}
+contains() { grep -qF -- "$2" <<<"$1"; }
+
+out=$("$tool" 2>&1)
+rc=$?
+echo "$out"
+check "a machine with an active device exits 0 (got $rc)" test "$rc" = 0
+check "the listing shows an active port" contains "$out" "port 1 active"
+# The index of the RoCE v2 GID that carries the address, from the listing.
+gid=$(grep -oE "gid\[[0-9]+\]=::ffff:$ip RoCE v2" <<<"$out" | head -1 | sed -E 's/gid\[([0-9]+)\].*/\1/')
+check "the listing shows a RoCE v2 GID for $ip" test -n "$gid"
+dev=$(awk 'NR == 2 {print $1}' <<<"$out")
+
+out=$("$tool" --to "rdma://$ip:7471" 2>&1)
+rc=$?
+echo "$out"
+check "a route to $ip exits 0 (got $rc)" test "$rc" = 0
+check "the route names the device, port 1 and the GID that carries $ip" \
+  contains "$out" "route to rdma://$ip:7471: device $dev port 1 gid_index $gid (::ffff:$ip, RoCE v2)"
+check "the route comes with perftest's command for the same path" \
+  contains "$out" "ib_read_bw -R -d $dev -i 1 $ip"
+
+out=$(RDMARPC_RDMA_DEVICE=$dev RDMARPC_RDMA_GID_INDEX=$gid "$tool" --to "rdma://$ip:7471" 2>&1)
+rc=$?
+echo "$out"
+check "the named device and GID are accepted (got $rc)" test "$rc" = 0
+check "the named GID is the route's" contains "$out" "gid_index $gid ("
+
+out=$(RDMARPC_RDMA_DEVICE=mlx5_9 "$tool" --to "rdma://$ip:7471" 2>&1)
+rc=$?
+echo "$out"
+check "a device that is not the route's exits 1 (got $rc)" test "$rc" = 1
+check "the error names both devices" contains "$out" "chose device $dev"
+check "the error names the device asked for" contains "$out" "asks for mlx5_9"
+
+# TEST-NET-1: no device has a route there (none at all, or no answer to ARP).
+out=$(timeout 30 "$tool" --to "rdma://192.0.2.1:7471" 2>&1)
+rc=$?
+echo "$out"
+check "an address no device reaches exits 1 (got $rc)" test "$rc" = 1
+check "the error says which step failed" contains "$out" "route to rdma://192.0.2.1:7471: rdma_resolve_"
+check "and why" contains "$out" "no RDMA device reaches it"
+check "the error lists the devices" contains "$out" "Devices: $dev port 1"
+
+out=$("$tool" --to "$ip" 2>&1)
+rc=$?
+check "an address without scheme exits 1 (got $rc)" test "$rc" = 1
+check "and says what an address looks like" contains "$out" "expected tcp://host:port"
+
+[ "$fail" = 0 ] && echo PASS
+exit "$fail"
