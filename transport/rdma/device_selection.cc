@@ -235,12 +235,13 @@ absl::StatusOr<Route> ResolveRoute(const sockaddr* to, const RdmaOptions& o) {
   if (cm.channel == nullptr) return fail("rdma_create_event_channel");
   if (rdma_create_id(cm.channel, &cm.id, nullptr, RDMA_PS_TCP) != 0) return fail("rdma_create_id");
   // Each step ends in an event, success or not, within its timeout.
-  const auto step = [&](int rc, const char* what,
-                        rdma_cm_event_type want) -> absl::Status {
+  const auto step = [&](int rc, const char* what, rdma_cm_event_type want) -> absl::Status {
     if (rc != 0) {
-      return absl::UnavailableError(absl::StrCat(
-          what, " for ", target, ": ", strerror(errno),
-          ": no RDMA device reaches it (no interface with one routes there). Devices: ", DescribeDevices()));
+      return absl::UnavailableError(
+          absl::StrCat(what, " for ", target, ": ", strerror(errno),
+                       ": no RDMA device reaches it (no interface with one routes there). "
+                       "Devices: ",
+                       DescribeDevices()));
     }
     rdma_cm_event* ev = nullptr;
     if (rdma_get_cm_event(cm.channel, &ev) != 0) return fail("rdma_get_cm_event");
@@ -265,7 +266,7 @@ absl::StatusOr<Route> ResolveRoute(const sockaddr* to, const RdmaOptions& o) {
     return s;
   }
   if (absl::Status s = CheckDeviceAndPort(cm.id, o); !s.ok()) return s;
-  if (o.gid_index >= 0 && ChosenGidIndex(cm.id) != o.gid_index) return CheckGidIndex(cm.id, o);
+  if (absl::Status s = CheckGidIndex(cm.id, o); !s.ok()) return s;
   Route route;
   route.device = ibv_get_device_name(cm.id->verbs->device);
   route.port = cm.id->port_num;
