@@ -34,6 +34,7 @@
 #include "absl/flags/parse.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/stage_trace.h"
 #include "bench/bench.rdmarpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
@@ -190,7 +191,9 @@ double TransportRttP50(const std::string& address, int n) {
   if (!pair.Start(address, &responder, &sink)) return -1;
   std::vector<double> us;
   for (int i = 1; i <= n + 100; ++i) {
+    if (i == 101) RDMARPC_STAGE_RECORD(true);
     const absl::Time t0 = absl::Now();
+    RDMARPC_STAGE(kRoundTripBegin);
     // Registered memory from the connection, as the runtime uses: a heap
     // buffer would add an allocation per frame that perftest does not make.
     auto payload = pair.conn->AllocatePayload(64);
@@ -201,8 +204,10 @@ double TransportRttP50(const std::string& address, int n) {
     if (!pair.conn->Drive(arrived)) {
       while (!arrived()) std::this_thread::yield();
     }
+    RDMARPC_STAGE(kRoundTripEnd);
     if (i > 100) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
+  RDMARPC_STAGE_DUMP("transport");
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
 }
@@ -315,8 +320,11 @@ bool SmallCalls(rdmarpc::bench::Bench::Stub& stub, int pings, bool fresh_respons
     rdmarpc::ClientContext ctx;
     rdmarpc::bench::Blob fresh;
     rdmarpc::bench::Blob* out = fresh_response ? &fresh : &reused;
+    if (i == 100) RDMARPC_STAGE_RECORD(true);
     const absl::Time t0 = absl::Now();
+    RDMARPC_STAGE(kRoundTripBegin);
     const rdmarpc::Status s = stub.Ping(&ctx, small, out);
+    RDMARPC_STAGE(kRoundTripEnd);
     const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
     if (!s.ok() || out->data() != small.data()) {
       fprintf(stderr, "%s: %s\n", figure, s.ok() ? "the echo differs" : s.ToString().c_str());
@@ -324,6 +332,7 @@ bool SmallCalls(rdmarpc::bench::Bench::Stub& stub, int pings, bool fresh_respons
     }
     if (i >= 100) rtt.push_back(us);
   }
+  RDMARPC_STAGE_DUMP(figure);
   std::sort(rtt.begin(), rtt.end());
   printf("%s_rtt_p50_us %.2f\n", figure, rtt[rtt.size() / 2]);
   printf("%s_rtt_p99_us %.2f\n", figure, rtt[rtt.size() * 99 / 100]);

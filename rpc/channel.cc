@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/stage_trace.h"
 #include "rpc/internal/payload.h"
 #include "transport/factory.h"
 
@@ -86,6 +87,7 @@ Status Channel::Call(const MethodInfo& method, ClientContext* ctx,
   // Run-to-completion where the transport offers it: the response is picked
   // up on this thread instead of being handed over by the I/O thread.
   if (conn && !done()) conn->Drive(done);
+  RDMARPC_STAGE(kCallReturn);
   if (!result.done_here) {
     std::unique_lock<std::mutex> lock(result.mu);
     result.cv.wait(lock, done);
@@ -102,6 +104,7 @@ void Channel::CallAsync(const MethodInfo& method, ClientContext* ctx,
 std::shared_ptr<transport::Connection> Channel::Start(
     const MethodInfo& method, ClientContext* ctx, const google::protobuf::MessageLite& request,
     google::protobuf::MessageLite* response, CallCallback done, bool inline_done) {
+  RDMARPC_STAGE(kCallStart);
   Pending p;
   p.method = method.full_name;
   p.ctx = ctx;
@@ -172,6 +175,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   // A call cancelled before it was sent has ended already. (One that timed
   // out meanwhile is sent; its late response is dropped.)
   if (cancelled) return nullptr;
+  RDMARPC_STAGE(kCallSend);
   if (Status s = internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request,
                                           size);
       !s.ok()) {
@@ -287,6 +291,7 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
       status.message().find(p.method) == absl::string_view::npos) {
     status = Status(status.code(), absl::StrCat(p.method, ": ", status.message()));
   }
+  RDMARPC_STAGE(kResponseParsed);
   Deliver(std::move(p), std::move(status));
 }
 

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/stage_trace.h"
 #include "rpc/internal/payload.h"
 #include "rpc/internal/spare_pool.h"
 #include "transport/factory.h"
@@ -52,6 +53,7 @@ class ServerCallImpl : public ServerCall {
     return absl::string_view(msg_.payload.data() + att, msg_.payload.size() - att);
   }
   void Finish(const Status& status, const google::protobuf::MessageLite* response) override {
+    RDMARPC_STAGE(kHandlerFinish);
     Respond(status, response);
     self_.reset();  // may destroy this
   }
@@ -98,6 +100,7 @@ class ServerCallImpl : public ServerCall {
 
   Server::CallKey key() const { return {&conn_, msg_.header.call_id}; }
   void Run() {
+    RDMARPC_STAGE(kHandlerStart);
     if (ctx_.IsCancelled()) {
       const bool expired = absl::Now() >= ctx_.deadline();
       return Finish(expired ? Status(StatusCode::kDeadlineExceeded,

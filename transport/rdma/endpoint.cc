@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "base/stage_trace.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/rdma_connection.h"
 #include "transport/wire_format.h"
@@ -388,6 +389,7 @@ void Endpoint::HandleCompletion(const ibv_wc& wc) {
   // RECVs have no kind in the top bits.
   const bool recv = (wc.wr_id >> 60) == 0;
   if (recv && wc.status == IBV_WC_SUCCESS) {
+    RDMARPC_STAGE(kRecvPolled);
     const uint32_t slot = static_cast<uint32_t>(wc.wr_id);
     --posted_;
     Count(&RdmaCounters::srq_slots_consumed);
@@ -419,6 +421,7 @@ bool Endpoint::TryOwnIo() {
 void Endpoint::ReleaseIo() { io_thread_.store(std::thread::id(), std::memory_order_release); }
 
 bool Endpoint::PollOnce(int* completions) {
+  RDMARPC_STAGE(kPoll);
   ibv_wc wcs[kPollBatch];
   const int n = ibv_poll_cq(cq_, kPollBatch, wcs);
   if (completions != nullptr) *completions = std::max(n, 0);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/stage_trace.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
 
@@ -146,6 +147,7 @@ absl::StatusOr<Buffer> RdmaConnection::AllocatePayload(size_t size) {
 }
 
 absl::Status RdmaConnection::Send(OutboundMessage&& msg) {
+  RDMARPC_STAGE(kSendEntry);
   absl::Status queued;
   bool took;
   {
@@ -158,6 +160,7 @@ absl::Status RdmaConnection::Send(OutboundMessage&& msg) {
 
 absl::Status RdmaConnection::SendWith(OutboundMessage&& msg, size_t payload_size,
                                       absl::FunctionRef<void(char*)> write) {
+  RDMARPC_STAGE(kSendEntry);
   // In place only for a frame that goes inline and can be posted now: the
   // provider copies it during the post, so it needs no registered memory.
   // Anything else (credit or SQ room short, a larger payload) is sent as
@@ -404,7 +407,9 @@ absl::Status RdmaConnection::PostTaken() {
     }
     ibv_send_wr* bad = nullptr;
     FaultInjection::MaybeHoldPost();
+    RDMARPC_STAGE(kPostBegin);
     const int rc = ibv_post_send(id_->qp, &posting_[0].wr, &bad);
+    RDMARPC_STAGE(kPostEnd);
     for (Outgoing& o : posting_) {
       if (rc != 0 && &o.wr == bad) break;
       if (o.bound_mw != nullptr) o.bound_mw->rkey = o.bound_rkey;
@@ -679,6 +684,7 @@ void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
 }
 
 void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
+  RDMARPC_STAGE(kRecvDecode);
   ++heard_;
   InboundMessage m;
   const Header& h = m.header;
@@ -721,6 +727,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
     if (!h.remote_payload()) {
       m.payload = endpoint_->SlotBuffer(slot, kHeaderSize + h.metadata_len, h.payload_len);
       m.payload_on_loan = true;
+      RDMARPC_STAGE(kRecvDeliver);
       observer_->OnMessage(*this, std::move(m));
     } else {
       endpoint_->ReleaseSlot(slot);

@@ -37,6 +37,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "base/stage_trace.h"
 
 ABSL_FLAG(std::string, address, "", "IPv4 address of the RDMA device's interface");
 ABSL_FLAG(int, iterations, 4000, "round trips per variant");
@@ -140,13 +141,16 @@ struct Side {
     wr.opcode = IBV_WR_SEND;
     wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
     ibv_send_wr* bad = nullptr;
+    RDMARPC_STAGE(kPostBegin);
     if (ibv_post_send(id->qp, &wr, &bad) != 0) Die("ibv_post_send");
+    RDMARPC_STAGE(kPostEnd);
   }
 
   // Spins until a message arrives; send completions are only counted off.
   void Receive() {
     ibv_wc wc[8];
     for (;;) {
+      RDMARPC_STAGE(kPoll);
       const int n = ibv_poll_cq(cq, 8, wc);
       if (n < 0) Die("ibv_poll_cq");
       for (int i = 0; i < n; ++i) {
@@ -156,6 +160,7 @@ struct Side {
           exit(1);
         }
         if (wc[i].opcode == IBV_WC_RECV) {
+          RDMARPC_STAGE(kRecvPolled);
           PostReceive(static_cast<int>(wc[i].wr_id));
           return;
         }
@@ -254,13 +259,17 @@ int main(int argc, char** argv) {
         for (const double until = NowUs() + work_us; NowUs() < until;) {
         }
       }
+      RDMARPC_STAGE_RECORD(block > 0 && between == Between::kNothing);
       const double t0 = NowUs();
+      RDMARPC_STAGE(kRoundTripBegin);
       side.Send();
       side.Receive();
+      RDMARPC_STAGE(kRoundTripEnd);
       if (block > 0) rtts[static_cast<int>(between)].push_back(NowUs() - t0);
     }
   }
   (void)sink;
+  RDMARPC_STAGE_DUMP("probe_bare");
   rdma_disconnect(id);
   server.join();
   rdma_destroy_qp(id);
