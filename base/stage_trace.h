@@ -12,13 +12,12 @@
 //   RDMARPC_STAGE_DUMP("rpc_small");      // bench only: write and clear
 //
 // With the define, a mark is an atomic increment, a TSC read and a store into
-// a fixed array (~20 ns on a host, ~60 ns under TCG); marks past the array's
-// end are dropped. The dump goes to $RDMARPC_STAGE_DIR/<name>.stages (nowhere
-// when unset): the stage names, ticks per microsecond measured against
-// steady_clock over the recording, then one "stage ticks thread" line per
-// mark. x86-64 only (rdtsc). Do not rely on the numbers across machines or
-// on marks taken while the VM's clock jumps; they are for comparing stages of
-// one run.
+// a fixed array; marks past the array's end are dropped. The dump goes to
+// $RDMARPC_STAGE_DIR/<name>.stages (nowhere when unset): the stage names,
+// ticks per microsecond measured against steady_clock over the recording,
+// then one "stage ticks thread" line per mark. x86-64 only (rdtsc). The marks
+// add a little to every stage, so compare stages within one build, not with
+// the figures of an ordinary build.
 #ifndef RDMARPC_BASE_STAGE_TRACE_H_
 #define RDMARPC_BASE_STAGE_TRACE_H_
 
