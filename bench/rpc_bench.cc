@@ -18,6 +18,13 @@
 //     everyone's own)
 //   {transport,rpc,rpc_attachment}_pull_minor_faults_per_mib <value>   (this
 //     process's)
+// With --interleaved_blocks N, also (bench/run_bench.sh runs it on its own,
+// with the pollers in the adaptive mode; see InterleavedSmallCalls):
+//   interleaved_bare_verbs_rtt_p50_us <value>   (a bare verbs ping-pong,
+//     transport/rdma/bench/bare_pingpong.h, what ib_send_lat measures)
+//   interleaved_rpc_small_rtt_p50_us <value>   (small calls, as rpc_small)
+//   interleaved_rpc_small_over_bare_verbs <value>   (the median over the
+//     block pairs of the call's block median over the ping-pong's)
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -38,6 +45,8 @@
 #include "bench/bench.rdmarpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
+#include "transport/address.h"
+#include "transport/rdma/bench/bare_pingpong.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/rdma_transport.h"
 
@@ -49,6 +58,9 @@ ABSL_FLAG(std::string, responses, "both",
 ABSL_FLAG(int, pulls, 100, "1 MiB requests (0: skip the bandwidth figure)");
 ABSL_FLAG(int, in_flight, 8, "1 MiB requests in flight at once");
 ABSL_FLAG(bool, rpc, true, "false: only the transport figures (no server, no protobuf)");
+ABSL_FLAG(int, interleaved_blocks, 0,
+          "blocks of small calls and of a bare verbs ping-pong, taking turns (0: none); needs "
+          "pollers that sleep when idle, not RDMARPC_RDMA_POLL=busy");
 ABSL_FLAG(int, workers, -1,
           "server worker threads (0: handlers inline on the I/O thread; -1: one per core)");
 
@@ -290,8 +302,7 @@ void IssuePull(const std::shared_ptr<PullRun>& run) {
 // next: `request`, plus what `attach` sets on each call's context (the 1 MiB
 // is in one or the other). Returns MiB/s, or -1 when a call failed or the
 // server saw other than 1 MiB.
-double RpcPullMiBps(rdmarpc::bench::Bench::Stub& stub, const char* figure, int pulls,
-                    int in_flight,
+double RpcPullMiBps(rdmarpc::bench::Bench::Stub& stub, const char* figure, int pulls, int in_flight,
                     const std::function<void(rdmarpc::ClientContext*)>& attach,
                     const rdmarpc::bench::Blob& request) {
   auto run = std::make_shared<PullRun>(stub, figure, pulls, attach, request);
@@ -304,23 +315,17 @@ double RpcPullMiBps(rdmarpc::bench::Bench::Stub& stub, const char* figure, int p
   return run->failed.load() > 0 ? -1 : pulls / secs;
 }
 
-// Blocking small calls, one at a time, after 100 for warm-up; prints the
-// round trip's p50 and p99 as `figure`_rtt_{p50,p99}_us. With a fresh
-// response message per call, parsing the response allocates its string (the
-// object and its bytes) and the message's end frees them: ~500 instructions
-// of the caller's own that a reused message keeps out of the loop.
-bool SmallCalls(rdmarpc::bench::Bench::Stub& stub, int pings, bool fresh_response,
-                const char* figure) {
+// Blocking small calls, one at a time; appends each round trip's time in us
+// to `rtt` when given. False, with the reason on stderr, if a call fails.
+bool TimeSmallCalls(rdmarpc::bench::Bench::Stub& stub, int calls, bool fresh_response,
+                    const char* figure, std::vector<double>* rtt) {
   rdmarpc::bench::Blob small;
   small.set_data(std::string(64, 's'));
   rdmarpc::bench::Blob reused;
-  std::vector<double> rtt;
-  rtt.reserve(pings);
-  for (int i = 0; i < pings + 100; ++i) {
+  for (int i = 0; i < calls; ++i) {
     rdmarpc::ClientContext ctx;
     rdmarpc::bench::Blob fresh;
     rdmarpc::bench::Blob* out = fresh_response ? &fresh : &reused;
-    if (i == 100) RDMARPC_STAGE_RECORD(true);
     const absl::Time t0 = absl::Now();
     RDMARPC_STAGE(kRoundTripBegin);
     const rdmarpc::Status s = stub.Ping(&ctx, small, out);
@@ -330,12 +335,74 @@ bool SmallCalls(rdmarpc::bench::Bench::Stub& stub, int pings, bool fresh_respons
       fprintf(stderr, "%s: %s\n", figure, s.ok() ? "the echo differs" : s.ToString().c_str());
       return false;
     }
-    if (i >= 100) rtt.push_back(us);
+    if (rtt != nullptr) rtt->push_back(us);
   }
+  return true;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? -1 : v[v.size() / 2];
+}
+
+// Blocking small calls, one at a time, after 100 for warm-up; prints the
+// round trip's p50 and p99 as `figure`_rtt_{p50,p99}_us. With a fresh
+// response message per call, parsing the response allocates its string (the
+// object and its bytes) and the message's end frees them: ~500 instructions
+// of the caller's own that a reused message keeps out of the loop.
+bool SmallCalls(rdmarpc::bench::Bench::Stub& stub, int pings, bool fresh_response,
+                const char* figure) {
+  if (!TimeSmallCalls(stub, 100, fresh_response, figure, nullptr)) return false;
+  std::vector<double> rtt;
+  rtt.reserve(pings);
+  RDMARPC_STAGE_RECORD(true);
+  if (!TimeSmallCalls(stub, pings, fresh_response, figure, &rtt)) return false;
   RDMARPC_STAGE_DUMP(figure);
   std::sort(rtt.begin(), rtt.end());
   printf("%s_rtt_p50_us %.2f\n", figure, rtt[rtt.size() / 2]);
   printf("%s_rtt_p99_us %.2f\n", figure, rtt[rtt.size() * 99 / 100]);
+  return true;
+}
+
+// Small calls against a bare verbs ping-pong of the same bytes, in blocks
+// that take turns, so that each pair of blocks shares the machine's spell
+// (bare_pingpong.h says why that matters under the emulator). The ping-pong's
+// server thread sleeps between its blocks; rdmarpc's pollers must too, which
+// the adaptive mode does once they have been idle for spin_us, so the first
+// round trips of each block (those wake-ups, and the other side's spinning
+// before it sleeps) are not counted.
+bool InterleavedSmallCalls(rdmarpc::bench::Bench::Stub& stub, const std::string& ip, int blocks) {
+  constexpr int kSettle = 50;     // round trips per block not counted
+  constexpr int kMeasured = 250;  // round trips per block counted
+  constexpr int kFrame = 130;     // what one small call puts on the wire (run_bench.sh)
+  auto pp = rdmarpc::transport::rdma::BarePingPong::Start(ip, kFrame, {{}});
+  if (!pp.ok()) {
+    fprintf(stderr, "interleaved: %s\n", pp.status().ToString().c_str());
+    return false;
+  }
+  std::vector<double> bare_all, call_all, ratios;
+  for (int b = 0; b <= blocks; ++b) {  // block pair 0 warms up
+    std::vector<double> bare, call;
+    if (absl::Status s = (*pp)->RunBlock(0, kSettle, nullptr, nullptr); !s.ok()) {
+      fprintf(stderr, "interleaved: %s\n", s.ToString().c_str());
+      return false;
+    }
+    if (absl::Status s = (*pp)->RunBlock(0, kMeasured, nullptr, &bare); !s.ok()) {
+      fprintf(stderr, "interleaved: %s\n", s.ToString().c_str());
+      return false;
+    }
+    if (!TimeSmallCalls(stub, kSettle, false, "interleaved", nullptr) ||
+        !TimeSmallCalls(stub, kMeasured, false, "interleaved", &call)) {
+      return false;
+    }
+    if (b == 0) continue;
+    ratios.push_back(Median(call) / Median(bare));
+    bare_all.insert(bare_all.end(), bare.begin(), bare.end());
+    call_all.insert(call_all.end(), call.begin(), call.end());
+  }
+  printf("interleaved_bare_verbs_rtt_p50_us %.2f\n", Median(bare_all));
+  printf("interleaved_rpc_small_rtt_p50_us %.2f\n", Median(call_all));
+  printf("interleaved_rpc_small_over_bare_verbs %.3f\n", Median(ratios));
   return true;
 }
 
@@ -351,6 +418,25 @@ int main(int argc, char** argv) {
       return 2;
     }
     address = std::string("rdma://") + ip + ":0";
+  }
+  const int interleaved_blocks = absl::GetFlag(FLAGS_interleaved_blocks);
+  std::string interleaved_ip;
+  if (interleaved_blocks > 0) {
+    const char* poll = getenv("RDMARPC_RDMA_POLL");
+    auto parsed = rdmarpc::transport::ParseAddress(address);
+    if (poll != nullptr && std::string(poll) == "busy") {
+      // rdmarpc's busy pollers never sleep: with the ping-pong's threads
+      // they would be more spinners than the VM has CPUs.
+      fprintf(stderr,
+              "--interleaved_blocks needs pollers that sleep when idle: unset "
+              "RDMARPC_RDMA_POLL=busy\n");
+      return 2;
+    }
+    if (!parsed.ok() || parsed->scheme != "rdma" || !absl::GetFlag(FLAGS_rpc)) {
+      fprintf(stderr, "--interleaved_blocks needs calls (--rpc) to an rdma:// address\n");
+      return 2;
+    }
+    interleaved_ip = parsed->host;
   }
   const int pings = absl::GetFlag(FLAGS_pings);
   if (pings > 0) printf("transport_rtt_p50_us %.2f\n", TransportRttP50(address, pings));
@@ -384,6 +470,9 @@ int main(int argc, char** argv) {
   }
   if (pings > 0 && responses != "reuse") {
     if (!SmallCalls(*stub, pings, /*fresh_response=*/true, "rpc_small_fresh_response")) return 1;
+  }
+  if (interleaved_blocks > 0 && !InterleavedSmallCalls(*stub, interleaved_ip, interleaved_blocks)) {
+    return 1;
   }
 
   if (pulls > 0) {

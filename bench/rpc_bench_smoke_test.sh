@@ -44,5 +44,26 @@ if [ "${bytes_read:-0}" -lt $((24 << 20)) ]; then
   echo "FAIL: ${bytes_read:-no} bytes READ; 24 pulls of 1 MiB need $((24 << 20))"
   fail=1
 fi
-[ "$fail" = 0 ] && echo "PASS: every figure came; small calls in place, large ones by READ"
+# Small calls taking turns with a bare verbs ping-pong in the same process:
+# its three figures come, and busy pollers (which would never leave the
+# ping-pong a CPU) are refused rather than measured.
+inter=$("$bench" --pings 0 --pulls 0 --workers 0 --interleaved_blocks 2 2>&1) || {
+  echo "$inter"
+  echo "FAIL: rpc_bench --interleaved_blocks exited non-zero"
+  fail=1
+}
+echo "$inter" | grep '^interleaved' || true
+for figure in interleaved_bare_verbs_rtt_p50_us interleaved_rpc_small_rtt_p50_us \
+    interleaved_rpc_small_over_bare_verbs; do
+  value=$(echo "$inter" | awk -v k="$figure" '$1 == k {print $2}')
+  if ! awk -v v="${value:-x}" 'BEGIN {exit !(v + 0 > 0)}'; then
+    echo "FAIL: $figure is '${value}', not a positive number"
+    fail=1
+  fi
+done
+if RDMARPC_RDMA_POLL=busy "$bench" --pings 0 --pulls 0 --interleaved_blocks 1 >/dev/null 2>&1; then
+  echo "FAIL: --interleaved_blocks ran with RDMARPC_RDMA_POLL=busy"
+  fail=1
+fi
+[ "$fail" = 0 ] && echo "PASS: every figure came (interleaved ones too); small calls in place, large ones by READ"
 exit $fail

@@ -91,13 +91,21 @@ awk -v b="$(field "$probe" probe_bare_rtt_p50_us)" -v c="$(field "$probe" probe_
 # the other one) and runs ~3-4 % slower (bench/RESULTS.md). The small
 # call's figure reuses its response message, as perftest reuses its buffers;
 # the same calls with a fresh message each are printed beside it.
+# Besides, each round times small calls against a bare verbs ping-pong in
+# one process, in blocks that take turns (rpc_bench --interleaved_blocks):
+# the spells of the emulated machine last tenths of a second, so only such
+# pairs share theirs. The pollers are adaptive there (busy ones would leave
+# the ping-pong no CPU), and the ping-pong is our own, not perftest.
 ratios=""
 raws=""
+interleaved=""
 for round in $(seq 1 "$rounds"); do
   ulat=$(ucx tag_lat $frame 5000 3)
   lat_before=$(send_lat)
   ping=$(RDMARPC_RDMA_POLL=busy timeout 300 bazel-bin/bench/rpc_bench --pulls 0 --workers 0 2>&1 || true)
   lat_after=$(send_lat)
+  inter=$(timeout 300 bazel-bin/bench/rpc_bench --pings 0 --pulls 0 --workers 0 \
+    --interleaved_blocks 8 2>&1 || true)
   lat=$(awk -v a="$lat_before" -v b="$lat_after" 'BEGIN {print (a + b) / 2}')
   ubw=$(ucx ucp_get 1048576 200 7)
   set -- $(read_bw)
@@ -150,6 +158,16 @@ $dpull" | grep -v -E '^[a-z0-9_]+ -?[0-9.]+$|^counters |RDMA device' | sed "s/^/
            abw / rbw, abw / ubw, frtt / (2 * lat), dabw / rbw;
   }')
   echo "${line% | *}"
+  ibare=$(field "$inter" interleaved_bare_verbs_rtt_p50_us)
+  icall=$(field "$inter" interleaved_rpc_small_rtt_p50_us)
+  iratio=$(field "$inter" interleaved_rpc_small_over_bare_verbs)
+  if [ -n "$iratio" ]; then
+    echo "round $round: interleaved in one process: bare verbs RTT $ibare us, call RTT $icall us," \
+         "call / bare $iratio"
+    interleaved="$interleaved $iratio"
+  else
+    echo "round $round: no interleaved figure: $(echo "$inter" | grep -v '^rdmarpc\[' | tail -2)"
+  fi
   ratios="$ratios
 ${line##* | }"
   raws="$raws
@@ -177,6 +195,10 @@ awk -v ul="$(med 1)" -v t="$(med 2)" -v s="$(med 3)" -v su="$(med 4)" -v ub="$(m
   printf "ratio 1 MiB attachment call pull / UCX ucp_get = %.2f (median)\n", abu;
   printf "ratio 1 MiB attachment call pull in the default mode (adaptive poll, workers) / ib_read_bw = %.2f (median)\n", dab;
 }'
+if [ -n "${interleaved// /}" ]; then
+  echo "ratio small-call RTT / bare verbs RTT, interleaved in one process (adaptive poll)" \
+       "= $(echo "$interleaved" | median) (median; the target is 1.15 where the ping-pong is as fast as 2 x ib_send_lat)"
+fi
 # The best each reached over the boot: the emulated machine flips between
 # fast and slow spells (ib_send_lat 11.6 and 20 us one-way within one boot),
 # and a spell can favour one side of a round. Each tool's best is what it does
