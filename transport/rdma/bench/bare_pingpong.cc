@@ -6,7 +6,6 @@
 #include <string.h>
 #include <time.h>
 
-#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -201,6 +200,9 @@ struct BarePingPong::Impl {
   int block_round_trips = 0;
   absl::Status server_status;  // under mu: why the server thread stopped early
   std::atomic<bool> server_failed{false};
+  // Set by Stop: a block the client left unfinished (its post or poll
+  // failed) would otherwise keep the server spinning for ever.
+  std::atomic<bool> stopping{false};
   size_t established = 0;  // connections fully set up, each to be disconnected
 
   void Serve() {
@@ -216,7 +218,7 @@ struct BarePingPong::Impl {
       }
       if (c < 0) return;
       Side& side = servers[static_cast<size_t>(c)];
-      for (int i = 0; i < n;) {
+      for (int i = 0; i < n && !stopping.load(std::memory_order_relaxed);) {
         bool received = false;
         absl::Status s = side.Poll(&received);
         if (s.ok() && received) {
@@ -235,6 +237,7 @@ struct BarePingPong::Impl {
 
   void Stop() {
     if (server_thread.joinable()) {
+      stopping.store(true);
       {
         std::lock_guard<std::mutex> lock(mu);
         block_ready = true;
