@@ -37,6 +37,10 @@ class RingFifo {
     assert(size_ > 0);
     return slots_[head_];
   }
+  const T& front() const {
+    assert(size_ > 0);
+    return slots_[head_];
+  }
 
   void push_back(T value) {
     if (size_ == slots_.size()) Grow();

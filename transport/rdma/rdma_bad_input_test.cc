@@ -43,6 +43,7 @@ class RawPeer {
     if (send_mr_) ibv_dereg_mr(send_mr_);
     if (recv_mr_) ibv_dereg_mr(recv_mr_);
     if (read_mr_) ibv_dereg_mr(read_mr_);
+    if (exposed_mr_) ibv_dereg_mr(exposed_mr_);
     if (cq_) ibv_destroy_cq(cq_);
     if (pd_) ibv_dealloc_pd(pd_);
     if (id_) rdma_destroy_id(id_);
@@ -84,8 +85,7 @@ class RawPeer {
         rdma_listen(listen_id_, 4) != 0) {
       return std::nullopt;
     }
-    return ParseAddress(
-               absl::StrCat("rdma://", ip, ":", ntohs(rdma_get_src_port(listen_id_))))
+    return ParseAddress(absl::StrCat("rdma://", ip, ":", ntohs(rdma_get_src_port(listen_id_))))
         .value();
   }
 
@@ -139,6 +139,15 @@ class RawPeer {
     const ibv_wc_status status = Completion(kReadId);
     if (status == IBV_WC_SUCCESS) out->assign(read_buf_.data(), length);
     return status;
+  }
+
+  // `size` bytes that the server may READ; nullopt when they cannot be
+  // registered.
+  std::optional<RemoteDescriptor> Expose(uint32_t size) {
+    exposed_.assign(size, 'x');
+    exposed_mr_ = ibv_reg_mr(pd_, exposed_.data(), size, IBV_ACCESS_REMOTE_READ);
+    if (exposed_mr_ == nullptr) return std::nullopt;
+    return RemoteDescriptor{reinterpret_cast<uintptr_t>(exposed_.data()), exposed_mr_->rkey, 1};
   }
 
   // The next response or request the server sends (credit frames are
@@ -254,9 +263,11 @@ class RawPeer {
   ibv_mr* send_mr_ = nullptr;
   ibv_mr* recv_mr_ = nullptr;
   ibv_mr* read_mr_ = nullptr;
+  ibv_mr* exposed_mr_ = nullptr;
   char send_buf_[kRawSlot];
   std::vector<char> recv_buf_ = std::vector<char>(kRawRecvs * kRawSlot);
   std::vector<char> read_buf_ = std::vector<char>(kRawReadMax);
+  std::vector<char> exposed_;
   std::vector<Header> frames_;
 };
 
@@ -606,6 +617,47 @@ RdmaOptions KeepaliveOptions() {
   return options;
 }
 
+// A server and a good client connected to it, beside which raw clients
+// connect and vanish one at a time.
+struct ServerWithGoodClient {
+  GoodClient good_observer;
+  Server server;
+  std::shared_ptr<Connection> good;
+  size_t closed = 0;  // connections the server has ended
+
+  bool Start(size_t max_message_size) {
+    if (!server.Start(max_message_size, KeepaliveOptions())) return false;
+    auto c = server.client_transport->Connect(server.listener->address(), &good_observer,
+                                              absl::Now() + absl::Seconds(30));
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return false;
+    good = std::move(*c);
+    return true;
+  }
+
+  // A raw client that asked for `retry_count` transport retries vanished at
+  // `vanished`: the server ends that connection only, UNAVAILABLE within
+  // `within`, saying that `what` to the peer failed, through the device's
+  // retry counter (6 retries) or, where Soft-RoCE retries for ever (7), by
+  // the server's own bound, which says `unbounded`. The good client is still
+  // served.
+  void ExpectOnlyTheVanishedClientCut(uint8_t retry_count, absl::Time vanished,
+                                      absl::Duration within, const std::string& what,
+                                      const std::string& unbounded) {
+    auto why = server.answerer.ClosedAfter(closed);
+    ASSERT_TRUE(why.has_value()) << "the server never noticed";
+    EXPECT_LT(absl::Now() - vanished, within);
+    EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
+    EXPECT_NE(why->message().find(what), std::string::npos) << *why;
+    EXPECT_NE(why->message().find("rdma://"), std::string::npos) << *why;
+    EXPECT_NE(why->message().find(retry_count == 6 ? "retry counter exceeded" : unbounded),
+              std::string::npos)
+        << *why;
+    EXPECT_EQ(server.answerer.closed_count(), ++closed) << "other connections were closed too";
+    EXPECT_TRUE(good_observer.Call(*good, closed).ok()) << "the good client was not served";
+  }
+};
+
 // A client whose machine vanishes (its QP stops answering, no disconnect
 // comes) while the server has nothing to send it: the server's keepalive
 // notices, and ends that connection only. Whatever retry count the client
@@ -613,37 +665,54 @@ RdmaOptions KeepaliveOptions() {
 // on the device, 7 makes Soft-RoCE retry it for ever, and then the server
 // gives up at twice the device's retry time.
 TEST(RdmaBadInput, ClientThatVanishesIsNoticedByTheServersKeepalive) {
-  GoodClient good_observer;
-  Server server;
-  ASSERT_TRUE(server.Start(1u << 20, KeepaliveOptions()));
-  auto good = server.client_transport->Connect(server.listener->address(), &good_observer,
-                                               absl::Now() + absl::Seconds(30));
-  ASSERT_TRUE(good.ok()) << good.status();
-  size_t closed = 0;
+  ServerWithGoodClient s;
+  ASSERT_TRUE(s.Start(1u << 20));
   for (const uint8_t retry_count : {uint8_t{6}, uint8_t{7}}) {
     SCOPED_TRACE(absl::StrCat("the client asked for ", retry_count, " retries"));
     RawPeer peer;
-    ASSERT_EQ(peer.Connect(server.listener->address(), retry_count), "");
+    ASSERT_EQ(peer.Connect(s.server.listener->address(), retry_count), "");
     ASSERT_TRUE(peer.Send(Frame(SmallRequest(1, 0))));
     ASSERT_TRUE(peer.NextFrame(absl::Seconds(10)).has_value()) << "not answered";
     const uint64_t keepalives_before = Counters().keepalives;
     ASSERT_TRUE(peer.Vanish());
-    const absl::Time vanished = absl::Now();
-    auto why = server.answerer.ClosedAfter(closed);
-    ASSERT_TRUE(why.has_value()) << "the server never noticed";
-    EXPECT_LT(absl::Now() - vanished, kNoticedWithin);
-    EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
-    EXPECT_NE(why->message().find("keepalive"), std::string::npos) << *why;
-    EXPECT_NE(why->message().find("rdma://"), std::string::npos) << *why;
-    EXPECT_NE(why->message().find(retry_count == 6 ? "retry counter exceeded"
-                                                   : "neither acknowledged nor failed"),
-              std::string::npos)
-        << *why;
+    s.ExpectOnlyTheVanishedClientCut(retry_count, absl::Now(), kNoticedWithin, "keepalive",
+                                     "neither acknowledged nor failed");
     EXPECT_GT(Counters().keepalives, keepalives_before);
-    EXPECT_EQ(server.answerer.closed_count(), ++closed) << "other connections were closed too";
-    EXPECT_TRUE(good_observer.Call(**good, closed).ok()) << "the good client was not served";
   }
-  (*good)->Close();
+  s.good->Close();
+}
+
+// A client that vanishes while the server READs its request's payload: the
+// READ gets no answer, and the server ends that connection only. With 6
+// retries the device fails the READ (RETRY_EXC_ERR). With 7, Soft-RoCE
+// retries it for ever, and the keepalive that goes out behind it cannot
+// complete before it, so the server gives up on the READ itself at twice
+// the device's retry time plus its bytes at kSlowestReadBytesPerSecond.
+TEST(RdmaBadInput, ClientThatVanishesMidReadIsNoticedEvenWhereTheDeviceRetriesForEver) {
+  ServerWithGoodClient s;
+  // Long enough that the READ is still running, or not yet started, when
+  // the client vanishes just after its request went out.
+  constexpr uint32_t kPayload = 8u << 20;
+  ASSERT_TRUE(s.Start(16u << 20));
+  for (const uint8_t retry_count : {uint8_t{6}, uint8_t{7}}) {
+    SCOPED_TRACE(absl::StrCat("the client asked for ", retry_count, " retries"));
+    RawPeer peer;
+    ASSERT_EQ(peer.Connect(s.server.listener->address(), retry_count), "");
+    auto exposed = peer.Expose(kPayload);
+    ASSERT_TRUE(exposed.has_value()) << "could not register the payload";
+    Header request = SmallRequest(1, kPayload);
+    request.flags = kFlagRemotePayload;
+    request.remote = *exposed;
+    const uint64_t reads_before = Counters().reads;
+    ASSERT_TRUE(peer.Send(Frame(request)));
+    ASSERT_TRUE(peer.Vanish());
+    // Twice the retry time (~1 s at kPeerTimeoutMs) plus 8 MiB at 4 MiB/s,
+    // the sweep and the VM's slowness.
+    s.ExpectOnlyTheVanishedClientCut(retry_count, absl::Now(), absl::Seconds(8), "RDMA READ",
+                                     "neither completed nor failed");
+    EXPECT_GT(Counters().reads, reads_before) << "the server never READ";
+  }
+  s.good->Close();
 }
 
 // Records how its connection ended.
@@ -712,9 +781,9 @@ TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
   auto why = watcher.EndedWithin(kNoticedWithin);
   ASSERT_TRUE(why.has_value()) << "the client never noticed";
   EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
-  EXPECT_NE(why->message().find("keepalive (a zero-byte RDMA WRITE) to " +
-                                std::string((*conn)->peer())),
-            std::string::npos)
+  EXPECT_NE(
+      why->message().find("keepalive (a zero-byte RDMA WRITE) to " + std::string((*conn)->peer())),
+      std::string::npos)
       << *why;
   EXPECT_NE(why->message().find("peer_timeout_ms"), std::string::npos) << *why;
   printf("noticed after %s: %s\n", absl::FormatDuration(absl::Now() - vanished).c_str(),

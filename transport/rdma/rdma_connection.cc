@@ -494,12 +494,15 @@ std::string RdmaConnection::DescribeRetryPolicy() {
 bool RdmaConnection::TimeoutsDue(absl::Time now) {
   if (now >= next_give_up_ || KeepaliveDue(now)) return true;
   std::lock_guard<InlineMutex> lock(mu_);
-  if (KeepaliveOverdueLocked(now)) return true;
+  if (KeepaliveOverdueLocked(now) || ReadOverdueLocked(now)) return true;
   return !closed_ && now >= next_release_due_;
 }
 
 bool RdmaConnection::KeepaliveOverdueLocked(absl::Time now) const {
-  return keepalive_outstanding_ && now - keepalive_sent_ >= 2 * unacked_limit_;
+  // READs posted before it complete first; while one is in flight, the
+  // READ backstop (ReadOverdueLocked) is the one that waits.
+  return keepalive_outstanding_ && reads_in_flight_.empty() &&
+         now - std::max(keepalive_sent_, oldest_read_since_) >= 2 * unacked_limit_;
 }
 
 void RdmaConnection::ExpireTimeouts(absl::Time now) {
@@ -515,7 +518,10 @@ bool RdmaConnection::KeepaliveDue(absl::Time now) {
     silent_since_ = now;
     return false;
   }
-  return !keepalive_outstanding_ && reads_in_flight_ == 0 && now - silent_since_ >= keepalive_;
+  // Also with READs in flight: silence means none of them has completed for
+  // keepalive_ms, and a new work request is what would get Soft-RoCE going
+  // again (see "Stalled READs" in the header).
+  return !keepalive_outstanding_ && now - silent_since_ >= keepalive_;
 }
 
 void RdmaConnection::SendKeepalive(absl::Time now) {
@@ -553,8 +559,40 @@ bool RdmaConnection::FailUnansweredKeepalive(absl::Time now) {
   return true;
 }
 
+bool RdmaConnection::ReadOverdueLocked(absl::Time now) const {
+  return !torn_down_ && !reads_in_flight_.empty() &&
+         now - oldest_read_since_ > ReadAllowanceLocked(reads_in_flight_.front());
+}
+
+absl::Duration RdmaConnection::ReadAllowanceLocked(uint32_t bytes) const {
+  return 2 * unacked_limit_ +
+         absl::Seconds(static_cast<double>(bytes) / kSlowestReadBytesPerSecond);
+}
+
 bool RdmaConnection::FailStalledReads(absl::Time now) {
-  if (now < next_give_up_ || torn_down_) return false;
+  if (torn_down_) return false;
+  bool overdue;
+  absl::Duration allowed, retry;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    overdue = ReadOverdueLocked(now);
+    if (overdue) allowed = ReadAllowanceLocked(reads_in_flight_.front());
+    retry = unacked_limit_;
+  }
+  if (overdue) {
+    // A dead peer fails the READ within the retry time (RETRY_EXC_ERR), so
+    // this is a device that dropped it without a word, or a READ of a buffer
+    // the peer revoked (which RevocationHint names).
+    Fail(RevocationHint(absl::UnavailableError(absl::StrCat(
+        "RDMA READ of ", reads_in_flight_.front(), " bytes from ", peer_,
+        " neither completed nor failed by ", endpoint_->device_name(), " in ",
+        Rounded(now - oldest_read_since_), " (allowed ", Rounded(allowed),
+        ": twice the device's retry time of ~", Rounded(retry), " plus its bytes at ",
+        kSlowestReadBytesPerSecond >> 20,
+        " MiB/s); the connection ends so that its calls fail instead of waiting for ever"))));
+    return true;
+  }
+  if (now < next_give_up_) return false;
   next_give_up_ = absl::InfiniteFuture();
   const ReadOp* stalled = nullptr;
   for (const auto& [op_id, op] : reads_) {
@@ -694,8 +732,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
     return Fail(
         absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ", s.message())));
   }
-  const size_t expected =
-      kHeaderSize + h.metadata_len + (h.remote_payload() ? 0 : h.payload_len);
+  const size_t expected = kHeaderSize + h.metadata_len + (h.remote_payload() ? 0 : h.payload_len);
   if (length != expected) {
     endpoint_->ReleaseSlot(slot);
     return Fail(absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ", length,
@@ -780,7 +817,7 @@ void RdmaConnection::StartReads() {
   // completion starts them, one round trip later.
   if (keepalive_outstanding_) return;
   bool queued = false;
-  while (!read_queue_.empty() && reads_in_flight_ < static_cast<int>(rd_atom_) && !torn_down_) {
+  while (!read_queue_.empty() && reads_in_flight_.size() < rd_atom_ && !torn_down_) {
     const uint32_t op_id = read_queue_.front();
     ReadOp& op = reads_[op_id];
     const size_t len = op.msg.header.payload_len;
@@ -812,7 +849,7 @@ void RdmaConnection::StartReads() {
     }
     const size_t chunk_max = read_chunk_;
     std::lock_guard<InlineMutex> lock(mu_);
-    while (op.next < len && reads_in_flight_ < static_cast<int>(rd_atom_)) {
+    while (op.next < len && reads_in_flight_.size() < rd_atom_) {
       const size_t chunk = std::min(len - op.next, chunk_max);
       Outgoing& out = QueueLocked();
       out.sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(op.block->data + op.next),
@@ -828,7 +865,8 @@ void RdmaConnection::StartReads() {
       ++signaled_outstanding_;
       op.next += chunk;
       ++op.in_flight;
-      ++reads_in_flight_;
+      if (reads_in_flight_.empty()) oldest_read_since_ = absl::Now();
+      reads_in_flight_.push_back(static_cast<uint32_t>(chunk));
       queued = true;
       Count(&RdmaCounters::reads);
     }
@@ -908,7 +946,8 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
     if (kind == kWrKeepalive) {
       keepalive_outstanding_ = false;
     } else {
-      --reads_in_flight_;
+      reads_in_flight_.pop_front();
+      oldest_read_since_ = absl::Now();
       it = reads_.find(index);
     }
     if (it != reads_.end()) {

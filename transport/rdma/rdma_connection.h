@@ -71,15 +71,23 @@
 // The QP's ACK timeout (RdmaOptions::peer_timeout_ms) and kTransportRetries
 // bound that wait, after which the request fails (RETRY_EXC_ERR) and the
 // connection ends UNAVAILABLE. Frames and completions from the peer count as
-// signs of life; a connection with none for keepalive_ms and no READ in
-// flight (a READ shows it as well) sends a zero-byte RDMA WRITE, which the
-// peer's device acknowledges without its software. It costs the peer no
-// receive slot or credit and, unlike a zero-byte READ, none of the READ
-// resources (max_qp_rd_atom) that the peer's own READs of our payloads use;
-// zero bytes check no address or rkey (IBA C9-88), so nothing of ours needs
-// remote write access. Where the device neither acknowledges nor fails it
-// (Soft-RoCE retries for ever when the peer asked for 7 retries), the
-// connection ends at twice the device's retry time anyway.
+// signs of life; a connection with none for keepalive_ms sends a zero-byte
+// RDMA WRITE, which the peer's device acknowledges without its software. It
+// costs the peer no receive slot or credit and, unlike a zero-byte READ,
+// none of the READ resources (max_qp_rd_atom) that the peer's own READs of
+// our payloads use; zero bytes check no address or rkey (IBA C9-88), so
+// nothing of ours needs remote write access. Where the device neither
+// acknowledges nor fails it (Soft-RoCE retries for ever when the peer asked
+// for 7 retries), the connection ends at twice the device's retry time
+// anyway.
+//
+// Stalled READs. A READ in flight with no completion for keepalive_ms also
+// gets the keepalive behind it. On Soft-RoCE (Linux 6.1, host CPUs starved)
+// an 8 MiB READ and the 1-byte one after it once never completed nor
+// failed; the likeliest cause is the device's requester waiting for a
+// wake-up that never came, which a new work request gives it. A READ the device has neither
+// completed nor failed within twice its retry time plus its bytes at kSlowestReadBytesPerSecond
+// ends the connection UNAVAILABLE, so no call waits on a lost READ for ever.
 //
 // Threading: Send/AllocatePayload/Close from any thread; everything else runs
 // in the endpoint's I/O context (its poller thread or a caller driving it, one
@@ -317,6 +325,11 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // The keepalive is still unanswered at twice the device's retry time
   // (the backstop for a device that neither acknowledges nor fails it).
   bool KeepaliveOverdueLocked(absl::Time now) const;
+  // The oldest READ in flight has run past ReadAllowanceLocked: the device
+  // neither completed nor failed it in twice its retry time plus its bytes
+  // at kSlowestReadBytesPerSecond. I/O context.
+  bool ReadOverdueLocked(absl::Time now) const;
+  absl::Duration ReadAllowanceLocked(uint32_t bytes) const;
   // True when it failed the connection.
   bool FailStalledReads(absl::Time now);
   bool FailUnansweredKeepalive(absl::Time now);
@@ -346,9 +359,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t max_inline_ = 0;
   ConnectionObserver* observer_ = nullptr;
 
-  InlineMutex mu_;               // send side
-  bool closed_ = false;          // guarded by mu_
-  uint32_t credits_ = 0;         // guarded by mu_
+  InlineMutex mu_;        // send side
+  bool closed_ = false;   // guarded by mu_
+  uint32_t credits_ = 0;  // guarded by mu_
   // Frames waiting for credit, a send slot or SQ room, as SendLocked left
   // them: a payload still in one travels in the SEND itself (one that goes
   // by READ was advertised and moved out).
@@ -390,7 +403,11 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   std::deque<uint32_t> read_queue_;   // ops waiting for a READ slot
   uint32_t next_read_op_ = 1;
   std::pair<uint64_t, uint32_t> last_remote_{0, 0};  // for FaultInjection::StaleReads
-  int reads_in_flight_ = 0;
+  // Lengths of the READs posted and not completed, oldest first (an RC QP
+  // completes them in order), and since when the oldest has been oldest:
+  // the clock of the stalled-READ backstop (ReadOverdueLocked).
+  RingFifo<uint32_t> reads_in_flight_;
+  absl::Time oldest_read_since_;
   absl::Time next_give_up_ = absl::InfiniteFuture();  // earliest ReadOp::give_up
   // Keepalive: completions and frames from the peer so far, the count the
   // last look saw, and since when it has not moved.

@@ -107,6 +107,15 @@ struct RdmaOptions {
 // "retry for ever", so a vanished peer would never be noticed there.
 inline constexpr int kTransportRetries = 6;
 
+// The slowest rate at which a READ is still taken to be progressing. A READ
+// the device has neither completed nor failed within twice its retry time
+// (peer_timeout_ms) plus its bytes at this rate ends its connection
+// UNAVAILABLE: a backstop for a device that loses a READ without a word,
+// since a dead peer already fails it within the retry time. Far below any
+// device's rate (Soft-RoCE in a TCG VM READs 60-110 MiB/s), so a slow READ
+// is never cut short.
+inline constexpr uint64_t kSlowestReadBytesPerSecond = uint64_t{4} << 20;
+
 // The SRQ is refilled once this many of its slots have been consumed (or
 // fewer, for an SRQ of under 8x this many), in one chain of receive WRs: one
 // post per batch instead of one per message. The slots it lacks meanwhile
