@@ -97,8 +97,9 @@ struct RdmaOptions {
   // credits or READ resources. So a vanished peer ends its connection, and
   // every call waiting on it, within about keepalive_ms + peer_timeout_ms
   // even when nothing else is being sent. It cannot tell a live but stuck
-  // peer process (its device still answers): deadlines are for that.
-  // 0: no keepalive.
+  // peer process (its device still answers): deadlines are for that. A READ
+  // with no completion for this long gets one behind it as well (see
+  // "Stalled READs" in rdma_connection.h). 0: no keepalive.
   uint32_t keepalive_ms = 1000;
 };
 
