@@ -85,9 +85,10 @@
 // gets the keepalive behind it. On Soft-RoCE (Linux 6.1, host CPUs starved)
 // an 8 MiB READ and the 1-byte one after it once never completed nor
 // failed; the likeliest cause is the device's requester waiting for a
-// wake-up that never came, which a new work request gives it. A READ the device has neither
-// completed nor failed within twice its retry time plus its bytes at kSlowestReadBytesPerSecond
-// ends the connection UNAVAILABLE, so no call waits on a lost READ for ever.
+// wake-up that never came, which a new work request gives it. A READ the
+// device has neither completed nor failed within twice its retry time plus
+// its bytes at kSlowestReadBytesPerSecond ends the connection UNAVAILABLE,
+// so no call waits on a lost READ for ever.
 //
 // Threading: Send/AllocatePayload/Close from any thread; everything else runs
 // in the endpoint's I/O context (its poller thread or a caller driving it, one

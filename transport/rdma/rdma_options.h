@@ -113,8 +113,8 @@ inline constexpr int kTransportRetries = 6;
 // (peer_timeout_ms) plus its bytes at this rate ends its connection
 // UNAVAILABLE: a backstop for a device that loses a READ without a word,
 // since a dead peer already fails it within the retry time. Far below any
-// device's rate (Soft-RoCE in a TCG VM READs 60-110 MiB/s), so a slow READ
-// is never cut short.
+// device's rate (Soft-RoCE in a TCG VM READs 60-110 MiB/s), so that a slow
+// READ is not cut short.
 inline constexpr uint64_t kSlowestReadBytesPerSecond = uint64_t{4} << 20;
 
 // The SRQ is refilled once this many of its slots have been consumed (or
