@@ -506,7 +506,7 @@ bool RdmaConnection::KeepaliveOverdueLocked(absl::Time now) const {
 }
 
 void RdmaConnection::ExpireTimeouts(absl::Time now) {
-  if (FailStalledReads(now) || FailUnansweredKeepalive(now)) return;
+  if (FailLostRead(now) || FailStalledReads(now) || FailUnansweredKeepalive(now)) return;
   ExpireUnreleased(now);
   if (KeepaliveDue(now)) SendKeepalive(now);
 }
@@ -560,7 +560,7 @@ bool RdmaConnection::FailUnansweredKeepalive(absl::Time now) {
 }
 
 bool RdmaConnection::ReadOverdueLocked(absl::Time now) const {
-  return !torn_down_ && !reads_in_flight_.empty() &&
+  return !reads_in_flight_.empty() &&
          now - oldest_read_since_ > ReadAllowanceLocked(reads_in_flight_.front());
 }
 
@@ -569,30 +569,29 @@ absl::Duration RdmaConnection::ReadAllowanceLocked(uint32_t bytes) const {
          absl::Seconds(static_cast<double>(bytes) / kSlowestReadBytesPerSecond);
 }
 
-bool RdmaConnection::FailStalledReads(absl::Time now) {
-  if (torn_down_) return false;
-  bool overdue;
+bool RdmaConnection::FailLostRead(absl::Time now) {
   absl::Duration allowed, retry;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    overdue = ReadOverdueLocked(now);
-    if (overdue) allowed = ReadAllowanceLocked(reads_in_flight_.front());
+    if (torn_down_ || !ReadOverdueLocked(now)) return false;
+    allowed = ReadAllowanceLocked(reads_in_flight_.front());
     retry = unacked_limit_;
   }
-  if (overdue) {
-    // A dead peer fails the READ within the retry time (RETRY_EXC_ERR), so
-    // this is a device that dropped it without a word, or a READ of a buffer
-    // the peer revoked (which RevocationHint names).
-    Fail(RevocationHint(absl::UnavailableError(absl::StrCat(
-        "RDMA READ of ", reads_in_flight_.front(), " bytes from ", peer_,
-        " neither completed nor failed by ", endpoint_->device_name(), " in ",
-        Rounded(now - oldest_read_since_), " (allowed ", Rounded(allowed),
-        ": twice the device's retry time of ~", Rounded(retry), " plus its bytes at ",
-        kSlowestReadBytesPerSecond >> 20,
-        " MiB/s); the connection ends so that its calls fail instead of waiting for ever"))));
-    return true;
-  }
-  if (now < next_give_up_) return false;
+  // A dead peer fails the READ within the retry time (RETRY_EXC_ERR), so
+  // this is a device that dropped it without a word, or a READ of a buffer
+  // the peer revoked (which RevocationHint names).
+  Fail(RevocationHint(absl::UnavailableError(absl::StrCat(
+      "RDMA READ of ", reads_in_flight_.front(), " bytes from ", peer_,
+      " neither completed nor failed by ", endpoint_->device_name(), " in ",
+      Rounded(now - oldest_read_since_), " (allowed ", Rounded(allowed),
+      ": twice the device's retry time of ~", Rounded(retry), " plus its bytes at ",
+      kSlowestReadBytesPerSecond >> 20,
+      " MiB/s); the connection ends so that its calls fail instead of waiting for ever"))));
+  return true;
+}
+
+bool RdmaConnection::FailStalledReads(absl::Time now) {
+  if (now < next_give_up_ || torn_down_) return false;
   next_give_up_ = absl::InfiniteFuture();
   const ReadOp* stalled = nullptr;
   for (const auto& [op_id, op] : reads_) {

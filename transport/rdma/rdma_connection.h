@@ -331,7 +331,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // at kSlowestReadBytesPerSecond. I/O context.
   bool ReadOverdueLocked(absl::Time now) const;
   absl::Duration ReadAllowanceLocked(uint32_t bytes) const;
-  // True when it failed the connection.
+  // True when it failed the connection: FailLostRead for a READ past
+  // ReadOverdueLocked, FailStalledReads for one past its ReadOp::give_up.
+  bool FailLostRead(absl::Time now);
   bool FailStalledReads(absl::Time now);
   bool FailUnansweredKeepalive(absl::Time now);
   // True when the peer has been silent for keepalive_ms and neither a
