@@ -61,6 +61,7 @@ constexpr Field kFields[] = {
     &RdmaCounters::credit_stalls,
     &RdmaCounters::credit_messages,
     &RdmaCounters::keepalives,
+    &RdmaCounters::keepalives_behind_reads,
     &RdmaCounters::connections_opened,
     &RdmaCounters::connections_closed,
     &RdmaCounters::registered_bytes,
@@ -180,17 +181,17 @@ std::string RdmaCounters::ToString() const {
   const DeviceRnrNaks naks = ReadDeviceRnrNaks();
   return absl::StrCat(
       "sends=", sends, " (inline ", sends_inline, ", in place ", sends_in_place,
-      ", payload copied ", send_payload_copies,
-      ") reads=", reads, " bytes_read=", bytes_read, " advertised=", payloads_advertised,
-      " (copied ", advertised_payload_copies, ")", " releases_expired=", releases_expired,
-      " late_reads_skipped=", late_reads_skipped, " srq_posted=", srq_slots_posted,
-      " srq_consumed=", srq_slots_consumed, " srq_short=", srq_short,
-      " device_rnr_naks_received=", Show(naks.received),
+      ", payload copied ", send_payload_copies, ") reads=", reads, " bytes_read=", bytes_read,
+      " advertised=", payloads_advertised, " (copied ", advertised_payload_copies, ")",
+      " releases_expired=", releases_expired, " late_reads_skipped=", late_reads_skipped,
+      " srq_posted=", srq_slots_posted, " srq_consumed=", srq_slots_consumed,
+      " srq_short=", srq_short, " device_rnr_naks_received=", Show(naks.received),
       " device_rnr_naks_sent=", Show(naks.sent), " rnr_retry_exhausted=", rnr_retry_exhausted,
       " credit_stalls=", credit_stalls, " credit_msgs=", credit_messages,
-      " keepalives=", keepalives, " conns_opened=", connections_opened,
-      " conns_closed=", connections_closed, " registered_bytes=", registered_bytes,
-      " poller_sleeps=", poller_sleeps, " caller_completions=", caller_completions);
+      " keepalives=", keepalives, " (behind reads ", keepalives_behind_reads, ")",
+      " conns_opened=", connections_opened, " conns_closed=", connections_closed,
+      " registered_bytes=", registered_bytes, " poller_sleeps=", poller_sleeps,
+      " caller_completions=", caller_completions);
 }
 
 }  // namespace rdmarpc::transport::rdma

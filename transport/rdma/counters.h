@@ -60,6 +60,10 @@ struct RdmaCounters {
   uint64_t credit_messages = 0;      // credit-only frames sent
   // Zero-byte WRITEs sent to peers silent for RdmaOptions::keepalive_ms.
   uint64_t keepalives = 0;
+  // Of which sent behind READs in flight, none of which had completed for
+  // keepalive_ms: a peer gone mid-READ, or a READ the device left unsent
+  // until its next work request (rdma_connection.h, "Stalled READs").
+  uint64_t keepalives_behind_reads = 0;
   uint64_t connections_opened = 0;
   uint64_t connections_closed = 0;
   // Currently registered. A gauge: added to on registration and taken from

@@ -673,11 +673,14 @@ TEST(RdmaBadInput, ClientThatVanishesIsNoticedByTheServersKeepalive) {
     ASSERT_EQ(peer.Connect(s.server.listener->address(), retry_count), "");
     ASSERT_TRUE(peer.Send(Frame(SmallRequest(1, 0))));
     ASSERT_TRUE(peer.NextFrame(absl::Seconds(10)).has_value()) << "not answered";
-    const uint64_t keepalives_before = Counters().keepalives;
+    const RdmaCounters before = Counters();
     ASSERT_TRUE(peer.Vanish());
     s.ExpectOnlyTheVanishedClientCut(retry_count, absl::Now(), kNoticedWithin, "keepalive",
                                      "neither acknowledged nor failed");
-    EXPECT_GT(Counters().keepalives, keepalives_before);
+    const RdmaCounters after = Counters();
+    EXPECT_GT(after.keepalives, before.keepalives);
+    EXPECT_EQ(after.keepalives_behind_reads, before.keepalives_behind_reads)
+        << "counted behind a READ with none in flight";
   }
   s.good->Close();
 }
@@ -703,14 +706,21 @@ TEST(RdmaBadInput, ClientThatVanishesMidReadIsNoticedEvenWhereTheDeviceRetriesFo
     Header request = SmallRequest(1, kPayload);
     request.flags = kFlagRemotePayload;
     request.remote = *exposed;
-    const uint64_t reads_before = Counters().reads;
+    const RdmaCounters before = Counters();
     ASSERT_TRUE(peer.Send(Frame(request)));
     ASSERT_TRUE(peer.Vanish());
     // Twice the retry time (~1 s at kPeerTimeoutMs) plus 8 MiB at 4 MiB/s,
     // the sweep and the VM's slowness.
     s.ExpectOnlyTheVanishedClientCut(retry_count, absl::Now(), absl::Seconds(8), "RDMA READ",
                                      "neither completed nor failed");
-    EXPECT_GT(Counters().reads, reads_before) << "the server never READ";
+    const RdmaCounters after = Counters();
+    EXPECT_GT(after.reads, before.reads) << "the server never READ";
+    // Retried for ~3 s, far past kKeepaliveMs: the READ got a keepalive
+    // behind it, as a READ the device left unsent would.
+    if (retry_count == 7) {
+      EXPECT_GT(after.keepalives_behind_reads, before.keepalives_behind_reads)
+          << "no keepalive went out behind the stalled READ";
+    }
   }
   s.good->Close();
 }

@@ -5,9 +5,7 @@
 #include <string.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <iterator>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -17,9 +15,15 @@
 #include "base/stage_trace.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
+#include "transport/rdma/rdma_connection_internal.h"
 
 namespace rdmarpc::transport::rdma {
 namespace {
+
+using internal::kSignaledBit;
+using internal::RevocationRule;
+using internal::Rounded;
+using internal::WrId;
 
 // A torn-down QP that has not drained by then is freed anyway; blocks that a
 // READ might still write into are leaked rather than reused.
@@ -28,29 +32,6 @@ constexpr absl::Duration kDrainBound = absl::Seconds(5);
 // What rdma_cm leaves a RoCE QP to when peer_timeout_ms is 0: ACK timeout
 // 2^19 x 4.096 us (CMA_IBOE_PACKET_LIFETIME 18, plus one), 8 tries.
 constexpr uint32_t kRdmaCmDefaultPeerTimeoutMs = 17000;
-
-// wr_id: kind (4 bits) | signaled (1 bit) | connection serial (27 bits) | index.
-constexpr uint64_t kSignaledBit = uint64_t{1} << 59;
-
-// When a peer with release timeout `ms` revokes a buffer it advertised in a
-// frame of `kind`, for the messages that explain a failed READ.
-std::string RevocationRule(MessageKind kind, uint32_t ms) {
-  return kind == MessageKind::kResponse
-             ? absl::StrCat("the peer revokes a response's buffer ", ms,
-                            " ms after sending it, by its release_timeout_ms")
-             : absl::StrCat("the peer revokes a request's buffer ", ms,
-                            " ms after the request's deadline, by its release_timeout_ms");
-}
-
-// Durations in messages, to the millisecond.
-std::string Rounded(absl::Duration d) {
-  return absl::FormatDuration(absl::Trunc(d + absl::Microseconds(500), absl::Milliseconds(1)));
-}
-
-uint64_t WrId(uint64_t kind, uint32_t serial, uint32_t index, bool signaled) {
-  return (kind << 60) | (signaled ? kSignaledBit : 0) | (uint64_t{serial & 0x07ffffff} << 32) |
-         index;
-}
 
 }  // namespace
 
@@ -463,209 +444,6 @@ void RdmaConnection::ReleaseAdvertisedLocked(uint64_t token) {
   to_invalidate_.push_back(std::move(it->second));
   advertised_.erase(it);
   FlushInvalidationsLocked();
-}
-
-void RdmaConnection::LearnRetryPolicy() {
-  ibv_qp_attr attr{};
-  ibv_qp_init_attr init{};
-  if (id_ == nullptr || id_->qp == nullptr ||
-      ibv_query_qp(id_->qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &init) != 0) {
-    return;
-  }
-  std::lock_guard<InlineMutex> lock(mu_);
-  ack_timeout_exp_ = attr.timeout;
-  retries_ = attr.retry_cnt;
-  // Timeout 0 means the device waits for ever: keep what was asked for, for
-  // the keepalive's own bound.
-  if (attr.timeout != 0) {
-    unacked_limit_ =
-        absl::Nanoseconds(4096.0 * std::ldexp(1.0, attr.timeout)) * (attr.retry_cnt + 1);
-  }
-}
-
-std::string RdmaConnection::DescribeRetryPolicy() {
-  std::lock_guard<InlineMutex> lock(mu_);
-  if (ack_timeout_exp_ < 0) return "the QP's retry policy could not be read";
-  return absl::StrCat("ACK timeout 4.096 us x 2^", ack_timeout_exp_, ", ", retries_ + 1,
-                      " tries: a peer that stops answering fails after ~", Rounded(unacked_limit_),
-                      ", keepalive after ", Rounded(keepalive_), " of silence");
-}
-
-bool RdmaConnection::TimeoutsDue(absl::Time now) {
-  if (now >= next_give_up_ || KeepaliveDue(now)) return true;
-  std::lock_guard<InlineMutex> lock(mu_);
-  if (KeepaliveOverdueLocked(now) || ReadOverdueLocked(now)) return true;
-  return !closed_ && now >= next_release_due_;
-}
-
-bool RdmaConnection::KeepaliveOverdueLocked(absl::Time now) const {
-  // READs posted before it complete first; while one is in flight, the
-  // READ backstop (ReadOverdueLocked) is the one that waits.
-  return keepalive_outstanding_ && reads_in_flight_.empty() &&
-         now - std::max(keepalive_sent_, oldest_read_since_) >= 2 * unacked_limit_;
-}
-
-void RdmaConnection::ExpireTimeouts(absl::Time now) {
-  if (FailLostRead(now) || FailStalledReads(now) || FailUnansweredKeepalive(now)) return;
-  ExpireUnreleased(now);
-  if (KeepaliveDue(now)) SendKeepalive(now);
-}
-
-bool RdmaConnection::KeepaliveDue(absl::Time now) {
-  if (keepalive_ == absl::ZeroDuration() || torn_down_) return false;
-  if (heard_ != heard_at_check_ || !established_.load(std::memory_order_acquire)) {
-    heard_at_check_ = heard_;
-    silent_since_ = now;
-    return false;
-  }
-  // Also with READs in flight: silence means none of them has completed for
-  // keepalive_ms, and a new work request is what would get Soft-RoCE going
-  // again (see "Stalled READs" in the header).
-  return !keepalive_outstanding_ && now - silent_since_ >= keepalive_;
-}
-
-void RdmaConnection::SendKeepalive(absl::Time now) {
-  {
-    std::lock_guard<InlineMutex> lock(mu_);
-    if (closed_ || sq_used_ >= sq_depth_) return;
-    ibv_send_wr& wr = QueueLocked().wr;
-    wr.wr_id = WrId(kWrKeepalive, serial_, 0, true);
-    // Zero bytes: no address or rkey is checked (IBA C9-88).
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    ++sq_used_;
-    ++signaled_outstanding_;
-  }
-  keepalive_outstanding_ = true;
-  keepalive_sent_ = now;
-  Count(&RdmaCounters::keepalives);
-  FlushOutbox().IgnoreError();
-}
-
-bool RdmaConnection::FailUnansweredKeepalive(absl::Time now) {
-  if (torn_down_) return false;
-  absl::Duration limit;
-  {
-    std::lock_guard<InlineMutex> lock(mu_);
-    if (!KeepaliveOverdueLocked(now)) return false;
-    limit = unacked_limit_;
-  }
-  // The device should have failed it by now (RETRY_EXC_ERR); Soft-RoCE
-  // retries for ever when the peer asked for 7 retries at connect.
-  Fail(absl::UnavailableError(
-      absl::StrCat("keepalive to ", peer_, " neither acknowledged nor failed by the device in ",
-                   Rounded(now - keepalive_sent_), " (twice its retry time, ~", Rounded(limit),
-                   "): the peer's machine, device or link is down")));
-  return true;
-}
-
-bool RdmaConnection::ReadOverdueLocked(absl::Time now) const {
-  return !reads_in_flight_.empty() &&
-         now - oldest_read_since_ > ReadAllowanceLocked(reads_in_flight_.front());
-}
-
-absl::Duration RdmaConnection::ReadAllowanceLocked(uint32_t bytes) const {
-  return 2 * unacked_limit_ +
-         absl::Seconds(static_cast<double>(bytes) / kSlowestReadBytesPerSecond);
-}
-
-bool RdmaConnection::FailLostRead(absl::Time now) {
-  absl::Duration allowed, retry;
-  {
-    std::lock_guard<InlineMutex> lock(mu_);
-    if (torn_down_ || !ReadOverdueLocked(now)) return false;
-    allowed = ReadAllowanceLocked(reads_in_flight_.front());
-    retry = unacked_limit_;
-  }
-  // A dead peer fails the READ within the retry time (RETRY_EXC_ERR), so
-  // this is a device that dropped it without a word, or a READ of a buffer
-  // the peer revoked (which RevocationHint names).
-  Fail(RevocationHint(absl::UnavailableError(absl::StrCat(
-      "RDMA READ of ", reads_in_flight_.front(), " bytes from ", peer_,
-      " neither completed nor failed by ", endpoint_->device_name(), " in ",
-      Rounded(now - oldest_read_since_), " (allowed ", Rounded(allowed),
-      ": twice the device's retry time of ~", Rounded(retry), " plus its bytes at ",
-      kSlowestReadBytesPerSecond >> 20,
-      " MiB/s); the connection ends so that its calls fail instead of waiting for ever"))));
-  return true;
-}
-
-bool RdmaConnection::FailStalledReads(absl::Time now) {
-  if (now < next_give_up_ || torn_down_) return false;
-  next_give_up_ = absl::InfiniteFuture();
-  const ReadOp* stalled = nullptr;
-  for (const auto& [op_id, op] : reads_) {
-    if (stalled == nullptr && op.in_flight > 0 && op.give_up <= now) stalled = &op;
-    next_give_up_ = std::min(next_give_up_, op.give_up);
-  }
-  if (stalled == nullptr) return false;
-  uint32_t peer_release_ms;
-  {
-    std::lock_guard<InlineMutex> lock(mu_);
-    peer_release_ms = peer_release_timeout_ms_;
-  }
-  // The peer revoked the buffer under the READ, and the device neither
-  // finished nor failed it (Soft-RoCE retries such a READ for ever).
-  const MessageKind kind = stalled->msg.header.kind;
-  Fail(absl::UnavailableError(absl::StrCat(
-      "RDMA READ of a ", kind == MessageKind::kResponse ? "response" : "request", " from ", peer_,
-      " not done at twice the peer's release timeout: ", RevocationRule(kind, peer_release_ms))));
-  return true;
-}
-
-void RdmaConnection::ExpireUnreleased(absl::Time now) {
-  size_t responses = 0;
-  size_t requests = 0;
-  bool windows = true;
-  {
-    std::lock_guard<InlineMutex> lock(mu_);
-    if (closed_ || now < next_release_due_) return;
-    next_release_due_ = absl::InfiniteFuture();
-    for (auto it = advertised_.begin(); it != advertised_.end();) {
-      auto next = std::next(it);
-      Advertised& adv = it->second;
-      if (adv.release_by <= now) {
-        ++(adv.kind == MessageKind::kRequest ? requests : responses);
-        windows = adv.mw != nullptr;
-        adv.expired = true;
-        if (adv.kind == MessageKind::kRequest) {
-          auto range = request_tokens_.equal_range(adv.call_id);
-          for (auto t = range.first; t != range.second; ++t) {
-            if (t->second == it->first) {
-              request_tokens_.erase(t);
-              break;
-            }
-          }
-        }
-        if (windows) ReleaseAdvertisedLocked(it->first);  // erases only `it`
-      } else {
-        next_release_due_ = std::min(next_release_due_, adv.release_by);
-      }
-      it = next;
-    }
-  }
-  if (responses + requests == 0) return;
-  const std::string within = absl::FormatDuration(release_timeout_);
-  const std::string what = absl::StrCat(
-      peer_,
-      responses > 0
-          ? absl::StrCat(" did not release ", responses, " response payload(s) within ", within)
-          : "",
-      responses > 0 && requests > 0 ? " and" : "",
-      requests > 0 ? absl::StrCat(" did not answer ", requests, " request(s) within ", within,
-                                  " after their deadline")
-                   : "",
-      " (RdmaOptions::release_timeout_ms)");
-  const size_t expired = responses + requests;
-  if (!windows) {
-    // A registration cannot be revoked for one peer: only the QP's leaving
-    // RTS ends its access.
-    Count(&RdmaCounters::releases_expired, expired);
-    return Fail(absl::DeadlineExceededError(
-        absl::StrCat(what, "; without memory windows the connection is closed to revoke them")));
-  }
-  fprintf(stderr, "rdmarpc[%s]: %s; revoked them\n", options_.name.c_str(), what.c_str());
-  FlushOutbox().IgnoreError();
 }
 
 void RdmaConnection::FlushInvalidationsLocked() {

@@ -79,13 +79,15 @@
 // nothing of ours needs remote write access. Where the device neither
 // acknowledges nor fails it (Soft-RoCE retries for ever when the peer asked
 // for 7 retries), the connection ends at twice the device's retry time
-// anyway.
+// anyway. These clocks, the READ backstops below and the release timeouts
+// are in rdma_connection_timeouts.cc.
 //
 // Stalled READs. A READ in flight with no completion for keepalive_ms also
 // gets the keepalive behind it. On Soft-RoCE (Linux 6.1, host CPUs starved)
 // an 8 MiB READ and the 1-byte one after it once never completed nor
 // failed; the likeliest cause is the device's requester waiting for a
-// wake-up that never came, which a new work request gives it. A READ the
+// wake-up that never came, which a new work request gives it (each such
+// keepalive is logged and counted, keepalives_behind_reads). A READ the
 // device has neither completed nor failed within twice its retry time plus
 // its bytes at kSlowestReadBytesPerSecond ends the connection UNAVAILABLE,
 // so no call waits on a lost READ for ever.
