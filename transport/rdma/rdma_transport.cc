@@ -512,9 +512,12 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   auto ep = EndpointFor(child);
   if (!ep.ok()) return refuse(std::string(ep.status().message()));
   const ibv_device_attr& dev = (*ep)->device_attr();
+  // A connect request's READ limits are from our side (rdma_accept(3)):
+  // initiator_depth is how many of our READs the peer's device serves at
+  // once, responder_resources how many of its own it will have in flight.
   const uint32_t rd_atom = std::max(
       1, std::min({static_cast<int>(rdma_.max_reads_in_flight),
-                   static_cast<int>(ev->param.conn.responder_resources), dev.max_qp_init_rd_atom}));
+                   static_cast<int>(ev->param.conn.initiator_depth), dev.max_qp_init_rd_atom}));
   auto conn = std::make_shared<RdmaConnection>(*ep, child, peer, next_serial_++, options_, hs,
                                                LocalCredits(), rd_atom);
   if (absl::Status s = conn->CreateQp(); !s.ok()) {
@@ -535,7 +538,7 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   param.private_data = &ours;
   param.private_data_len = sizeof ours;
   param.responder_resources =
-      static_cast<uint8_t>(std::min<int>(ev->param.conn.initiator_depth, dev.max_qp_rd_atom));
+      static_cast<uint8_t>(std::min<int>(ev->param.conn.responder_resources, dev.max_qp_rd_atom));
   param.initiator_depth = static_cast<uint8_t>(rd_atom);
   param.rnr_retry_count = 7;
   SetAckTimeout(child);

@@ -130,6 +130,7 @@ struct Fixture {
   std::deque<Waiter> waiters;  // a deque: NewWaiter never moves the others
   ConnectionObserver* server_observer = &echo;  // a test may put its own
   std::string listen_host;                      // default: the test address
+  std::function<void(std::shared_ptr<Connection>)> on_accept;  // optional, per accepted connection
   std::unique_ptr<RdmaTransport> server;
   std::unique_ptr<Listener> listener;
   std::unique_ptr<RdmaTransport> client;
@@ -145,7 +146,10 @@ struct Fixture {
     server = std::make_unique<RdmaTransport>(so, server_opts, true);
     auto l =
         server->Listen(*ParseAddress("rdma://" + (listen_host.empty() ? ip : listen_host) + ":0"),
-                       [this](std::shared_ptr<Connection>) { return server_observer; });
+                       [this](std::shared_ptr<Connection> c) {
+                         if (on_accept) on_accept(std::move(c));
+                         return server_observer;
+                       });
     EXPECT_TRUE(l.ok()) << l.status();
     if (!l.ok()) return false;
     listener = std::move(*l);
@@ -811,6 +815,58 @@ TEST(RdmaTransport, NamedDevicePortAndGidAreUsed) {
   EXPECT_EQ(ibv_get_device_name(id->verbs->device), place.device);
   EXPECT_EQ(id->port_num, place.port);
   EXPECT_EQ(ChosenGidIndex(id), place.index);
+  (*conn)->Close();
+}
+
+// READ limits are set as rdma_accept(3) reads a connect request: a side
+// keeps at most as many READs in flight as the other side's QP serves, and
+// the server sets aside responder resources for as many READs as the client
+// will have in flight, not for as many as the client's device could serve.
+TEST(RdmaTransport, ReadsInFlightAreNegotiatedBothWays) {
+  RdmaOptions client_options;
+  client_options.max_reads_in_flight = 4;
+  Fixture fx;
+  std::mutex mu;
+  std::shared_ptr<Connection> accepted;
+  fx.on_accept = [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> lock(mu);
+    accepted = std::move(c);
+  };
+  Waiter& waiter = fx.NewWaiter();
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_options));
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto r = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::shared_ptr<Connection> server_conn;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    server_conn = std::move(accepted);
+  }
+  ASSERT_NE(server_conn, nullptr);
+  struct Limits {
+    int initiator = -1;  // max_rd_atomic: READs this QP has in flight
+    int responder = -1;  // max_dest_rd_atomic: the peer's READs it serves
+  };
+  const auto limits = [](Connection& c) {
+    Limits l;
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    if (ibv_query_qp(static_cast<RdmaConnection&>(c).id()->qp, &attr,
+                     IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &init) == 0) {
+      l.initiator = attr.max_rd_atomic;
+      l.responder = attr.max_dest_rd_atomic;
+    }
+    return l;
+  };
+  const Limits client = limits(**conn);
+  const Limits server = limits(*server_conn);
+  EXPECT_EQ(client.initiator, 4) << "the client's own max_reads_in_flight";
+  EXPECT_EQ(server.responder, 4) << "the server serves more READs than the client takes";
+  EXPECT_LE(server.initiator, client.responder)
+      << "the server has more READs in flight than the client's QP serves";
+  EXPECT_EQ(server.initiator, std::min<int>(RdmaOptions().max_reads_in_flight, client.responder))
+      << "the server took the client's own READ limit for its own";
   (*conn)->Close();
 }
 
