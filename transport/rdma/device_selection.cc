@@ -178,10 +178,13 @@ absl::StatusOr<std::optional<sockaddr_storage>> NamedGidAddress(const RdmaOption
 int ChosenGidIndex(rdma_cm_id* id) {
   // The QP's address vector holds the index rdma_cm used: a table search by
   // value could find a RoCE v1 entry that has the same GID as the v2 one.
+  // Only from RTR on: before rdma_connect a QP's vector is unset, and rxe
+  // then reports a global one with index 0.
   if (id->qp != nullptr) {
     ibv_qp_attr attr{};
     ibv_qp_init_attr init{};
-    if (ibv_query_qp(id->qp, &attr, IBV_QP_AV, &init) == 0 && attr.ah_attr.is_global) {
+    if (ibv_query_qp(id->qp, &attr, IBV_QP_AV | IBV_QP_STATE, &init) == 0 &&
+        attr.qp_state != IBV_QPS_RESET && attr.qp_state != IBV_QPS_INIT && attr.ah_attr.is_global) {
       return attr.ah_attr.grh.sgid_index;
     }
   }

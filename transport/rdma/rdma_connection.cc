@@ -81,6 +81,17 @@ void RdmaConnection::SetPeer(const Handshake& peer) {
                         : derived;
 }
 
+std::string RdmaConnection::DescribeTerms() {
+  std::lock_guard<InlineMutex> lock(mu_);
+  return absl::StrCat(
+      "QP ", qp_num_, " (send queue ", sq_depth_, "); credits: we grant ", credit_window_,
+      ", the peer ", credits_, "; frames up to ", frame_limit_, " bytes (our slots ",
+      endpoint_->slot_size(), "), inline up to ", max_inline_, ", payloads over ", read_threshold_,
+      " bytes by READ, up to ", rd_atom_, " READs in flight of at most ", read_chunk_,
+      " bytes; the peer revokes unreleased responses after ",
+      peer_release_timeout_ms_ ? absl::StrCat(peer_release_timeout_ms_, " ms") : "never");
+}
+
 absl::Status RdmaConnection::CreateQp() {
   const RdmaOptions& o = endpoint_->options();
   const int max_wr = endpoint_->device_attr().max_qp_wr;
@@ -825,6 +836,10 @@ void RdmaConnection::Fail(absl::Status why) {
 void RdmaConnection::Teardown(absl::Status why) {
   if (torn_down_) return;
   torn_down_ = true;
+  if (endpoint_->options().trace) {
+    fprintf(stderr, "rdmarpc[%s] trace: %s: tearing down QP %u: %s\n", options_.name.c_str(),
+            peer_.c_str(), qp_num_, why.ToString().c_str());
+  }
   keep_alive_ = shared_from_this();
   teardown_started_ = absl::Now();
   {
@@ -853,6 +868,12 @@ bool RdmaConnection::FinishTeardown() {
     drained = signaled_outstanding_ == 0;
   }
   if (!drained && absl::Now() - teardown_started_ < kDrainBound) return false;
+  if (endpoint_->options().trace) {
+    fprintf(stderr, "rdmarpc[%s] trace: %s: QP %u %s after %s; freeing it\n", options_.name.c_str(),
+            peer_.c_str(), qp_num_,
+            drained ? "drained" : "not drained (blocks a READ may still write are leaked)",
+            Rounded(absl::Now() - teardown_started_).c_str());
+  }
   endpoint_->RemoveConnection(this);
   // Nothing may post from here on (Send refuses since Teardown): the token is
   // taken and never given back.

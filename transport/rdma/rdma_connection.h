@@ -201,6 +201,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void LearnRetryPolicy();
   // "ACK timeout ..., N tries: a silent peer fails after ~T", for logs.
   std::string DescribeRetryPolicy();
+  // The QP and the terms of this connection (credits both ways, frame and
+  // inline limits, READs in flight, the peer's release timeout), for
+  // RdmaOptions::trace.
+  std::string DescribeTerms();
   // rdma_cm says both sides are connected: keepalives may start (one
   // posted before the QP is ready to send would fail the connection).
   void MarkEstablished() { established_.store(true, std::memory_order_release); }

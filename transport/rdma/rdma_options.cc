@@ -37,6 +37,7 @@ RdmaOptions RdmaOptionsFromEnv() {
   OverrideFromEnv("RDMARPC_RDMA_RELEASE_TIMEOUT_MS", &o.release_timeout_ms);
   OverrideFromEnv("RDMARPC_RDMA_PEER_TIMEOUT_MS", &o.peer_timeout_ms);
   OverrideFromEnv("RDMARPC_RDMA_KEEPALIVE_MS", &o.keepalive_ms);
+  if (uint32_t trace = 0; OverrideFromEnv("RDMARPC_RDMA_TRACE", &trace)) o.trace = trace != 0;
   return o;
 }
 

@@ -101,6 +101,13 @@ struct RdmaOptions {
   // with no completion for this long gets one behind it as well (see
   // "Stalled READs" in rdma_connection.h). 0: no keepalive.
   uint32_t keepalive_ms = 1000;
+  // One line on stderr per step of each connection's life: the address and
+  // route resolved (device, port, GID, MTU), the QP and the terms both sides
+  // agreed (credits, slot sizes, READs in flight, release timeout, retry
+  // policy), rdma_cm's events, the teardown and whether the QP drained. For
+  // "it connects, then fails" reports; nothing is traced per message, so it
+  // costs the fast path nothing. RDMARPC_RDMA_TRACE=1.
+  bool trace = false;
 };
 
 // Transport retries of an RC queue pair (IBA "retry count"). Not 7: the

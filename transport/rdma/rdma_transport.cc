@@ -181,6 +181,10 @@ void RdmaTransport::DescribeOnce(const Endpoint* ep, rdma_cm_id* id, RdmaConnect
           conn.DescribeRetryPolicy().c_str());
 }
 
+void RdmaTransport::Trace(const std::string& what) const {
+  fprintf(stderr, "rdmarpc[%s] trace: %s\n", options_.name.c_str(), what.c_str());
+}
+
 void RdmaTransport::SetAckTimeout(rdma_cm_id* id) {
   const int exp = AckTimeoutExponent(rdma_.peer_timeout_ms);
   if (exp < 0) return;
@@ -269,6 +273,12 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
     }
     cm_targets_[at->id] = CmTarget{at, nullptr, {}};
     sockaddr* from = src->has_value() ? reinterpret_cast<sockaddr*>(&**src) : nullptr;
+    if (rdma_.trace) {
+      Trace(absl::StrCat(
+          at->target, ": resolving the address",
+          from ? absl::StrCat(" from ", SockaddrString(from), " (gid_index ", rdma_.gid_index, ")")
+               : "; rdma_cm picks the device"));
+    }
     if (rdma_resolve_addr(at->id, from, reinterpret_cast<sockaddr*>(&*dst), timeout_ms) != 0) {
       cm_targets_.erase(at->id);
       rdma_destroy_id(at->id);
@@ -353,6 +363,7 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
     bound.scheme = "rdma";
     bound.port = ntohs(rdma_get_src_port(id));
     listener = std::make_unique<RdmaListener>(this, id, bound, std::move(on_accept));
+    if (rdma_.trace) Trace(absl::StrCat("listening on ", bound.ToString()));
     cm_targets_[id] = CmTarget{nullptr, listener.get(), {}};
   });
   if (!status.ok()) return status;
@@ -377,6 +388,12 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
     return;
   }
   if (auto conn = target.conn.lock()) {
+    if (rdma_.trace) {
+      Trace(absl::StrCat(conn->peer(), ": ", rdma_event_str(type),
+                         type == RDMA_CM_EVENT_ESTABLISHED
+                             ? absl::StrCat("; ", conn->DescribeRetryPolicy())
+                             : ""));
+    }
     switch (type) {
       case RDMA_CM_EVENT_DISCONNECTED:
       case RDMA_CM_EVENT_DEVICE_REMOVAL:
@@ -406,11 +423,16 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
   Attempt* at = target.attempt.get();
   const int status = ev->status;
   auto fail = [&](const std::string& what) {
-    at->Finish(absl::UnavailableError(absl::StrCat(
+    absl::Status why = absl::UnavailableError(absl::StrCat(
         "rdma_cm could not connect to ", at->target, ": ", what, " (", rdma_event_str(type),
-        ", status ", status, "). Devices: ", DescribeDevices(), ". ", kTry)));
+        ", status ", status, "). Devices: ", DescribeDevices(), ". ", kTry));
+    if (rdma_.trace) Trace(absl::StrCat(at->target, ": connect failed: ", why.message()));
+    at->Finish(std::move(why));
     AbandonAttempt(at);
   };
+  if (rdma_.trace && type != RDMA_CM_EVENT_ESTABLISHED) {
+    Trace(absl::StrCat(at->target, ": ", rdma_event_str(type)));
+  }
   switch (type) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
       if (rdma_resolve_route(id, static_cast<int>(rdma_.connect_timeout_ms)) != 0) {
@@ -446,6 +468,11 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       param.retry_count = kTransportRetries;
       param.rnr_retry_count = 7;  // infinite: the safety net behind credits
       SetAckTimeout(id);
+      if (rdma_.trace) {
+        Trace(absl::StrCat(at->target, ": ", DescribeChoice(id), "; QP ", conn->qp_num(),
+                           " created; connecting, we grant ", hs.credits, " credits and take ",
+                           rd_atom, " READs in flight"));
+      }
       if (rdma_connect(id, &param) != 0) fail(absl::StrCat("rdma_connect: ", strerror(errno)));
       break;
     }
@@ -470,6 +497,10 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       conn->MarkEstablished();
       DescribeOnce(conn->endpoint(), id, *conn);
       conn->SetPeer(hs);
+      if (rdma_.trace) {
+        Trace(absl::StrCat(at->target, ": established: ", conn->DescribeTerms(), "; ",
+                           conn->DescribeRetryPolicy()));
+      }
       cm_targets_[id] = CmTarget{nullptr, nullptr, conn};
       at->Finish(absl::OkStatus());
       break;
@@ -507,6 +538,13 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   if (hs.magic != Handshake::kMagic || hs.version != Handshake::kVersion) {
     return refuse(absl::StrCat("unsupported handshake (magic ", hs.magic, ", version ",
                                hs.version, ")"));
+  }
+  if (rdma_.trace) {
+    Trace(absl::StrCat("connection request from ", peer, ": it grants ", hs.credits,
+                       " credits, has slots of ", hs.slot_size, " bytes, takes ",
+                       static_cast<int>(ev->param.conn.responder_resources),
+                       " READs in flight and serves ",
+                       static_cast<int>(ev->param.conn.initiator_depth), " of ours"));
   }
   if (hs.slot_size < kMinSlotSize) return refuse("peer's slot size is too small");
   auto ep = EndpointFor(child);
@@ -555,6 +593,9 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   }
   conn->LearnRetryPolicy();
   DescribeOnce(*ep, child, *conn);
+  if (rdma_.trace) {
+    Trace(absl::StrCat(peer, ": accepted on ", DescribeChoice(child), "; ", conn->DescribeTerms()));
+  }
 }
 
 void RdmaTransport::Shutdown() {

@@ -25,7 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/endpoint.h"
@@ -868,6 +871,83 @@ TEST(RdmaTransport, ReadsInFlightAreNegotiatedBothWays) {
   EXPECT_EQ(server.initiator, std::min<int>(RdmaOptions().max_reads_in_flight, client.responder))
       << "the server took the client's own READ limit for its own";
   (*conn)->Close();
+}
+
+// The lines RdmaOptions::trace wrote for `who` ("test-client"), in order.
+std::vector<std::string> TraceLines(const std::string& captured, const std::string& who) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(captured, '\n')) {
+    if (absl::StartsWith(line, absl::StrCat("rdmarpc[", who, "] trace: "))) {
+      lines.emplace_back(line);
+    }
+  }
+  return lines;
+}
+
+// Each of `expected` is in a line of `lines`, in this order.
+void ExpectInOrder(const std::vector<std::string>& lines,
+                   const std::vector<std::string>& expected) {
+  size_t at = 0;
+  for (const std::string& e : expected) {
+    while (at < lines.size() && lines[at].find(e) == std::string::npos) ++at;
+    EXPECT_LT(at, lines.size()) << "no line with \"" << e << "\" where expected; traced:\n"
+                                << absl::StrJoin(lines, "\n");
+  }
+}
+
+// With RdmaOptions::trace, each side says every step of a connection's life
+// with what it chose and agreed: the device, port and GID, the QP, the
+// credits each side grants the other, rdma_cm's events, the teardown, and
+// that the QP drained before it was freed. Without it, nothing is traced.
+TEST(RdmaTransport, TraceFollowsEachConnectionFromResolveToFree) {
+  for (const bool trace : {false, true}) {
+    SCOPED_TRACE(trace ? "traced" : "not traced");
+    RdmaOptions server_options;
+    server_options.credits = 24;
+    server_options.trace = trace;
+    RdmaOptions client_options;
+    client_options.credits = 16;
+    client_options.trace = trace;
+    std::string choice;
+    ::testing::internal::CaptureStderr();
+    {
+      Fixture fx;
+      Waiter& waiter = fx.NewWaiter();
+      if (!fx.Start(server_options, client_options)) {
+        ::testing::internal::GetCapturedStderr();
+        FAIL() << "could not start";
+      }
+      auto conn = fx.Connect(&waiter);
+      ASSERT_TRUE(conn.ok()) << conn.status();
+      choice = DescribeChoice(std::static_pointer_cast<RdmaConnection>(*conn)->id());
+      auto r = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
+      EXPECT_TRUE(r.ok()) << r.status();
+      const uint64_t closed_before = Counters().connections_closed;
+      (*conn)->Close();
+      // Both ends, the server's on the client's disconnect, not at shutdown.
+      const absl::Time until = absl::Now() + absl::Seconds(30);
+      while (Counters().connections_closed < closed_before + 2 && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      EXPECT_GE(Counters().connections_closed, closed_before + 2) << "a side never closed";
+    }  // the transports shut down: every connection is freed
+    const std::string captured = ::testing::internal::GetCapturedStderr();
+    const std::vector<std::string> client = TraceLines(captured, "test-client");
+    const std::vector<std::string> server = TraceLines(captured, "test-server");
+    if (!trace) {
+      EXPECT_TRUE(client.empty() && server.empty()) << captured;
+      continue;
+    }
+    ExpectInOrder(client,
+                  {"resolving the address; rdma_cm picks the device", "RDMA_CM_EVENT_ADDR_RESOLVED",
+                   "RDMA_CM_EVENT_ROUTE_RESOLVED", absl::StrCat(choice, "; QP "),
+                   "we grant 16 credits", "established: QP", "credits: we grant 16, the peer 24",
+                   "ACK timeout", "tearing down QP", "drained after"});
+    ExpectInOrder(server, {"listening on rdma://", "connection request from rdma://",
+                           "it grants 16 credits", "accepted on device",
+                           "credits: we grant 24, the peer 16", "RDMA_CM_EVENT_ESTABLISHED",
+                           "RDMA_CM_EVENT_DISCONNECTED", "tearing down QP", "drained after"});
+  }
 }
 
 // Names that name nothing fail before any connection is tried, saying what
