@@ -26,7 +26,9 @@ TEST(RdmaOptionsFromEnv, ReadsWellFormedValues) {
   EnvVar slot("RDMARPC_RDMA_SLOT_SIZE", "4096");
   EnvVar gid("RDMARPC_RDMA_GID_INDEX", "3");
   EnvVar keepalive("RDMARPC_RDMA_KEEPALIVE_MS", "0");
+  EnvVar trace("RDMARPC_RDMA_TRACE", "1");
   const RdmaOptions o = RdmaOptionsFromEnv();
+  EXPECT_TRUE(o.trace);
   EXPECT_EQ(o.poll_mode, PollMode::kBusy);
   EXPECT_EQ(o.slot_size, 4096u);
   EXPECT_EQ(o.gid_index, 3);
@@ -44,7 +46,9 @@ TEST(RdmaOptionsFromEnv, MalformedValuesChangeNothing) {
     EnvVar slot("RDMARPC_RDMA_SLOT_SIZE", bad);
     EnvVar credits("RDMARPC_RDMA_CREDITS", bad);
     EnvVar poll("RDMARPC_RDMA_POLL", bad);
+    EnvVar trace("RDMARPC_RDMA_TRACE", bad);
     const RdmaOptions o = RdmaOptionsFromEnv();
+    EXPECT_EQ(o.trace, defaults.trace) << bad;
     EXPECT_EQ(o.keepalive_ms, defaults.keepalive_ms) << bad;
     EXPECT_EQ(o.slot_size, defaults.slot_size) << bad;
     EXPECT_EQ(o.credits, defaults.credits) << bad;
