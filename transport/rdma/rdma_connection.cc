@@ -837,8 +837,8 @@ void RdmaConnection::Teardown(absl::Status why) {
   if (torn_down_) return;
   torn_down_ = true;
   if (endpoint_->options().trace) {
-    fprintf(stderr, "rdmarpc[%s] trace: %s: tearing down QP %u: %s\n", options_.name.c_str(),
-            peer_.c_str(), qp_num_, why.ToString().c_str());
+    TraceLine(options_.name,
+              absl::StrCat(peer_, ": tearing down QP ", qp_num_, ": ", why.ToString()));
   }
   keep_alive_ = shared_from_this();
   teardown_started_ = absl::Now();
@@ -869,10 +869,11 @@ bool RdmaConnection::FinishTeardown() {
   }
   if (!drained && absl::Now() - teardown_started_ < kDrainBound) return false;
   if (endpoint_->options().trace) {
-    fprintf(stderr, "rdmarpc[%s] trace: %s: QP %u %s after %s; freeing it\n", options_.name.c_str(),
-            peer_.c_str(), qp_num_,
-            drained ? "drained" : "not drained (blocks a READ may still write are leaked)",
-            Rounded(absl::Now() - teardown_started_).c_str());
+    TraceLine(
+        options_.name,
+        absl::StrCat(peer_, ": QP ", qp_num_, " ",
+                     drained ? "drained" : "not drained (blocks a READ may still write are leaked)",
+                     " after ", Rounded(absl::Now() - teardown_started_), "; freeing it"));
   }
   endpoint_->RemoveConnection(this);
   // Nothing may post from here on (Send refuses since Teardown): the token is

@@ -41,6 +41,10 @@ RdmaOptions RdmaOptionsFromEnv() {
   return o;
 }
 
+void TraceLine(const std::string& name, const std::string& what) {
+  fprintf(stderr, "rdmarpc[%s] trace: %s\n", name.c_str(), what.c_str());
+}
+
 absl::Status CheckRdmaOptions(const RdmaOptions& o) {
   const auto bad = [](const char* option, const char* env, auto value, absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("RdmaOptions::", option, env, " is ", value,

@@ -110,6 +110,11 @@ struct RdmaOptions {
   bool trace = false;
 };
 
+// One line of RdmaOptions::trace, "rdmarpc[<name>] trace: <what>", on
+// stderr; `name` is the transport's (TransportOptions::name). Callers check
+// the option first, so that nothing is built when it is off.
+void TraceLine(const std::string& name, const std::string& what);
+
 // Transport retries of an RC queue pair (IBA "retry count"). Not 7: the
 // specification allows 7 retries, but Soft-RoCE (Linux 6.1) treats 7 as
 // "retry for ever", so a vanished peer would never be noticed there.

@@ -181,10 +181,6 @@ void RdmaTransport::DescribeOnce(const Endpoint* ep, rdma_cm_id* id, RdmaConnect
           conn.DescribeRetryPolicy().c_str());
 }
 
-void RdmaTransport::Trace(const std::string& what) const {
-  fprintf(stderr, "rdmarpc[%s] trace: %s\n", options_.name.c_str(), what.c_str());
-}
-
 void RdmaTransport::SetAckTimeout(rdma_cm_id* id) {
   const int exp = AckTimeoutExponent(rdma_.peer_timeout_ms);
   if (exp < 0) return;
@@ -274,10 +270,11 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
     cm_targets_[at->id] = CmTarget{at, nullptr, {}};
     sockaddr* from = src->has_value() ? reinterpret_cast<sockaddr*>(&**src) : nullptr;
     if (rdma_.trace) {
-      Trace(absl::StrCat(
-          at->target, ": resolving the address",
-          from ? absl::StrCat(" from ", SockaddrString(from), " (gid_index ", rdma_.gid_index, ")")
-               : "; rdma_cm picks the device"));
+      TraceLine(options_.name,
+                absl::StrCat(at->target, ": resolving the address",
+                             from ? absl::StrCat(" from ", SockaddrString(from), " (gid_index ",
+                                                 rdma_.gid_index, ")")
+                                  : "; rdma_cm picks the device"));
     }
     if (rdma_resolve_addr(at->id, from, reinterpret_cast<sockaddr*>(&*dst), timeout_ms) != 0) {
       cm_targets_.erase(at->id);
@@ -363,7 +360,7 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
     bound.scheme = "rdma";
     bound.port = ntohs(rdma_get_src_port(id));
     listener = std::make_unique<RdmaListener>(this, id, bound, std::move(on_accept));
-    if (rdma_.trace) Trace(absl::StrCat("listening on ", bound.ToString()));
+    if (rdma_.trace) TraceLine(options_.name, absl::StrCat("listening on ", bound.ToString()));
     cm_targets_[id] = CmTarget{nullptr, listener.get(), {}};
   });
   if (!status.ok()) return status;
@@ -389,10 +386,10 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
   }
   if (auto conn = target.conn.lock()) {
     if (rdma_.trace) {
-      Trace(absl::StrCat(conn->peer(), ": ", rdma_event_str(type),
-                         type == RDMA_CM_EVENT_ESTABLISHED
-                             ? absl::StrCat("; ", conn->DescribeRetryPolicy())
-                             : ""));
+      TraceLine(options_.name, absl::StrCat(conn->peer(), ": ", rdma_event_str(type),
+                                            type == RDMA_CM_EVENT_ESTABLISHED
+                                                ? absl::StrCat("; ", conn->DescribeRetryPolicy())
+                                                : ""));
     }
     switch (type) {
       case RDMA_CM_EVENT_DISCONNECTED:
@@ -426,12 +423,13 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
     absl::Status why = absl::UnavailableError(absl::StrCat(
         "rdma_cm could not connect to ", at->target, ": ", what, " (", rdma_event_str(type),
         ", status ", status, "). Devices: ", DescribeDevices(), ". ", kTry));
-    if (rdma_.trace) Trace(absl::StrCat(at->target, ": connect failed: ", why.message()));
+    if (rdma_.trace)
+      TraceLine(options_.name, absl::StrCat(at->target, ": connect failed: ", why.message()));
     at->Finish(std::move(why));
     AbandonAttempt(at);
   };
   if (rdma_.trace && type != RDMA_CM_EVENT_ESTABLISHED) {
-    Trace(absl::StrCat(at->target, ": ", rdma_event_str(type)));
+    TraceLine(options_.name, absl::StrCat(at->target, ": ", rdma_event_str(type)));
   }
   switch (type) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
@@ -469,9 +467,10 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       param.rnr_retry_count = 7;  // infinite: the safety net behind credits
       SetAckTimeout(id);
       if (rdma_.trace) {
-        Trace(absl::StrCat(at->target, ": ", DescribeChoice(id), "; QP ", conn->qp_num(),
-                           " created; connecting, we grant ", hs.credits, " credits and take ",
-                           rd_atom, " READs in flight"));
+        TraceLine(options_.name,
+                  absl::StrCat(at->target, ": ", DescribeChoice(id), "; QP ", conn->qp_num(),
+                               " created; connecting, we grant ", hs.credits, " credits and take ",
+                               rd_atom, " READs in flight"));
       }
       if (rdma_connect(id, &param) != 0) fail(absl::StrCat("rdma_connect: ", strerror(errno)));
       break;
@@ -498,8 +497,8 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       DescribeOnce(conn->endpoint(), id, *conn);
       conn->SetPeer(hs);
       if (rdma_.trace) {
-        Trace(absl::StrCat(at->target, ": established: ", conn->DescribeTerms(), "; ",
-                           conn->DescribeRetryPolicy()));
+        TraceLine(options_.name, absl::StrCat(at->target, ": established: ", conn->DescribeTerms(),
+                                              "; ", conn->DescribeRetryPolicy()));
       }
       cm_targets_[id] = CmTarget{nullptr, nullptr, conn};
       at->Finish(absl::OkStatus());
@@ -540,11 +539,12 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
                                hs.version, ")"));
   }
   if (rdma_.trace) {
-    Trace(absl::StrCat("connection request from ", peer, ": it grants ", hs.credits,
-                       " credits, has slots of ", hs.slot_size, " bytes, takes ",
-                       static_cast<int>(ev->param.conn.responder_resources),
-                       " READs in flight and serves ",
-                       static_cast<int>(ev->param.conn.initiator_depth), " of ours"));
+    TraceLine(options_.name,
+              absl::StrCat("connection request from ", peer, ": it grants ", hs.credits,
+                           " credits, has slots of ", hs.slot_size, " bytes, takes ",
+                           static_cast<int>(ev->param.conn.responder_resources),
+                           " READs in flight and serves ",
+                           static_cast<int>(ev->param.conn.initiator_depth), " of ours"));
   }
   if (hs.slot_size < kMinSlotSize) return refuse("peer's slot size is too small");
   auto ep = EndpointFor(child);
@@ -594,7 +594,8 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   conn->LearnRetryPolicy();
   DescribeOnce(*ep, child, *conn);
   if (rdma_.trace) {
-    Trace(absl::StrCat(peer, ": accepted on ", DescribeChoice(child), "; ", conn->DescribeTerms()));
+    TraceLine(options_.name, absl::StrCat(peer, ": accepted on ", DescribeChoice(child), "; ",
+                                          conn->DescribeTerms()));
   }
 }
 

@@ -74,9 +74,6 @@ class RdmaTransport : public Transport {
   // Logs the device, port and GID of the endpoint's first connection, and
   // how soon a peer that stops answering is noticed.
   void DescribeOnce(const Endpoint* ep, rdma_cm_id* id, RdmaConnection& conn);
-  // RdmaOptions::trace: one line, "rdmarpc[name] trace: <what>". Callers
-  // check rdma_.trace first, so that nothing is built when it is off.
-  void Trace(const std::string& what) const;
   // Asks for the QP ACK timeout that RdmaOptions::peer_timeout_ms implies,
   // before the QP is connected.
   void SetAckTimeout(rdma_cm_id* id);
