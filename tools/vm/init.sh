@@ -32,7 +32,8 @@ mount -t tmpfs tmpfs /newroot/tmp
 mkdir -p "/newroot$IO_HOST_PATH"
 mount --bind /io "/newroot$IO_HOST_PATH" || die "bind io"
 
-# The host's iproute2 (busybox's ip cannot add rxe links).
+# Runs in the host's root, for the host's iproute2 `rdma` (busybox has none).
+# Busybox's chroot runs its own applets first, so `ip` is busybox's.
 host() { chroot /newroot "$@"; }
 host ip link set lo up
 if [ "$NETDEV" = dummy ]; then
@@ -43,9 +44,13 @@ else
 fi
 host ip link set "$dev" mtu "$MTU" || die "mtu $MTU on $dev"
 host ip addr add "$SELF_IP/24" dev "$dev" || die "ip addr on $dev"
+# No duplicate address detection: the address is usable at once, not after a
+# second of it (busybox's ip knows no "nodad").
+echo 0 > "/proc/sys/net/ipv6/conf/$dev/accept_dad"
+host ip -6 addr add "$SELF_IP6/64" dev "$dev" || die "ip -6 addr on $dev"
 host ip link set "$dev" up || die "link up $dev"
 host rdma link add rxe0 type rxe netdev "$dev" || die "rdma link add rxe0 on $dev"
-say "rxe0 on $dev ($SELF_IP, mtu $MTU) ready"
+say "rxe0 on $dev ($SELF_IP, $SELF_IP6, mtu $MTU) ready"
 
 chroot /newroot /bin/bash "$IO_HOST_PATH/cmd.sh" > /dev/console 2>&1
 echo $? > /io/status

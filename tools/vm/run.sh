@@ -12,7 +12,9 @@
 #
 # The command learns where it is from the environment:
 #   RDMARPC_TEST_ADDR  IPv4 of the local RDMA-capable interface (bind/connect here)
+#   RDMARPC_TEST_ADDR6 a global IPv6 address of that interface, where it has one
 #   RDMARPC_PEER_ADDR  the other VM's address (two-VM mode only)
+#   RDMARPC_PEER_ADDR6 the other VM's IPv6 address (two-VM mode only)
 #   RDMARPC_VM_ROLE    "single", or "server" / "client" in two-VM mode, "host"
 # In two-VM mode the same command runs in both VMs, joined by a virtual wire.
 #
@@ -35,21 +37,26 @@ done
 
 infra_fail() { echo "rdmavm: INFRA: $*" >&2; exit 97; }
 
-# An active RDMA port with an IPv4 address on its netdev, if the host has one.
-host_rdma_addr() {
+# The netdev of an active RDMA port with an IPv4 address, if the host has one.
+host_rdma_netdev() {
   command -v rdma >/dev/null || return 1
   local netdev
   for netdev in $(rdma link show 2>/dev/null | awk '/state ACTIVE/ {for (i=1;i<NF;i++) if ($i=="netdev") print $(i+1)}'); do
-    ip -4 -o addr show dev "$netdev" 2>/dev/null | awk '{split($4,a,"/"); print a[1]; exit}' && return 0
+    if ip -4 -o addr show dev "$netdev" 2>/dev/null | grep -q .; then echo "$netdev"; return 0; fi
   done
   return 1
 }
+first_addr() {  # $1 = -4 or -6, $2 = netdev
+  ip "$1" -o addr show dev "$2" scope global 2>/dev/null | awk '{split($4,a,"/"); print a[1]; exit}'
+}
 
 if [ "${RDMARPC_VM:-auto}" != always ] && [ "$vms" = 1 ]; then
-  addr=${RDMARPC_TEST_ADDR:-$(host_rdma_addr || true)}
+  netdev=$(host_rdma_netdev || true)
+  addr=${RDMARPC_TEST_ADDR:-$([ -z "$netdev" ] || first_addr -4 "$netdev")}
   if [ -n "$addr" ]; then
-    echo "rdmavm: using this machine's RDMA device directly (address $addr)" >&2
-    RDMARPC_TEST_ADDR=$addr RDMARPC_VM_ROLE=host exec "$@"
+    addr6=${RDMARPC_TEST_ADDR6:-$([ -z "$netdev" ] || first_addr -6 "$netdev")}
+    echo "rdmavm: using this machine's RDMA device directly (address $addr${addr6:+, $addr6})" >&2
+    RDMARPC_TEST_ADDR=$addr RDMARPC_TEST_ADDR6=$addr6 RDMARPC_VM_ROLE=host exec "$@"
   fi
 fi
 [ "${RDMARPC_VM:-auto}" != never ] || infra_fail "RDMARPC_VM=never but no active RDMA port with an IPv4 address here"
@@ -63,15 +70,16 @@ run=$(mktemp -d "${TMPDIR:-/tmp}/rdmavm.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$run"' EXIT
 
 # cmd.sh: the caller's environment, working directory and command, for bash.
-write_cmd() {  # $1 = io dir, $2 = role, $3 = self ip, $4 = peer ip, rest = command
-  local io=$1 role=$2 self=$3 peer=$4; shift 4
+write_cmd() {  # $1 = io dir, $2 = role, $3/$4 = self ip/ipv6, $5/$6 = peer ip/ipv6, rest = command
+  local io=$1 role=$2 self=$3 self6=$4 peer=$5 peer6=$6; shift 6
   {
     local var
     while IFS= read -r var; do
       case "$var" in PWD|OLDPWD|SHLVL|_|BASH_*|XML_OUTPUT_FILE) continue ;; esac
       printf 'export %s=%q\n' "$var" "${!var}"
     done < <(compgen -e)
-    printf 'export RDMARPC_VM_ROLE=%q RDMARPC_TEST_ADDR=%q RDMARPC_PEER_ADDR=%q\n' "$role" "$self" "$peer"
+    printf 'export RDMARPC_VM_ROLE=%q RDMARPC_TEST_ADDR=%q RDMARPC_TEST_ADDR6=%q' "$role" "$self" "$self6"
+    printf ' RDMARPC_PEER_ADDR=%q RDMARPC_PEER_ADDR6=%q\n' "$peer" "$peer6"
     [ -z "${XML_OUTPUT_FILE:-}" ] || printf 'export XML_OUTPUT_FILE=%q\n' "$io/test.xml"
     printf 'cd %q || exit 96\n' "$PWD"
     printf 'exec'; printf ' %q' "$@"; printf '\n'
@@ -105,8 +113,8 @@ mtu=${RDMARPC_VM_MTU:-9000}
 start=$(date +%s)
 if [ "$vms" = 1 ]; then
   io=$run/vm0; mkdir -p "$io"
-  printf 'NETDEV=dummy\nSELF_IP=10.77.0.1\nMTU=%s\nIO_HOST_PATH=%s\n' "$mtu" "$io" > "$io/vm.env"
-  write_cmd "$io" single 10.77.0.1 "" "$@"
+  printf 'NETDEV=dummy\nSELF_IP=10.77.0.1\nSELF_IP6=fd77::1\nMTU=%s\nIO_HOST_PATH=%s\n' "$mtu" "$io" > "$io/vm.env"
+  write_cmd "$io" single 10.77.0.1 fd77::1 "" "" "$@"
   echo "rdmavm: booting Soft-RoCE VM (TCG) for: $*" >&2
   boot "$io" ""
   ios=("$io")
@@ -115,8 +123,9 @@ elif [ "$vms" = 2 ]; then
   for i in 0 1; do
     io=$run/vm$i; mkdir -p "$io"; ios+=("$io")
     role=$([ $i = 0 ] && echo server || echo client)
-    printf 'NETDEV=virtio\nSELF_IP=10.77.0.%d\nMTU=%s\nIO_HOST_PATH=%s\n' $((i + 1)) "$mtu" "$io" > "$io/vm.env"
-    write_cmd "$io" "$role" "10.77.0.$((i + 1))" "10.77.0.$((2 - i))" "$@"
+    printf 'NETDEV=virtio\nSELF_IP=10.77.0.%d\nSELF_IP6=fd77::%d\nMTU=%s\nIO_HOST_PATH=%s\n' \
+      $((i + 1)) $((i + 1)) "$mtu" "$io" > "$io/vm.env"
+    write_cmd "$io" "$role" "10.77.0.$((i + 1))" "fd77::$((i + 1))" "10.77.0.$((2 - i))" "fd77::$((2 - i))" "$@"
   done
   echo "rdmavm: booting two Soft-RoCE VMs (TCG) on a virtual wire for: $*" >&2
   wire() { echo "-netdev dgram,id=n0,local.type=unix,local.path=$run/sock$1,remote.type=unix,remote.path=$run/sock$2 -device virtio-net-pci,netdev=n0,mac=52:54:00:77:00:0$1"; }

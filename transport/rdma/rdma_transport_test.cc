@@ -133,7 +133,8 @@ struct Fixture {
   std::deque<Waiter> waiters;  // a deque: NewWaiter never moves the others
   ConnectionObserver* server_observer = &echo;  // a test may put its own
   std::string listen_host;                      // default: the test address
-  std::function<void(std::shared_ptr<Connection>)> on_accept;  // optional, per accepted connection
+  std::mutex accepted_mu;
+  std::weak_ptr<Connection> last_accepted;
   std::unique_ptr<RdmaTransport> server;
   std::unique_ptr<Listener> listener;
   std::unique_ptr<RdmaTransport> client;
@@ -150,7 +151,8 @@ struct Fixture {
     auto l =
         server->Listen(*ParseAddress("rdma://" + (listen_host.empty() ? ip : listen_host) + ":0"),
                        [this](std::shared_ptr<Connection> c) {
-                         if (on_accept) on_accept(std::move(c));
+                         std::lock_guard<std::mutex> lock(accepted_mu);
+                         last_accepted = c;
                          return server_observer;
                        });
     EXPECT_TRUE(l.ok()) << l.status();
@@ -164,6 +166,11 @@ struct Fixture {
     return true;
   }
   Waiter& NewWaiter() { return waiters.emplace_back(); }
+  // The server's side of the connection accepted last, while the server keeps it.
+  std::shared_ptr<Connection> LastAccepted() {
+    std::lock_guard<std::mutex> lock(accepted_mu);
+    return last_accepted.lock();
+  }
   absl::StatusOr<std::shared_ptr<Connection>> Connect(ConnectionObserver* observer) {
     return client->Connect(addr, observer, absl::Now() + absl::Seconds(30));
   }
@@ -735,15 +742,21 @@ TEST(RdmaTransport, RequestRevokedDuringItsReadEndsTheConnectionSayingWhy) {
   (*second)->Close();
 }
 
-// The device, port and GID table entry that carry `ip` (IPv4) on RoCE.
+// The device, port and GID table entry that carry `ip` (IPv4 or IPv6) on RoCE.
 struct GidPlace {
   std::string device;
   uint32_t port = 0;
   int index = -1;
 };
 GidPlace FindGidOf(const std::string& ip) {
-  in_addr want{};
-  inet_pton(AF_INET, ip.c_str(), &want);
+  // An IPv4 address's GID is the address mapped into IPv6, ::ffff:a.b.c.d.
+  in6_addr want{};
+  if (in_addr v4{}; inet_pton(AF_INET, ip.c_str(), &v4) == 1) {
+    want.s6_addr[10] = want.s6_addr[11] = 0xff;
+    memcpy(want.s6_addr + 12, &v4, 4);
+  } else if (inet_pton(AF_INET6, ip.c_str(), &want) != 1) {
+    return {};
+  }
   GidPlace place;
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
@@ -758,7 +771,7 @@ GidPlace FindGidOf(const std::string& ip) {
       for (int g = 0; g < pa.gid_tbl_len; ++g) {
         ibv_gid_entry e{};
         if (ibv_query_gid_ex(ctx, p, g, &e, 0) != 0) continue;
-        if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && memcmp(e.gid.raw + 12, &want, 4) == 0) {
+        if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && memcmp(e.gid.raw, &want, 16) == 0) {
           place = GidPlace{ibv_get_device_name(list[d]), p, g};
           break;
         }
@@ -821,6 +834,42 @@ TEST(RdmaTransport, NamedDevicePortAndGidAreUsed) {
   (*conn)->Close();
 }
 
+// An IPv6 address is served and reached over the RoCE v2 GID that carries
+// it, not over the port's IPv4-mapped or link-local GID, and frames and READ
+// pulls both work across it.
+TEST(RdmaTransport, Ipv6AddressIsReachedOverItsOwnGid) {
+  const std::string ip6 = ::rdmarpc::rdma::testing::RequireRdmaTestAddress6();
+  ASSERT_FALSE(ip6.empty());
+  const GidPlace place = FindGidOf(ip6);
+  ASSERT_GE(place.index, 0) << "no RoCE v2 GID carries " << ip6 << ". " << DescribeDevices();
+  Fixture fx;
+  fx.listen_host = absl::StrCat("[", ip6, "]");
+  Waiter& waiter = fx.NewWaiter();
+  ASSERT_TRUE(fx.Start());
+  EXPECT_EQ(fx.addr.host, ip6);
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const size_t large = RdmaOptions().slot_size * 4;
+  const uint64_t reads_before = Counters().reads;
+  auto small = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_TRUE(Matches(small->payload, 100, 1));
+  EXPECT_EQ(Counters().reads, reads_before) << "a small frame went by READ";
+  auto pulled = Call(**conn, waiter, 2, Filled(**conn, large, 2));
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE(Matches(pulled->payload, large, 2));
+  EXPECT_GE(Counters().reads - reads_before, 2u) << "request and response each pulled by READ";
+  std::shared_ptr<Connection> server_conn = fx.LastAccepted();
+  ASSERT_NE(server_conn, nullptr);
+  for (Connection* c : {conn->get(), server_conn.get()}) {
+    rdma_cm_id* id = static_cast<RdmaConnection*>(c)->id();
+    EXPECT_EQ(ibv_get_device_name(id->verbs->device), place.device);
+    EXPECT_EQ(id->port_num, place.port);
+    EXPECT_EQ(ChosenGidIndex(id), place.index) << "not the GID of " << ip6;
+  }
+  (*conn)->Close();
+}
+
 // READ limits are set as rdma_accept(3) reads a connect request: a side
 // keeps at most as many READs in flight as the other side's QP serves, and
 // the server sets aside responder resources for as many READs as the client
@@ -829,23 +878,13 @@ TEST(RdmaTransport, ReadsInFlightAreNegotiatedBothWays) {
   RdmaOptions client_options;
   client_options.max_reads_in_flight = 4;
   Fixture fx;
-  std::mutex mu;
-  std::shared_ptr<Connection> accepted;
-  fx.on_accept = [&](std::shared_ptr<Connection> c) {
-    std::lock_guard<std::mutex> lock(mu);
-    accepted = std::move(c);
-  };
   Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start(RdmaOptions(), client_options));
   auto conn = fx.Connect(&waiter);
   ASSERT_TRUE(conn.ok()) << conn.status();
   auto r = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
   ASSERT_TRUE(r.ok()) << r.status();
-  std::shared_ptr<Connection> server_conn;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    server_conn = std::move(accepted);
-  }
+  std::shared_ptr<Connection> server_conn = fx.LastAccepted();
   ASSERT_NE(server_conn, nullptr);
   struct Limits {
     int initiator = -1;  // max_rd_atomic: READs this QP has in flight

@@ -41,7 +41,19 @@ std::string RequireRdmaTestAddress() {
   return addr;
 }
 
+std::string RequireRdmaTestAddress6() {
+  std::string addr = Env("RDMARPC_TEST_ADDR6");
+  if (addr.empty()) {
+    ADD_FAILURE() << "RDMARPC_TEST_ADDR6 is not set: set it to a global IPv6 address of the "
+                     "interface with the active RDMA port (`ip -6 addr`; Soft-RoCE gives each "
+                     "of them a RoCE v2 GID), or run under tools/vm/run.sh, whose VM has one.";
+  }
+  return addr;
+}
+
 std::string PeerAddress() { return Env("RDMARPC_PEER_ADDR"); }
+
+std::string PeerAddress6() { return Env("RDMARPC_PEER_ADDR6"); }
 
 std::string Role() { return Env("RDMARPC_VM_ROLE"); }
 

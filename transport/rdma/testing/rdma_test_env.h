@@ -21,8 +21,16 @@ namespace rdmarpc::rdma::testing {
 // test (gtest FAIL) and returns "" when either is missing.
 std::string RequireRdmaTestAddress();
 
+// A global IPv6 address of the same interface ($RDMARPC_TEST_ADDR6; the VM
+// gives its interface fd77::1). Fails the current test and returns "" when it
+// is not set.
+std::string RequireRdmaTestAddress6();
+
 // The peer VM's address in two-VM mode ($RDMARPC_PEER_ADDR), or "".
 std::string PeerAddress();
+
+// The peer VM's IPv6 address in two-VM mode ($RDMARPC_PEER_ADDR6), or "".
+std::string PeerAddress6();
 
 // "server", "client", "single" or "host" ($RDMARPC_VM_ROLE), or "".
 std::string Role();
