@@ -149,7 +149,9 @@ Endpoint::~Endpoint() {
   if (srq_) ibv_destroy_srq(srq_);
   for (const Region& r : regions_) FreeRegion(r);
   pool_.reset();
-  for (size_t i = 0; i < small_region_count_.load(); ++i) FreeRegion(small_regions_[i]);
+  for (const BlockStock* stock : {&small_, &send_}) {
+    for (size_t i = 0; i < stock->region_count.load(); ++i) FreeRegion(stock->regions[i]);
+  }
   if (cq_) ibv_destroy_cq(cq_);
   if (channel_) ibv_destroy_comp_channel(channel_);
   if (pd_) ibv_dealloc_pd(pd_);
@@ -278,52 +280,69 @@ Buffer Endpoint::SmallBuffer(size_t size) {
             owner_.c_str(), size, options_.slot_size);
     abort();
   }
-  std::optional<uint32_t> index = small_free_.Pop();
-  if (!index) index = GrowSmallBlocks();
+  std::optional<uint32_t> index = TakeBlock(small_);
   if (!index) {
     return Buffer(new char[options_.slot_size], size, [](char* d, size_t) { delete[] d; });
   }
   const auto release = [ep = this, i = *index](char*, size_t) {
-    ep->small_free_.Push(i);
+    ep->small_.free.Push(i);
     ep->EndLoan();
   };
   Lend();
-  return Buffer(SmallBlock(*index), size, release);
+  return Buffer(BlockOf(small_, *index), size, release);
 }
 
-// Rare: the blocks only ever grow, up to kMaxSmallRegions regions, so the
+std::optional<uint32_t> Endpoint::TakeSendBlock() {
+  std::optional<uint32_t> index = TakeBlock(send_);
+  if (index) Lend();
+  return index;
+}
+
+void Endpoint::ReturnSendBlock(uint32_t index) {
+  send_.free.Push(index);
+  EndLoan();
+}
+
+std::optional<uint32_t> Endpoint::TakeBlock(BlockStock& stock) {
+  if (std::optional<uint32_t> index = stock.free.Pop()) return index;
+  return GrowBlocks(stock);
+}
+
+// Rare: the blocks only ever grow, up to max_regions regions, so the
 // registration under the lock costs the fast path nothing. A registration
 // that fails is not retried on every call (that would put ibv_reg_mr on the
-// fast path): past it, calls that find no free block copy into their SENDs.
-std::optional<uint32_t> Endpoint::GrowSmallBlocks() {
-  std::lock_guard<std::mutex> lock(small_grow_mu_);
-  if (std::optional<uint32_t> index = small_free_.Pop()) return index;  // given back meanwhile
-  const size_t regions = small_region_count_.load(std::memory_order_relaxed);
-  if (regions == kMaxSmallRegions || small_growth_failed_) return std::nullopt;
-  auto region = NewRegion(kSmallBlocksPerRegion * options_.slot_size, 0, "small payloads");
+// fast path): past it, small payloads that find no free block are copied
+// into their SENDs, and a connection that has no send slot yet sends only
+// frames that go inline.
+std::optional<uint32_t> Endpoint::GrowBlocks(BlockStock& stock) {
+  std::lock_guard<std::mutex> lock(stock.grow_mu);
+  if (std::optional<uint32_t> index = stock.free.Pop()) return index;  // given back meanwhile
+  const size_t regions = stock.region_count.load(std::memory_order_relaxed);
+  if (regions == stock.max_regions || stock.growth_failed) return std::nullopt;
+  auto region = NewRegion(kBlocksPerRegion * options_.slot_size, 0, stock.what);
   if (!region.ok()) {
-    small_growth_failed_ = true;
-    fprintf(stderr, "rdmarpc[%s]: %s; small payloads beyond the %zu blocks registered will be "
-            "copied into their SENDs\n", owner_.c_str(),
-            std::string(region.status().message()).c_str(), regions * kSmallBlocksPerRegion);
+    stock.growth_failed = true;
+    fprintf(stderr, "rdmarpc[%s]: %s; no more than the %zu blocks registered for %s\n",
+            owner_.c_str(), std::string(region.status().message()).c_str(),
+            regions * kBlocksPerRegion, stock.what);
     return std::nullopt;
   }
-  small_regions_[regions] = *region;
-  small_region_count_.store(regions + 1, std::memory_order_release);
-  const uint32_t first = static_cast<uint32_t>(regions) * kSmallBlocksPerRegion;
-  for (uint32_t i = kSmallBlocksPerRegion; i-- > 1;) small_free_.Push(first + i);
+  stock.regions[regions] = *region;
+  stock.region_count.store(regions + 1, std::memory_order_release);
+  const uint32_t first = static_cast<uint32_t>(regions) * kBlocksPerRegion;
+  for (uint32_t i = kBlocksPerRegion; i-- > 1;) stock.free.Push(first + i);
   return first;
 }
 
-char* Endpoint::SmallBlock(uint32_t index) const {
-  return small_regions_[index / kSmallBlocksPerRegion].base +
-         size_t(index % kSmallBlocksPerRegion) * options_.slot_size;
+char* Endpoint::BlockOf(const BlockStock& stock, uint32_t index) const {
+  return stock.regions[index / kBlocksPerRegion].base +
+         size_t(index % kBlocksPerRegion) * options_.slot_size;
 }
 
 bool Endpoint::SmallBlockLkey(const char* p, uint32_t* lkey) const {
   const Region* r =
-      RegionHolding(small_regions_.data(), small_region_count_.load(std::memory_order_acquire),
-                    kSmallBlocksPerRegion * options_.slot_size, p);
+      RegionHolding(small_.regions.get(), small_.region_count.load(std::memory_order_acquire),
+                    kBlocksPerRegion * options_.slot_size, p);
   if (r == nullptr) return false;
   *lkey = r->mr->lkey;
   return true;

@@ -13,7 +13,13 @@
 //
 // Small payloads on the way out live in registered blocks of slot size
 // (SmallBuffer), so a SEND gathers them where they were serialized; large
-// ones come from the registered pool and are READ by the peer.
+// ones come from the registered pool and are READ by the peer. Blocks of the
+// same kind, in a stock of their own, are connections' send slots
+// (TakeSendBlock), for frames too large to go inline: a connection takes one
+// only when none of its own is free and gives back all but one as their
+// SENDs complete, so send memory, like receive memory, grows with the frames
+// in flight, not with the number of connections (it was 512 KiB a
+// connection, registered up front).
 //
 // I/O context: one thread at a time polls the CQ, runs posted tasks, refills
 // the SRQ, and calls connections (and through them the runtime's observers).
@@ -69,12 +75,15 @@ namespace rdmarpc::transport::rdma {
 class RdmaConnection;
 
 class Endpoint {
-  static constexpr uint32_t kSmallBlocksPerRegion = 64;
+  static constexpr uint32_t kBlocksPerRegion = 64;
   static constexpr uint32_t kMaxSmallRegions = 8;
+  static constexpr uint32_t kMaxSendRegions = 64;
 
  public:
   // Small payload blocks registered at most (SmallBuffer).
-  static constexpr uint32_t kMaxSmallBlocks = kSmallBlocksPerRegion * kMaxSmallRegions;
+  static constexpr uint32_t kMaxSmallBlocks = kBlocksPerRegion * kMaxSmallRegions;
+  // Send slots registered at most, for all connections together.
+  static constexpr uint32_t kMaxSendBlocks = kBlocksPerRegion * kMaxSendRegions;
 
   static absl::StatusOr<std::shared_ptr<Endpoint>> Create(ibv_context* verbs,
                                                           const RdmaOptions& options,
@@ -132,6 +141,17 @@ class Endpoint {
   // The lkey of the registered small block that holds `p`; false when `p` is
   // in none. Any thread.
   bool SmallBlockLkey(const char* p, uint32_t* lkey) const;
+  // A slot-sized block for a connection's send slot, held until it gives it
+  // back (ReturnSendBlock, never while a posted SEND may read it), or
+  // nullopt with all kMaxSendBlocks held or registering more failed. A
+  // loan, as a Buffer is. Apart from the payload blocks, so that payloads
+  // the runtime holds never keep a connection from sending. Any thread.
+  std::optional<uint32_t> TakeSendBlock();
+  void ReturnSendBlock(uint32_t index);
+  char* SendBlock(uint32_t index) const { return BlockOf(send_, index); }
+  uint32_t SendBlockLkey(uint32_t index) const {
+    return send_.regions[index / kBlocksPerRegion].mr->lkey;
+  }
 
  private:
   Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target, std::string owner);
@@ -194,21 +214,33 @@ class Endpoint {
   FreeIndexStack spare_;
   std::atomic<bool> short_{false};
 
-  // Small payload blocks: regions of kSmallBlocksPerRegion slot-sized blocks,
-  // each region one MR with local access only (a SEND reads it; no peer
-  // can). Block i is piece i % kSmallBlocksPerRegion of region
-  // i / kSmallBlocksPerRegion. Every call takes one block and gives it back,
-  // often from different threads, so the free ones sit on a lock-free stack;
-  // only growth takes small_grow_mu_. A region is written before its blocks
-  // are pushed and before small_region_count_ publishes it, so SmallBlockLkey
-  // and whoever pops a block read it without the lock.
-  std::optional<uint32_t> GrowSmallBlocks();
-  char* SmallBlock(uint32_t index) const;
-  std::array<Region, kMaxSmallRegions> small_regions_{};
-  std::atomic<size_t> small_region_count_{0};
-  FreeIndexStack small_free_{kMaxSmallBlocks};
-  std::mutex small_grow_mu_;
-  bool small_growth_failed_ = false;  // guarded by small_grow_mu_
+  // Slot-sized blocks: regions of kBlocksPerRegion blocks, each region one
+  // MR with local access only (a SEND reads it; no peer can). Block i is
+  // piece i % kBlocksPerRegion of region i / kBlocksPerRegion. Blocks are
+  // taken and given back often, from different threads, so the free ones
+  // sit on a lock-free stack; only growth takes grow_mu. A region is written
+  // before its blocks are pushed and before region_count publishes it, so
+  // lkey lookups and whoever pops a block read it without the lock.
+  struct BlockStock {
+    BlockStock(const char* what, uint32_t max_regions)
+        : what(what),
+          max_regions(max_regions),
+          regions(new Region[max_regions]{}),
+          free(max_regions * kBlocksPerRegion) {}
+    const char* const what;
+    const uint32_t max_regions;
+    const std::unique_ptr<Region[]> regions;
+    std::atomic<size_t> region_count{0};
+    FreeIndexStack free;
+    std::mutex grow_mu;
+    bool growth_failed = false;  // guarded by grow_mu
+  };
+  // A free block of `stock`, growing it by a region if none is free.
+  std::optional<uint32_t> TakeBlock(BlockStock& stock);
+  std::optional<uint32_t> GrowBlocks(BlockStock& stock);
+  char* BlockOf(const BlockStock& stock, uint32_t index) const;
+  BlockStock small_{"small payloads", kMaxSmallRegions};
+  BlockStock send_{"send slots", kMaxSendRegions};
   // Buffers lent out, plus one for the shared_ptr owners (see "Lifetime").
   std::atomic<int64_t> loans_{1};
 

@@ -60,8 +60,7 @@ RdmaConnection::~RdmaConnection() {
   if (freed_) return;
   // Never torn down (setup failed before the connection was used).
   if (id_ && id_->qp) rdma_destroy_qp(id_);
-  if (send_mr_) ibv_dereg_mr(send_mr_);
-  free(send_slots_);
+  ReturnSendSlots(posted_);
   if (id_) rdma_destroy_id(id_);
 }
 
@@ -119,15 +118,7 @@ absl::Status RdmaConnection::CreateQp() {
   if (ibv_query_port(id_->verbs, id_->port_num, &port) == 0 && port.max_msg_sz > 0) {
     read_chunk_ = std::min<size_t>(read_chunk_, port.max_msg_sz);
   }
-  const size_t bytes = size_t{o.send_slots} * endpoint_->slot_size();
-  void* mem = nullptr;
-  if (posix_memalign(&mem, 4096, bytes) != 0) return absl::ResourceExhaustedError("send slots");
-  send_slots_ = static_cast<char*>(mem);
-  if (!(send_mr_ = ibv_reg_mr(endpoint_->pd(), send_slots_, bytes, IBV_ACCESS_LOCAL_WRITE))) {
-    return absl::UnavailableError(absl::StrCat("ibv_reg_mr for send slots on ",
-                                               endpoint_->device_name(), ": ", strerror(errno)));
-  }
-  for (int i = static_cast<int>(o.send_slots) - 1; i >= 0; --i) free_send_slots_.push_back(i);
+  free_send_slots_.reserve(o.send_slots);  // so that freeing a slot never allocates
   return absl::OkStatus();
 }
 
@@ -194,6 +185,23 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
   SetFrameLengths(h, metadata.size(), payload.size());
   const bool remote = payload.size() > read_threshold_ ||
                       kHeaderSize + metadata.size() + payload.size() > frame_limit_;
+  const size_t frame = kHeaderSize + metadata.size() + (remote ? 0 : payload.size());
+  if (frame > max_inline_ && send_slots_held_ == 0) {
+    // The connection's first slot, taken now: a frame that waits in the
+    // backlog for a slot needs one of its own to come back, and one that
+    // cannot have any fails here, before anything is advertised.
+    std::optional<uint32_t> b = endpoint_->TakeSendBlock();
+    if (!b) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no send slot for a ", frame, "-byte frame to ", peer_, ": all ",
+          Endpoint::kMaxSendBlocks, " send slots on ", endpoint_->device_name(),
+          " are held by SENDs in flight, or registering more failed (see its log line); frames "
+          "up to ",
+          max_inline_, " bytes go inline and need none"));
+    }
+    ++send_slots_held_;
+    free_send_slots_.push_back(*b);
+  }
   if (remote) {
     RegisteredPool& pool = endpoint_->pool();
     RegisteredPool::Block* b = pool.Find(payload.data());
@@ -240,13 +248,33 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
   return QueueFrameLocked(m);
 }
 
-bool RdmaConnection::CanPostLocked(const Header& h) const {
+bool RdmaConnection::CanPostLocked(const Header& h) {
   if (h.kind != MessageKind::kCredit && credits_ == 0) return false;
   // A frame that advertises a window needs a second entry for the bind.
   const uint32_t entries = h.remote_payload() ? 2 : 1;
   if (sq_used_ + rd_atom_ + entries > sq_depth_) return false;
   const size_t frame = kHeaderSize + h.metadata_len + (h.remote_payload() ? 0 : h.payload_len);
-  return frame <= max_inline_ || !free_send_slots_.empty();
+  if (frame <= max_inline_ || !free_send_slots_.empty()) return true;
+  if (send_slots_held_ >= endpoint_->options().send_slots) return false;
+  std::optional<uint32_t> b = endpoint_->TakeSendBlock();
+  if (!b) return false;
+  ++send_slots_held_;
+  free_send_slots_.push_back(*b);
+  return true;
+}
+
+size_t RdmaConnection::send_slots_held() {
+  std::lock_guard<InlineMutex> lock(mu_);
+  return send_slots_held_;
+}
+
+void RdmaConnection::ReturnSendSlots(RingFifo<Posted>& posted) {
+  for (; !posted.empty(); posted.pop_front()) {
+    if (posted.front().slot >= 0) free_send_slots_.push_back(posted.front().slot);
+  }
+  for (uint32_t slot : free_send_slots_) endpoint_->ReturnSendBlock(slot);
+  free_send_slots_.clear();
+  send_slots_held_ = 0;
 }
 
 RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
@@ -326,9 +354,9 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
   int slot = -1;
   char* dst = out.bytes;
   if (!inl) {
-    slot = free_send_slots_.back();
+    slot = static_cast<int>(free_send_slots_.back());
     free_send_slots_.pop_back();
-    dst = send_slots_ + size_t(slot) * endpoint_->slot_size();
+    dst = endpoint_->SendBlock(slot);
   }
   EncodeHeader(p.header, dst);
   if (!p.metadata.empty()) memcpy(dst + kHeaderSize, p.metadata.data(), p.metadata.size());
@@ -348,8 +376,9 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
     Count(&RdmaCounters::send_payload_copies);
   }
   out.inline_bytes = inl;
-  out.sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(dst),
-                       static_cast<uint32_t>(gather ? head : frame), inl ? 0u : send_mr_->lkey};
+  out.sge[0] =
+      ibv_sge{reinterpret_cast<uintptr_t>(dst), static_cast<uint32_t>(gather ? head : frame),
+              inl ? 0u : endpoint_->SendBlockLkey(slot)};
   out.wr.num_sge = 1;
   Buffer held;
   if (gather) {
@@ -692,7 +721,15 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
   if (kind == kWrSend) {
     std::lock_guard<InlineMutex> lock(mu_);
     while (!posted_.empty() && static_cast<int32_t>(posted_.front().seq - index) <= 0) {
-      if (posted_.front().slot >= 0) free_send_slots_.push_back(posted_.front().slot);
+      const int slot = posted_.front().slot;
+      if (slot >= 0 && free_send_slots_.empty()) {
+        free_send_slots_.push_back(slot);
+      } else if (slot >= 0) {
+        // One free slot is kept for the next frame; more would make send
+        // memory grow with connections rather than with frames in flight.
+        endpoint_->ReturnSendBlock(slot);
+        --send_slots_held_;
+      }
       posted_.pop_front();
       --sq_used_;
     }
@@ -896,16 +933,16 @@ bool RdmaConnection::FinishTeardown() {
     posted.swap(posted_);
   }
   if (id_->qp) rdma_destroy_qp(id_);
-  posted.clear();
+  {
+    // The QP is gone, so the device reads no send slot any more.
+    std::lock_guard<InlineMutex> lock(mu_);
+    ReturnSendSlots(posted);
+  }
   for (auto& [op_id, op] : reads_) {
     // A READ that never drained might still write: leak its block, never reuse it.
     if (op.block && (drained || op.in_flight == 0)) endpoint_->pool().Put(op.block);
   }
   reads_.clear();
-  if (send_mr_) ibv_dereg_mr(send_mr_);
-  send_mr_ = nullptr;
-  free(send_slots_);
-  send_slots_ = nullptr;
   rdma_cm_id* id = std::exchange(id_, nullptr);
   freed_ = true;
   auto self = std::move(keep_alive_);

@@ -158,7 +158,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
                  uint32_t local_credits, uint32_t rd_atom);
   ~RdmaConnection() override;
 
-  // Creates the QP on the endpoint's PD/CQ/SRQ and the send slots.
+  // Creates the QP on the endpoint's PD/CQ/SRQ.
   absl::Status CreateQp();
   void set_observer(ConnectionObserver* observer) { observer_ = observer; }
 
@@ -168,6 +168,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // Frames up to this many bytes go inline (the QP's max_inline_data, at
   // most kMaxInlineUsed); SendWith writes their payloads in place.
   uint32_t max_inline() const { return max_inline_; }
+  // Send slots this connection holds: endpoint blocks taken as frames that
+  // do not go inline needed them (at most RdmaOptions::send_slots), given
+  // back as their SENDs complete but for one kept free.
+  size_t send_slots_held();
   absl::StatusOr<Buffer> AllocatePayload(size_t size) override;
   void Close() override;
   const std::string& peer() const override { return peer_; }
@@ -291,7 +295,14 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // payload that goes by READ (moving it out of `m`), then queues the frame
   // or, without credit, send slot or SQ room, moves `m` to the backlog.
   absl::Status SendLocked(OutboundMessage& m);
-  bool CanPostLocked(const Header& h) const;
+  // Credit, SQ room and, for a frame that does not go inline, a free send
+  // slot, taking one more from the endpoint when none is free and fewer than
+  // RdmaOptions::send_slots are held.
+  bool CanPostLocked(const Header& h);
+  // Gives the endpoint back every send slot: the free ones and those of
+  // `posted`'s SENDs, which it empties. Only once the QP is gone (the device
+  // reads a slot until its SEND completes); mu_ held or no other thread left.
+  void ReturnSendSlots(RingFifo<Posted>& posted);
   // Builds the frame's work requests (bind, SEND) into the outbox.
   // With `write`, the payload is the header's payload_len bytes that it
   // writes into the frame (SendWith; the frame goes inline).
@@ -375,9 +386,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // them: a payload still in one travels in the SEND itself (one that goes
   // by READ was advertised and moved out).
   std::deque<OutboundMessage> backlog_;  // guarded by mu_
-  char* send_slots_ = nullptr;
-  ibv_mr* send_mr_ = nullptr;
-  std::vector<int> free_send_slots_;   // guarded by mu_
+  // Send slots (Endpoint::TakeSendBlock): how many this connection holds,
+  // and those not in a posted SEND; the others are in posted_.
+  uint32_t send_slots_held_ = 0;           // guarded by mu_
+  std::vector<uint32_t> free_send_slots_;  // guarded by mu_
   RingFifo<Posted> posted_;            // guarded by mu_
   uint32_t next_seq_ = 0;              // guarded by mu_
   uint32_t unsignaled_ = 0;            // guarded by mu_

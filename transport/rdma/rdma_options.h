@@ -40,7 +40,9 @@ struct RdmaOptions {
   size_t max_held_slots = 4096;
   // Frames a peer may send us on one connection before we return credit.
   uint32_t credits = 32;
-  // Send slots per connection (for SENDs too large to go inline).
+  // Most send slots one connection holds, for SENDs too large to go inline:
+  // slot-sized blocks taken from the transport's shared stock as the frames
+  // in flight need them, and kept until the connection closes.
   uint32_t send_slots = 64;
   // Request a completion for every n-th unsignaled SEND.
   uint32_t signal_every = 16;

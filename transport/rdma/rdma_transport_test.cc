@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cinttypes>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -399,6 +400,7 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
   ASSERT_TRUE(fx.Start());
   std::vector<std::shared_ptr<Connection>> conns;
   size_t receive_with_one = 0;
+  uint64_t registered_with_one = 0;
   for (int i = 0; i < 200; ++i) {
     Waiter& waiter = fx.NewWaiter();
     auto c = fx.Connect(&waiter);
@@ -407,7 +409,10 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
     auto r = Call(*conns.back(), waiter, 1, Filled(*conns.back(), 100, i));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(Matches(r->payload, 100, i));
-    if (i == 0) receive_with_one = fx.server->receive_bytes();
+    if (i == 0) {
+      receive_with_one = fx.server->receive_bytes();
+      registered_with_one = Counters().registered_bytes;
+    }
   }
   // All 200 at once, then again: the shared SRQ serves them all.
   std::vector<std::future<InboundMessage>> pending;
@@ -425,7 +430,52 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
   printf("server receive memory: %zu bytes with 1 connection, %zu with 200\n", receive_with_one,
          receive_with_200);
   EXPECT_EQ(receive_with_200, receive_with_one) << "receive memory grew with connections";
+  // Send memory follows the frames in flight: here a request and a response
+  // per connection, each a send slot and a payload block, plus the last
+  // region of blocks each side grew (64 blocks), not send_slots per connection.
+  const uint64_t registered_with_200 = Counters().registered_bytes;
+  const size_t slot = RdmaOptions().slot_size;
+  printf("registered memory (both sides): %" PRIu64 " bytes with 1 connection, %" PRIu64
+         " with 200\n",
+         registered_with_one, registered_with_200);
+  EXPECT_LE(registered_with_200 - registered_with_one, 200 * 4 * slot + 2 * 64 * slot)
+      << "send memory grew with connections";
   for (auto& c : conns) c->Close();
+}
+
+// A connection takes send slots (for frames that do not go inline) from its
+// endpoint as it needs them: none while every frame goes inline, and no more
+// than the frames it has had in flight at once, not RdmaOptions::send_slots.
+TEST(RdmaTransport, SendSlotsAreTakenAsFramesNeedThem) {
+  Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  ASSERT_TRUE(fx.Start());
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto& client = static_cast<RdmaConnection&>(**conn);
+  const size_t inline_payload = client.max_inline() - kHeaderSize;
+  auto r = Call(client, waiter, 1, Filled(client, inline_payload, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::shared_ptr<Connection> accepted = fx.LastAccepted();
+  ASSERT_NE(accepted, nullptr);
+  auto& server = static_cast<RdmaConnection&>(*accepted);
+  EXPECT_EQ(client.send_slots_held(), 0u) << "a frame that went inline took a send slot";
+  EXPECT_EQ(server.send_slots_held(), 0u) << "a frame that went inline took a send slot";
+  // One call at a time: each side has one frame in flight, whose slot comes
+  // back with its completion (or the one after).
+  const uint64_t sends_before = Counters().sends - Counters().sends_inline;
+  for (uint64_t id = 2; id < 50; ++id) {
+    r = Call(client, waiter, id, Filled(client, 1000, id));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(Matches(r->payload, 1000, id));
+  }
+  EXPECT_GE(Counters().sends - Counters().sends_inline - sends_before, 2u * 48)
+      << "the 1000-byte frames went inline: nothing here needed a slot";
+  for (RdmaConnection* c : {&client, &server}) {
+    EXPECT_GE(c->send_slots_held(), 1u);
+    EXPECT_LE(c->send_slots_held(), 3u) << "more slots than frames in flight";
+  }
+  (*conn)->Close();
 }
 
 TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
