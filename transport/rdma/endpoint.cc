@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/stage_trace.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/fault_injection.h"
 #include "transport/rdma/rdma_connection.h"
 #include "transport/wire_format.h"
 
@@ -293,6 +294,7 @@ Buffer Endpoint::SmallBuffer(size_t size) {
 }
 
 std::optional<uint32_t> Endpoint::TakeSendBlock() {
+  if (FaultInjection::TakeRefusedSendBlock()) return std::nullopt;
   std::optional<uint32_t> index = TakeBlock(send_);
   if (index) Lend();
   return index;

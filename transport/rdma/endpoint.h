@@ -18,8 +18,7 @@
 // (TakeSendBlock), for frames too large to go inline: a connection takes one
 // only when none of its own is free and gives back all but one as their
 // SENDs complete, so send memory, like receive memory, grows with the frames
-// in flight, not with the number of connections (it was 512 KiB a
-// connection, registered up front).
+// in flight, not with the number of connections.
 //
 // I/O context: one thread at a time polls the CQ, runs posted tasks, refills
 // the SRQ, and calls connections (and through them the runtime's observers).
@@ -51,7 +50,6 @@
 
 #include <infiniband/verbs.h>
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>

@@ -29,6 +29,14 @@ struct FaultInjection {
   }
   static bool TakeStaleRead() { return Take(StaleReads()); }
 
+  // The next N send slots asked of an endpoint are refused, as when all of
+  // its stock is held by SENDs in flight.
+  static std::atomic<int>& RefuseSendBlocks() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static bool TakeRefusedSendBlock() { return Take(RefuseSendBlocks()); }
+
   // Armed by a test thread: that thread's next batch of work requests waits
   // just before ibv_post_send (holding the connection's post token, and no
   // lock) until ReleaseHeldPost.

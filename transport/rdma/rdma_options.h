@@ -53,7 +53,10 @@ struct RdmaOptions {
   uint32_t max_reads_in_flight = 16;
   // Payloads above this many bytes go by READ; 0 derives it from slot_size.
   size_t read_threshold = 0;
-  // Bound on all registered memory of the transport (slots and payload pools).
+  // Bound on the registered pool of large payload buffers (RESOURCE_EXHAUSTED
+  // naming it when reached). Slot-sized memory has bounds of its own: receive
+  // slots target + max_held_slots, small payload blocks and send slots
+  // Endpoint::kMaxSmallBlocks and kMaxSendBlocks.
   size_t max_registered_bytes = size_t{1} << 30;
   // How long a response payload stays exposed to the client's READ (from the
   // moment its SEND is queued) when the client sends no release: then the

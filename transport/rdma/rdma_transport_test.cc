@@ -478,6 +478,33 @@ TEST(RdmaTransport, SendSlotsAreTakenAsFramesNeedThem) {
   (*conn)->Close();
 }
 
+// A frame that needs a send slot when none can be had fails at once,
+// RESOURCE_EXHAUSTED saying why, and nothing else on the connection does:
+// inline frames need none, and the next frame gets a slot once one is free.
+TEST(RdmaTransport, FrameWithNoSendSlotToHaveFailsAloneAndSaysWhy) {
+  Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  ASSERT_TRUE(fx.Start());
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  FaultInjection::RefuseSendBlocks().store(1);
+  auto r = Call(**conn, waiter, 1, Filled(**conn, 1000, 1));
+  FaultInjection::RefuseSendBlocks().store(0);
+  ASSERT_FALSE(r.ok()) << "a frame that does not go inline was sent without a send slot";
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  for (const char* part : {"no send slot", "send slots on ", fx.addr.host.c_str(), "inline"}) {
+    EXPECT_NE(r.status().message().find(part), absl::string_view::npos)
+        << "\"" << part << "\" not in: " << r.status();
+  }
+  const size_t inline_payload = static_cast<RdmaConnection&>(**conn).max_inline() - kHeaderSize;
+  r = Call(**conn, waiter, 2, Filled(**conn, inline_payload, 2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  r = Call(**conn, waiter, 3, Filled(**conn, 1000, 3));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, 1000, 3));
+  (*conn)->Close();
+}
+
 TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
   Fixture fx;
   Waiter& bad_waiter = fx.NewWaiter();
