@@ -42,7 +42,7 @@ struct RdmaOptions {
   uint32_t credits = 32;
   // Most send slots one connection holds, for SENDs too large to go inline:
   // slot-sized blocks taken from the transport's shared stock as the frames
-  // in flight need them, and kept until the connection closes.
+  // in flight need them, and given back (but one) as their SENDs complete.
   uint32_t send_slots = 64;
   // Request a completion for every n-th unsignaled SEND.
   uint32_t signal_every = 16;
