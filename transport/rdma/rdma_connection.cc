@@ -190,8 +190,7 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
     // The connection's first slot, taken now: a frame that waits in the
     // backlog for a slot needs one of its own to come back, and one that
     // cannot have any fails here, before anything is advertised.
-    std::optional<uint32_t> b = endpoint_->TakeSendBlock();
-    if (!b) {
+    if (!TakeSendSlotLocked()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "no send slot for a ", frame, "-byte frame to ", peer_, ": all ",
           Endpoint::kMaxSendBlocks, " send slots on ", endpoint_->device_name(),
@@ -199,8 +198,6 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
           "up to ",
           max_inline_, " bytes go inline and need none"));
     }
-    ++send_slots_held_;
-    free_send_slots_.push_back(*b);
   }
   if (remote) {
     RegisteredPool& pool = endpoint_->pool();
@@ -255,7 +252,10 @@ bool RdmaConnection::CanPostLocked(const Header& h) {
   if (sq_used_ + rd_atom_ + entries > sq_depth_) return false;
   const size_t frame = kHeaderSize + h.metadata_len + (h.remote_payload() ? 0 : h.payload_len);
   if (frame <= max_inline_ || !free_send_slots_.empty()) return true;
-  if (send_slots_held_ >= endpoint_->options().send_slots) return false;
+  return send_slots_held_ < endpoint_->options().send_slots && TakeSendSlotLocked();
+}
+
+bool RdmaConnection::TakeSendSlotLocked() {
   std::optional<uint32_t> b = endpoint_->TakeSendBlock();
   if (!b) return false;
   ++send_slots_held_;

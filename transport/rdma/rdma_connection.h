@@ -299,6 +299,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // slot, taking one more from the endpoint when none is free and fewer than
   // RdmaOptions::send_slots are held.
   bool CanPostLocked(const Header& h);
+  // One more send slot from the endpoint, free; false when it has none.
+  bool TakeSendSlotLocked();
   // Gives the endpoint back every send slot: the free ones and those of
   // `posted`'s SENDs, which it empties. Only once the QP is gone (the device
   // reads a slot until its SEND completes); mu_ held or no other thread left.
