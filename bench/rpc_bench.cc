@@ -61,6 +61,10 @@ ABSL_FLAG(bool, rpc, true, "false: only the transport figures (no server, no pro
 ABSL_FLAG(int, interleaved_blocks, 0,
           "blocks of small calls and of a bare verbs ping-pong, taking turns (0: none); needs "
           "pollers that sleep when idle, not RDMARPC_RDMA_POLL=busy");
+ABSL_FLAG(int, medium_calls, 0,
+          "calls carrying --medium_bytes each way, --medium_in_flight at a time (0: none)");
+ABSL_FLAG(int, medium_bytes, 2048, "request and response data of a medium call");
+ABSL_FLAG(int, medium_in_flight, 16, "medium calls in flight at once");
 ABSL_FLAG(int, workers, -1,
           "server worker threads (0: handlers inline on the I/O thread; -1: one per core)");
 
@@ -258,61 +262,96 @@ double TransportPullMiBps(const std::string& address, int pulls, int in_flight) 
   return pulls / secs;
 }
 
-// What one RpcPullMiBps run's callbacks share. Each pending call holds it:
-// the last callback is still on its way out (calling IssuePull, which finds
-// nothing left to start) after all_done has let RpcPullMiBps return, so
-// nothing a callback touches may live on that function's stack. What the
-// references name is only used to start calls, and every call has started
-// (its request serialized and sent) before it can complete.
-struct PullRun {
-  PullRun(rdmarpc::bench::Bench::Stub& stub, const char* figure, int pulls,
-          const std::function<void(rdmarpc::ClientContext*)>& attach,
-          const rdmarpc::bench::Blob& request)
-      : stub(stub), figure(figure), pulls(pulls), attach(attach), request(request) {}
-  rdmarpc::bench::Bench::Stub& stub;
-  const char* const figure;
-  const int pulls;
-  const std::function<void(rdmarpc::ClientContext*)>& attach;
-  const rdmarpc::bench::Blob& request;
+// What one run of asynchronous calls shares with its callbacks. Each pending
+// call holds it: the last callback is still on its way out (calling
+// IssueNext, which finds nothing left to start) after all_done has let
+// RunAsyncCalls return, so nothing a callback touches may live on that
+// function's stack.
+struct AsyncRun {
+  // Starts one call; it calls `done` once, with whether the call did what it should.
+  using Start = std::function<void(std::function<void(bool ok)> done)>;
+  AsyncRun(int calls, Start start) : calls(calls), start(std::move(start)) {}
+  const int calls;
+  const Start start;
   std::atomic<int> started{0}, done{0}, failed{0};
   absl::Notification all_done;
 };
 
-void IssuePull(const std::shared_ptr<PullRun>& run) {
-  if (run->started.fetch_add(1) >= run->pulls) return;
-  struct Slot {
-    rdmarpc::ClientContext ctx;
-    rdmarpc::bench::Ack ack;
-  };
-  auto slot = std::make_shared<Slot>();
-  run->attach(&slot->ctx);
-  run->stub.AsyncPull(&slot->ctx, run->request, &slot->ack, [run, slot](rdmarpc::Status s) {
-    if (!s.ok() || slot->ack.bytes() != (1 << 20)) {
-      if (run->failed.fetch_add(1) == 0) {
-        fprintf(stderr, "%s: %s, server saw %llu bytes\n", run->figure, s.ToString().c_str(),
-                static_cast<unsigned long long>(slot->ack.bytes()));
-      }
-    }
-    if (run->done.fetch_add(1) + 1 == run->pulls) run->all_done.Notify();
-    IssuePull(run);
+void IssueNext(const std::shared_ptr<AsyncRun>& run) {
+  if (run->started.fetch_add(1) >= run->calls) return;
+  run->start([run](bool ok) {
+    if (!ok) run->failed.fetch_add(1);
+    if (run->done.fetch_add(1) + 1 == run->calls) run->all_done.Notify();
+    IssueNext(run);
   });
 }
 
-// 1 MiB requests to Pull, in_flight at a time, each completion issuing the
-// next: `request`, plus what `attach` sets on each call's context (the 1 MiB
-// is in one or the other). Returns MiB/s, or -1 when a call failed or the
-// server saw other than 1 MiB.
+// `calls` calls, in_flight at a time, each completion starting the next.
+// Returns the seconds they took, or -1 when one failed. What `start` names
+// must outlive the last callback: every call has started (its request
+// serialized and sent) before it can complete, so only starting may use it.
+double RunAsyncCalls(int calls, int in_flight, AsyncRun::Start start) {
+  auto run = std::make_shared<AsyncRun>(calls, std::move(start));
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < in_flight; ++i) IssueNext(run);
+  run->all_done.WaitForNotification();
+  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  return run->failed.load() > 0 ? -1 : secs;
+}
+
+// 1 MiB requests to Pull, in_flight at a time: `request`, plus what `attach`
+// sets on each call's context (the 1 MiB is in one or the other). Returns
+// MiB/s, or -1 when a call failed or the server saw other than 1 MiB.
 double RpcPullMiBps(rdmarpc::bench::Bench::Stub& stub, const char* figure, int pulls, int in_flight,
                     const std::function<void(rdmarpc::ClientContext*)>& attach,
                     const rdmarpc::bench::Blob& request) {
-  auto run = std::make_shared<PullRun>(stub, figure, pulls, attach, request);
+  std::atomic<bool> told{false};
   const CpuSeconds cpu = ReadCpuSeconds();
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < in_flight; ++i) IssuePull(run);
-  run->all_done.WaitForNotification();
-  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  const double secs = RunAsyncCalls(pulls, in_flight, [&](std::function<void(bool)> done) {
+    struct Slot {
+      rdmarpc::ClientContext ctx;
+      rdmarpc::bench::Ack ack;
+    };
+    auto slot = std::make_shared<Slot>();
+    attach(&slot->ctx);
+    stub.AsyncPull(&slot->ctx, request, &slot->ack, [&told, figure, slot, done](rdmarpc::Status s) {
+      const bool ok = s.ok() && slot->ack.bytes() == (1 << 20);
+      if (!ok && !told.exchange(true)) {
+        fprintf(stderr, "%s: %s, server saw %llu bytes\n", figure, s.ToString().c_str(),
+                static_cast<unsigned long long>(slot->ack.bytes()));
+      }
+      done(ok);
+    });
+  });
   PrintCpuPerMiB(figure, cpu, pulls);
-  return run->failed.load() > 0 ? -1 : pulls / secs;
+  return secs < 0 ? -1 : pulls / secs;
+}
+
+// Calls to Ping whose request and echoed response carry `bytes` of data
+// each, in_flight at a time: too large to go inline, small enough to travel
+// by SEND from a send slot. Returns calls per second, or -1 when a call
+// failed or its echo came back with other than `bytes`.
+double MediumCallsPerSecond(rdmarpc::bench::Bench::Stub& stub, int calls, int in_flight,
+                            int bytes) {
+  rdmarpc::bench::Blob request;
+  request.set_data(std::string(bytes, 'm'));
+  std::atomic<bool> told{false};
+  const double secs = RunAsyncCalls(calls, in_flight, [&](std::function<void(bool)> done) {
+    struct Slot {
+      rdmarpc::ClientContext ctx;
+      rdmarpc::bench::Blob echo;
+    };
+    auto slot = std::make_shared<Slot>();
+    stub.AsyncPing(&slot->ctx, request, &slot->echo, [&told, bytes, slot, done](rdmarpc::Status s) {
+      const bool ok = s.ok() && slot->echo.data().size() == static_cast<size_t>(bytes);
+      if (!ok && !told.exchange(true)) {
+        fprintf(stderr, "rpc_medium: %s, echo of %zu bytes\n", s.ToString().c_str(),
+                slot->echo.data().size());
+      }
+      done(ok);
+    });
+  });
+  return secs < 0 ? -1 : calls / secs;
 }
 
 // Blocking small calls, one at a time; appends each round trip's time in us
@@ -472,6 +511,15 @@ int main(int argc, char** argv) {
   }
   if (interleaved_blocks > 0 && !InterleavedSmallCalls(*stub, interleaved_ip, interleaved_blocks)) {
     return 1;
+  }
+
+  const int medium_calls = absl::GetFlag(FLAGS_medium_calls);
+  if (medium_calls > 0) {
+    const int bytes = absl::GetFlag(FLAGS_medium_bytes);
+    const double rate =
+        MediumCallsPerSecond(*stub, medium_calls, absl::GetFlag(FLAGS_medium_in_flight), bytes);
+    printf("rpc_medium_%db_calls_per_s %.0f\n", bytes, rate);
+    if (rate < 0) return 1;
   }
 
   if (pulls > 0) {
