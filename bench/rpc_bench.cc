@@ -65,6 +65,8 @@ ABSL_FLAG(int, medium_calls, 0,
           "calls carrying --medium_bytes each way, --medium_in_flight at a time (0: none)");
 ABSL_FLAG(int, medium_bytes, 2048, "request and response data of a medium call");
 ABSL_FLAG(int, medium_in_flight, 16, "medium calls in flight at once");
+ABSL_FLAG(int, callback_threads, 2,
+          "the channel's callback threads (0: callbacks inline where their calls end)");
 ABSL_FLAG(int, workers, -1,
           "server worker threads (0: handlers inline on the I/O thread; -1: one per core)");
 
@@ -494,8 +496,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s\n", server.status().ToString().c_str());
     return 1;
   }
-  auto channel = rdmarpc::Channel::Create((*server)->addresses()[0]);
-  if (!channel.ok()) return 1;
+  rdmarpc::ChannelOptions channel_options;
+  channel_options.callback_threads = absl::GetFlag(FLAGS_callback_threads);
+  auto channel = rdmarpc::Channel::Create((*server)->addresses()[0], channel_options);
+  if (!channel.ok()) {
+    fprintf(stderr, "%s\n", channel.status().ToString().c_str());
+    return 1;
+  }
   auto stub = rdmarpc::bench::Bench::NewStub(*channel);
 
   const std::string responses = absl::GetFlag(FLAGS_responses);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/ring_fifo.h"
 #include "base/stage_trace.h"
 #include "rpc/internal/payload.h"
 #include "transport/factory.h"
@@ -16,10 +17,38 @@ using transport::InboundMessage;
 using transport::MessageKind;
 using transport::OutboundMessage;
 
+namespace {
+
+// The inline callbacks (ChannelOptions::callback_threads = 0) running on this
+// thread, innermost first. A callback that ends a call of its own channel on
+// its own thread (a call it starts fails at once) finds its scope here and
+// queues that call's callback on it, to run after its own has returned:
+// inline, a retry loop would otherwise nest one frame deeper per retry.
+struct InlineScope {
+  const Channel* channel;
+  InlineScope* outer;
+  RingFifo<absl::AnyInvocable<void() &&>> deferred;
+};
+thread_local InlineScope* inline_scopes = nullptr;
+
+InlineScope* InlineScopeOf(const Channel* channel) {
+  for (InlineScope* s = inline_scopes; s != nullptr; s = s->outer) {
+    if (s->channel == channel) return s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
                                                    ChannelOptions options) {
   auto addr = transport::ParseAddress(address);
   if (!addr.ok()) return addr.status();
+  if (options.callback_threads < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  absl::StrCat("callback_threads is ", options.callback_threads,
+                               "; 0 runs callbacks inline, more runs them on that many threads"));
+  }
   transport::TransportOptions topts;
   topts.max_message_size = options.max_message_size;
   topts.name = absl::StrCat("channel ", address);
@@ -33,7 +62,9 @@ Channel::Channel(std::string target, transport::Address addr, ChannelOptions opt
     : target_(std::move(target)),
       addr_(std::move(addr)),
       options_(options),
-      callbacks_(options.callback_threads),
+      callbacks_(options.callback_threads > 0
+                     ? std::make_unique<internal::ThreadPool>(options.callback_threads)
+                     : nullptr),
       transport_(std::move(transport)) {}
 
 Channel::~Channel() {
@@ -50,12 +81,19 @@ Channel::~Channel() {
     timers_.Cancel(p.timer);
     Deliver(std::move(p), Status(StatusCode::kUnavailable, "channel destroyed"));
   }
-  callbacks_.Stop();
+  if (callbacks_) callbacks_->Stop();
 }
 
 Status Channel::Call(const MethodInfo& method, ClientContext* ctx,
                      const google::protobuf::MessageLite& request,
                      google::protobuf::MessageLite* response) {
+  if (InlineScopeOf(this) != nullptr) {
+    return Status(StatusCode::kFailedPrecondition,
+                  absl::StrCat(method.full_name,
+                               ": a blocking call from an inline callback of the same channel "
+                               "(callback_threads = 0) could wait for the thread it blocks; use "
+                               "CallAsync, or callback threads"));
+  }
   // On the stack. A completion on another thread does all its work, notify
   // included, under `mu`, and this thread takes `mu` before returning, so the
   // completion is done with `result` by then (POSIX allows destroying an
@@ -215,6 +253,14 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;
   }
+  // An inline callback may be running on the very thread that connecting
+  // waits for (the transport's I/O or connection-event thread).
+  if (InlineScopeOf(this) != nullptr) {
+    return Status(StatusCode::kUnavailable,
+                  absl::StrCat("not connected to ", target_,
+                               ", and an inline callback (callback_threads = 0) does not wait "
+                               "for a connection; connect from another thread"));
+  }
   const absl::Time deadline = std::min(call_deadline, absl::Now() + options_.connect_timeout);
   std::lock_guard<std::mutex> connecting(connect_mu_);
   {
@@ -304,7 +350,23 @@ void Channel::Deliver(Pending&& p, Status status) {
   auto run = [done = std::move(p.done), status = std::move(status)]() mutable {
     std::move(done)(std::move(status));
   };
-  callbacks_.Post(std::move(run));
+  if (callbacks_) {
+    callbacks_->Post(std::move(run));
+    return;
+  }
+  if (InlineScope* running = InlineScopeOf(this)) {
+    running->deferred.push_back(std::move(run));
+    return;
+  }
+  InlineScope scope{this, inline_scopes, {}};
+  inline_scopes = &scope;
+  std::move(run)();
+  while (!scope.deferred.empty()) {
+    auto next = std::move(scope.deferred.front());
+    scope.deferred.pop_front();
+    std::move(next)();
+  }
+  inline_scopes = scope.outer;
 }
 
 void Channel::OnMessage(transport::Connection& conn, InboundMessage&& msg) {

@@ -18,8 +18,9 @@
 // waits (run-to-completion, transport::Connection::Drive). Asynchronous callbacks
 // run on the channel's callback threads (ChannelOptions::callback_threads),
 // never on the transport's I/O thread, so they may block briefly or start new
-// calls. The channel must outlive its pending calls' callbacks; destroying it
-// ends every pending call with UNAVAILABLE first.
+// calls; with callback_threads = 0 they run inline where their call ends, for
+// callbacks that never block. The channel must outlive its pending calls'
+// callbacks; destroying it ends every pending call with UNAVAILABLE first.
 #ifndef RDMARPC_RPC_CHANNEL_H_
 #define RDMARPC_RPC_CHANNEL_H_
 
@@ -47,6 +48,18 @@ struct ChannelOptions {
   size_t max_message_size = 64u << 20;
   // Time allowed for (re)connecting, further bounded by the call's deadline.
   absl::Duration connect_timeout = absl::Seconds(5);
+  // Threads that run asynchronous callbacks. 0 runs each callback on the
+  // thread that ends its call, with no hand-off: the transport's I/O thread
+  // for a response or a lost connection (or a blocking caller's thread that
+  // is driving the connection), the timer thread at a deadline, the thread
+  // that cancels, the caller's own, before CallAsync returns, when the call
+  // fails to start. The fastest for callbacks that never block, as
+  // ServerBuilder::SetWorkerThreads(0) is for handlers; a callback that
+  // blocks stalls every call of the channel. From such a callback, a
+  // blocking Call on the same channel fails FAILED_PRECONDITION at once, and
+  // a call started while the channel has no connection fails UNAVAILABLE
+  // instead of waiting to connect; a call it starts that ends at once runs
+  // its callback after the running one has returned, not inside it.
   int callback_threads = 2;
 };
 
@@ -129,7 +142,7 @@ class Channel : private transport::ConnectionObserver {
   // response finds its call without a hash, and no allocation per call.
   SlotMap<Pending> pending_;                                    // guarded by mu_
 
-  internal::ThreadPool callbacks_;
+  std::unique_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline
   internal::TimerQueue timers_;
   std::unique_ptr<transport::Transport> transport_;  // last: its threads stop first
 };

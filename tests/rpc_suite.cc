@@ -1,9 +1,11 @@
 // The transport-parameterized runtime suite (see rpc_suite.h).
 #include "tests/rpc_suite.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <future>
 #include <memory>
@@ -13,10 +15,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "proto/echo.rdmarpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
-#include "proto/echo.rdmarpc.pb.h"
 #include "tests/echo_service.h"
 #include "tests/proto/test_service.pb.h"
 
@@ -131,6 +133,144 @@ TEST_P(RpcSuite, ManyThreadsThousandsOfCallsInFlight) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(ok.load(), kThreads * kPerThread);
   EXPECT_EQ(bad.load(), 0);
+}
+
+ChannelOptions InlineCallbacks() {
+  ChannelOptions o;
+  o.callback_threads = 0;
+  return o;
+}
+
+// Chains of asynchronous calls, each started from its predecessor's callback,
+// with callbacks running where their calls end (no callback threads).
+TEST_P(RpcSuite, InlineCallbacksChainCalls) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address, InlineCallbacks());
+  constexpr int kChains = 8;
+  constexpr int kPerChain = 200;
+  struct Chain {
+    Channel* ch;
+    int n = 0;
+    std::unique_ptr<ClientContext> ctx;  // a new one per call; the last ends in its callback
+    EchoResponse resp;
+    std::string expect;
+    std::atomic<int>* ok;
+    std::promise<Status> end;
+    void Next() {
+      ctx = std::make_unique<ClientContext>();
+      ctx->set_timeout(absl::Seconds(60));
+      expect = absl::StrCat("call", n);
+      ch->CallAsync(kEcho, ctx.get(), Req(expect), &resp, [this](Status s) {
+        if (s.ok() && resp.data() != expect) s = Status(StatusCode::kInternal, "wrong echo");
+        if (!s.ok() || ++n == kPerChain) return end.set_value(s);
+        ok->fetch_add(1);
+        Next();
+      });
+    }
+  };
+  std::atomic<int> ok{0};
+  std::vector<std::unique_ptr<Chain>> chains;
+  for (int c = 0; c < kChains; ++c) {
+    chains.push_back(std::make_unique<Chain>());
+    chains.back()->ch = ch.get();
+    chains.back()->ok = &ok;
+  }
+  for (auto& c : chains) c->Next();
+  for (auto& c : chains) {
+    auto f = c->end.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    EXPECT_TRUE(f.get().ok());
+    EXPECT_EQ(c->n, kPerChain);
+  }
+  EXPECT_EQ(ok.load(), kChains * (kPerChain - 1));
+}
+
+// A call that fails to start ends on the caller's thread before CallAsync
+// returns. From its callback a blocking call fails at once instead of
+// waiting for the thread it holds, a call that would have to connect fails
+// instead of waiting for a connection, and a retry loop of calls failing
+// like that runs callback after callback without growing the stack.
+TEST_P(RpcSuite, InlineCallbacksNeitherBlockNorNest) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  ChannelOptions o = InlineCallbacks();
+  o.max_message_size = 100;
+  auto ch = MakeChannel(ts.address, o);
+  constexpr int kRetries = 100000;
+  ClientContext ctx;
+  EchoResponse resp;
+  Status too_big, blocking, unconnected;
+  int retries = 0;
+  uintptr_t lowest = UINTPTR_MAX, highest = 0;
+  std::function<void(Status)> retry = [&](Status s) {
+    int here;
+    lowest = std::min(lowest, reinterpret_cast<uintptr_t>(&here));
+    highest = std::max(highest, reinterpret_cast<uintptr_t>(&here));
+    if (s.code() != StatusCode::kUnavailable || ++retries == kRetries) return;
+    ch->CallAsync(kEcho, &ctx, Req("x"), &resp, [&](Status again) { retry(again); });
+  };
+  const std::thread::id caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  ch->CallAsync(kEcho, &ctx, Req(std::string(1000, 'b')), &resp, [&](Status s) {
+    ran_on = std::this_thread::get_id();
+    too_big = s;
+    ClientContext inner;
+    EchoResponse inner_resp;
+    blocking = ch->Call(kEcho, &inner, Req("x"), &inner_resp);
+    ch->CallAsync(kEcho, &ctx, Req("x"), &resp, [&](Status again) {
+      unconnected = again;
+      retry(again);
+    });
+  });
+  EXPECT_EQ(ran_on, caller) << "the callback did not run on the caller's thread";
+  EXPECT_EQ(too_big.code(), StatusCode::kResourceExhausted) << too_big;
+  EXPECT_EQ(blocking.code(), StatusCode::kFailedPrecondition) << blocking;
+  EXPECT_EQ(unconnected.code(), StatusCode::kUnavailable) << unconnected;
+  EXPECT_NE(unconnected.message().find("inline callback"), absl::string_view::npos) << unconnected;
+  EXPECT_EQ(retries, kRetries);
+  EXPECT_LT(highest - lowest, 64u << 10) << "inline callbacks nested";
+  // Outside callbacks the channel connects and calls as usual.
+  ClientContext later;
+  const Status s = ch->Call(kEcho, &later, Req("later"), &resp);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(resp.data(), "later");
+}
+
+// The callbacks of calls that a lost connection ends run on a transport
+// thread; one that starts a new call then gets UNAVAILABLE, not a wait of up
+// to connect_timeout on a thread that connecting may need.
+TEST_P(RpcSuite, InlineCallbackStartingACallAfterTheConnectionIsLost) {
+  auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
+  ASSERT_TRUE(ts->server);
+  ChannelOptions o = InlineCallbacks();
+  o.connect_timeout = absl::Seconds(60);
+  auto ch = MakeChannel(ts->address, o);
+  EchoResponse resp;
+  {
+    ClientContext ctx;
+    ASSERT_TRUE(ch->Call(kEcho, &ctx, Req("connect"), &resp).ok());
+  }
+  ClientContext ctx, next_ctx;
+  EchoResponse next_resp;
+  std::promise<Status> lost, next;
+  ch->CallAsync(kEcho, &ctx, Req("slow", 60000), &resp, [&](Status s) {
+    lost.set_value(s);
+    ch->CallAsync(kEcho, &next_ctx, Req("next"), &next_resp,
+                  [&](Status again) { next.set_value(again); });
+  });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (ts->service.started.load() < 2 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(1));
+  ts->server->Shutdown(absl::ZeroDuration());
+  ts.reset();
+  auto f = lost.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const Status s = f.get();
+  EXPECT_TRUE(s.code() == StatusCode::kCancelled || s.code() == StatusCode::kUnavailable) << s;
+  auto g = next.get_future();
+  ASSERT_EQ(g.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(g.get().code(), StatusCode::kUnavailable);
 }
 
 TEST_P(RpcSuite, HandlerErrorReachesClientUnchanged) {
