@@ -10,6 +10,10 @@
 #          like perftest (the default mode printed beside it); measured with
 #          the 1 MiB in a protobuf bytes field and as an attachment
 #          (rpc/attachment.h), which protobuf does not copy.
+# Besides, the rate of medium calls (1 KiB each way, too large to go inline,
+# 16 in flight) against ib_send_bw's message rate at the same frame size: a
+# call is two SENDs, so the ratio is the call's SENDs per second over
+# perftest's.
 # The peer framework measured beside them is UCX (ucx_perftest: tag_lat, the
 # eager SEND path of a whole messaging stack, and ucp_get, an RDMA READ).
 set -euo pipefail
@@ -62,6 +66,20 @@ ucx() {  # test size iterations column-of-Final
   bounded env "${ucx_env[@]}" ucx_perftest "$ip" -t "$1" -s "$2" -n "$3" 2>/dev/null | awk -v c="$4" '$1 == "Final:" {print $c}'
   wait || true
 }
+# A medium call's frame: the 64 B header and its 1027 B serialized request.
+medium_frame=1091
+send_rate() {  # messages per second, 16 in flight like the medium calls
+  bounded ib_send_bw -d "$dev" -R -s $medium_frame -n 20000 -t 16 >/dev/null 2>&1 &
+  sleep 1
+  bounded ib_send_bw -d "$dev" -R -s $medium_frame -n 20000 -t 16 "$ip" 2>/dev/null |
+    awk -v f=$medium_frame '$1 == f {printf "%.0f\n", $5 * 1e6}'
+  wait || true
+}
+medium_calls() {  # callback threads
+  RDMARPC_RDMA_POLL=busy timeout 300 bazel-bin/bench/rpc_bench --pings 0 --pulls 0 --workers 0 \
+    --medium_calls 20000 --medium_bytes 1024 --medium_in_flight 16 --callback_threads "$1" 2>&1 |
+    awk '$1 == "rpc_medium_1024b_calls_per_s" {print $2}'
+}
 field() { echo "$1" | awk -v k="$2" '$1 == k {print $2}'; }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 
@@ -99,6 +117,7 @@ awk -v b="$(field "$probe" probe_bare_rtt_p50_us)" -v c="$(field "$probe" probe_
 ratios=""
 raws=""
 interleaved=""
+medium=""
 for round in $(seq 1 "$rounds"); do
   ulat=$(ucx tag_lat $frame 5000 3)
   lat_before=$(send_lat)
@@ -168,6 +187,17 @@ $dpull" | grep -v -E '^[a-z0-9_]+ -?[0-9.]+$|^counters |RDMA device' | sed "s/^/
   else
     echo "round $round: no interleaved figure: $(echo "$inter" | grep -v '^rdmarpc\[' | tail -2)"
   fi
+  srate=$(send_rate)
+  mrate=$(medium_calls 0)
+  mrate_pool=$(medium_calls 2)
+  if [ -n "$srate" ] && [ -n "$mrate" ] && [ -n "$mrate_pool" ] && [ "${mrate%%.*}" -gt 0 ]; then
+    mratio=$(awk -v m="$mrate" -v s="$srate" 'BEGIN {printf "%.3f", 2 * m / s}')
+    echo "round $round: ib_send_bw $srate messages/s of $medium_frame B; medium calls $mrate/s" \
+         "with inline callbacks ($mrate_pool/s on 2 callback threads); call SENDs / ib_send_bw $mratio"
+    medium="$medium $mratio"
+  else
+    echo "round $round: no medium-call figure (ib_send_bw '$srate', calls '$mrate' / '$mrate_pool')"
+  fi
   ratios="$ratios
 ${line##* | }"
   raws="$raws
@@ -195,6 +225,10 @@ awk -v ul="$(med 1)" -v t="$(med 2)" -v s="$(med 3)" -v su="$(med 4)" -v ub="$(m
   printf "ratio 1 MiB attachment call pull / UCX ucp_get = %.2f (median)\n", abu;
   printf "ratio 1 MiB attachment call pull in the default mode (adaptive poll, workers) / ib_read_bw = %.2f (median)\n", dab;
 }'
+if [ -n "${medium// /}" ]; then
+  echo "ratio medium-call SENDs per second (1 KiB each way, 16 in flight, inline callbacks) /" \
+       "ib_send_bw messages per second = $(echo "$medium" | median) (median)"
+fi
 if [ -n "${interleaved// /}" ]; then
   echo "ratio small-call RTT / bare verbs RTT, interleaved in one process (adaptive poll)" \
        "= $(echo "$interleaved" | median) (median; the target is 1.15 where the ping-pong is as fast as 2 x ib_send_lat)"
