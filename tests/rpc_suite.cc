@@ -152,10 +152,9 @@ TEST_P(RpcSuite, InlineCallbacksChainCalls) {
   struct Chain {
     Channel* ch;
     int n = 0;
-    std::unique_ptr<ClientContext> ctx;  // a new one per call; the last ends in its callback
+    std::unique_ptr<ClientContext> ctx;  // one per call, made in the previous call's callback
     EchoResponse resp;
     std::string expect;
-    std::atomic<int>* ok;
     std::promise<Status> end;
     void Next() {
       ctx = std::make_unique<ClientContext>();
@@ -164,26 +163,23 @@ TEST_P(RpcSuite, InlineCallbacksChainCalls) {
       ch->CallAsync(kEcho, ctx.get(), Req(expect), &resp, [this](Status s) {
         if (s.ok() && resp.data() != expect) s = Status(StatusCode::kInternal, "wrong echo");
         if (!s.ok() || ++n == kPerChain) return end.set_value(s);
-        ok->fetch_add(1);
         Next();
       });
     }
   };
-  std::atomic<int> ok{0};
   std::vector<std::unique_ptr<Chain>> chains;
   for (int c = 0; c < kChains; ++c) {
     chains.push_back(std::make_unique<Chain>());
     chains.back()->ch = ch.get();
-    chains.back()->ok = &ok;
   }
   for (auto& c : chains) c->Next();
   for (auto& c : chains) {
     auto f = c->end.get_future();
     ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
-    EXPECT_TRUE(f.get().ok());
+    const Status s = f.get();
+    EXPECT_TRUE(s.ok()) << s;
     EXPECT_EQ(c->n, kPerChain);
   }
-  EXPECT_EQ(ok.load(), kChains * (kPerChain - 1));
 }
 
 // A call that fails to start ends on the caller's thread before CallAsync
