@@ -175,6 +175,20 @@ struct Fixture {
   absl::StatusOr<std::shared_ptr<Connection>> Connect(ConnectionObserver* observer) {
     return client->Connect(addr, observer, absl::Now() + absl::Seconds(30));
   }
+  // Start() with default options and one connection for `waiter`; null, with
+  // the test failed and the reason said, when either fails.
+  std::shared_ptr<Connection> StartAndConnect(Waiter& waiter) {
+    if (!Start()) {
+      ADD_FAILURE() << "could not start the server and client transports";
+      return nullptr;
+    }
+    auto conn = Connect(&waiter);
+    if (!conn.ok()) {
+      ADD_FAILURE() << "connect: " << conn.status();
+      return nullptr;
+    }
+    return std::move(*conn);
+  }
 };
 
 OutboundMessage Request(uint64_t id, Buffer payload, std::string metadata = {}) {
@@ -205,9 +219,8 @@ absl::StatusOr<InboundMessage> Call(Connection& conn, Waiter& w, uint64_t id, Bu
 TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  ASSERT_TRUE(fx.Start());
-  auto conn = fx.Connect(&waiter);
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
   const size_t slot = RdmaOptions().slot_size;
   const size_t threshold = slot - kHeaderSize;  // largest payload that goes by SEND
   const size_t max_msg = size_t{8} << 20;       // rxe's max_msg_sz: READs split there
@@ -238,7 +251,7 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
     const uint64_t reads_before = Counters().reads;
     const uint64_t consumed_before = Counters().srq_slots_consumed;
     const uint64_t copies_before = Counters().send_payload_copies;
-    auto r = Call(**conn, waiter, id, Filled(**conn, c.size, id));
+    auto r = Call(*conn, waiter, id, Filled(*conn, c.size, id));
     ASSERT_TRUE(r.ok()) << c.size << ": " << r.status();
     EXPECT_TRUE(Matches(r->payload, c.size, id)) << "bytes differ at size " << c.size;
     const uint64_t reads = Counters().reads - reads_before;
@@ -256,7 +269,7 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
     ++id;
   }
   printf("counters: %s\n", Counters().ToString().c_str());
-  (*conn)->Close();
+  conn->Close();
 }
 
 // SendWith: a payload whose frame fits inline is written straight into the
@@ -265,11 +278,10 @@ TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
 TEST(RdmaTransport, SendWithWritesSmallFramesInPlaceAndLargerOnesAsSendDoes) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  ASSERT_TRUE(fx.Start());
-  auto conn = fx.Connect(&waiter);
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
   const size_t threshold = RdmaOptions().slot_size - kHeaderSize;
-  const size_t inline_max = dynamic_cast<RdmaConnection&>(**conn).max_inline();
+  const size_t inline_max = dynamic_cast<RdmaConnection&>(*conn).max_inline();
   const std::string metadata = EncodeMetadata({{"k", "v"}});
   struct Case {
     size_t size;
@@ -293,8 +305,7 @@ TEST(RdmaTransport, SendWithWritesSmallFramesInPlaceAndLargerOnesAsSendDoes) {
     auto f = waiter.Expect(id);
     OutboundMessage m = Request(id, Buffer(), c.metadata);
     const uint64_t seed = id;
-    ASSERT_TRUE((*conn)
-                    ->SendWith(std::move(m), c.size,
+    ASSERT_TRUE(conn->SendWith(std::move(m), c.size,
                                [&](char* out) {
                                  for (size_t i = 0; i < c.size; ++i) {
                                    out[i] = static_cast<char>(Pattern(i, seed));
@@ -316,7 +327,7 @@ TEST(RdmaTransport, SendWithWritesSmallFramesInPlaceAndLargerOnesAsSendDoes) {
   // still passes, with fewer frames written in place.
   printf("max_inline %zu: %d of %zu frames written in place\n", inline_max, in_place_cases,
          std::size(cases));
-  (*conn)->Close();
+  conn->Close();
 }
 
 // Small payloads are written into registered blocks that the SEND gathers.
@@ -326,9 +337,8 @@ TEST(RdmaTransport, SendWithWritesSmallFramesInPlaceAndLargerOnesAsSendDoes) {
 TEST(RdmaTransport, SmallPayloadBlocksRunOutIntoCopiesAndComeBack) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  ASSERT_TRUE(fx.Start());
-  auto conn = fx.Connect(&waiter);
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
   constexpr size_t kSize = 2000;  // not inline, so a payload is gathered or copied
   constexpr size_t kHeld = Endpoint::kMaxSmallBlocks + 4;
   uint64_t id = 0;
@@ -336,29 +346,29 @@ TEST(RdmaTransport, SmallPayloadBlocksRunOutIntoCopiesAndComeBack) {
     std::vector<Buffer> held;
     std::set<const char*> distinct;
     for (size_t i = 0; i < kHeld; ++i) {
-      held.push_back(Filled(**conn, kSize, ++id));
+      held.push_back(Filled(*conn, kSize, ++id));
       distinct.insert(held.back().data());
     }
     EXPECT_EQ(distinct.size(), kHeld) << "a block was handed out twice";
     const uint64_t first = id - kHeld + 1;
     // The first payload sits in a registered block, the last on the heap.
     uint64_t copies = Counters().send_payload_copies;
-    auto r = Call(**conn, waiter, first, std::move(held.front()));
+    auto r = Call(*conn, waiter, first, std::move(held.front()));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(Matches(r->payload, kSize, first));
     EXPECT_EQ(Counters().send_payload_copies, copies);
-    r = Call(**conn, waiter, id, std::move(held.back()));
+    r = Call(*conn, waiter, id, std::move(held.back()));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(Matches(r->payload, kSize, id));
     EXPECT_EQ(Counters().send_payload_copies, copies + 1);
     // Given back, the blocks serve the next round (and no more registration).
     held.clear();
     ++id;
-    r = Call(**conn, waiter, id, Filled(**conn, kSize, id));
+    r = Call(*conn, waiter, id, Filled(*conn, kSize, id));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(Counters().send_payload_copies, copies + 1);
   }
-  (*conn)->Close();
+  conn->Close();
 }
 
 // Every Buffer the transport hands out is a loan on its Endpoint (endpoint.h,
@@ -369,19 +379,18 @@ TEST(RdmaTransport, SmallPayloadBlocksRunOutIntoCopiesAndComeBack) {
 TEST(RdmaTransport, BuffersHeldByTheRuntimeOutliveTheirTransport) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  ASSERT_TRUE(fx.Start());
-  auto conn = fx.Connect(&waiter);
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
   const size_t small = 100;      // a response that arrives in a receive slot
   const size_t large = 1 << 20;  // a response READ into a pool block
-  auto in_slot = Call(**conn, waiter, 1, Filled(**conn, small, 1));
-  auto in_block = Call(**conn, waiter, 2, Filled(**conn, large, 2));
+  auto in_slot = Call(*conn, waiter, 1, Filled(*conn, small, 1));
+  auto in_block = Call(*conn, waiter, 2, Filled(*conn, large, 2));
   ASSERT_TRUE(in_slot.ok()) << in_slot.status();
   ASSERT_TRUE(in_block.ok()) << in_block.status();
-  Buffer unsent_small = Filled(**conn, small, 3);  // a small-payload block
-  Buffer unsent_large = Filled(**conn, large, 4);  // a pool block
-  (*conn)->Close();
-  conn->reset();
+  Buffer unsent_small = Filled(*conn, small, 3);  // a small-payload block
+  Buffer unsent_large = Filled(*conn, large, 4);  // a pool block
+  conn->Close();
+  conn.reset();
   fx.listener.reset();
   fx.client.reset();
   fx.server.reset();
@@ -449,10 +458,9 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
 TEST(RdmaTransport, SendSlotsAreTakenAsFramesNeedThem) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  ASSERT_TRUE(fx.Start());
-  auto conn = fx.Connect(&waiter);
-  ASSERT_TRUE(conn.ok()) << conn.status();
-  auto& client = static_cast<RdmaConnection&>(**conn);
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
+  auto& client = static_cast<RdmaConnection&>(*conn);
   const size_t inline_payload = client.max_inline() - kHeaderSize;
   auto r = Call(client, waiter, 1, Filled(client, inline_payload, 1));
   ASSERT_TRUE(r.ok()) << r.status();
@@ -475,7 +483,7 @@ TEST(RdmaTransport, SendSlotsAreTakenAsFramesNeedThem) {
     EXPECT_GE(c->send_slots_held(), 1u);
     EXPECT_LE(c->send_slots_held(), 3u) << "more slots than frames in flight";
   }
-  (*conn)->Close();
+  conn->Close();
 }
 
 // A frame that needs a send slot when none can be had fails at once,
@@ -484,11 +492,10 @@ TEST(RdmaTransport, SendSlotsAreTakenAsFramesNeedThem) {
 TEST(RdmaTransport, FrameWithNoSendSlotToHaveFailsAloneAndSaysWhy) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  ASSERT_TRUE(fx.Start());
-  auto conn = fx.Connect(&waiter);
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
   FaultInjection::RefuseSendBlocks().store(1);
-  auto r = Call(**conn, waiter, 1, Filled(**conn, 1000, 1));
+  auto r = Call(*conn, waiter, 1, Filled(*conn, 1000, 1));
   FaultInjection::RefuseSendBlocks().store(0);
   ASSERT_FALSE(r.ok()) << "a frame that does not go inline was sent without a send slot";
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
@@ -496,13 +503,13 @@ TEST(RdmaTransport, FrameWithNoSendSlotToHaveFailsAloneAndSaysWhy) {
     EXPECT_NE(r.status().message().find(part), absl::string_view::npos)
         << "\"" << part << "\" not in: " << r.status();
   }
-  const size_t inline_payload = static_cast<RdmaConnection&>(**conn).max_inline() - kHeaderSize;
-  r = Call(**conn, waiter, 2, Filled(**conn, inline_payload, 2));
+  const size_t inline_payload = static_cast<RdmaConnection&>(*conn).max_inline() - kHeaderSize;
+  r = Call(*conn, waiter, 2, Filled(*conn, inline_payload, 2));
   ASSERT_TRUE(r.ok()) << r.status();
-  r = Call(**conn, waiter, 3, Filled(**conn, 1000, 3));
+  r = Call(*conn, waiter, 3, Filled(*conn, 1000, 3));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(Matches(r->payload, 1000, 3));
-  (*conn)->Close();
+  conn->Close();
 }
 
 TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
@@ -1154,9 +1161,8 @@ TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
 TEST(RdmaTransport, ForkingWhileCallsAreInFlightCorruptsNothing) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  ASSERT_TRUE(fx.Start());
-  auto conn = fx.Connect(&waiter);
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
   EXPECT_NE(ibv_is_fork_initialized(), IBV_FORK_DISABLED);
   uint64_t id = 0;
   for (int round = 0; round < 3; ++round) {
@@ -1170,7 +1176,7 @@ TEST(RdmaTransport, ForkingWhileCallsAreInFlightCorruptsNothing) {
       for (int k = 0; k < 3; ++k) {
         ++id;
         in_flight.push_back({id, size, waiter.Expect(id)});
-        ASSERT_TRUE((*conn)->Send(Request(id, Filled(**conn, size, id))).ok());
+        ASSERT_TRUE(conn->Send(Request(id, Filled(*conn, size, id))).ok());
       }
     }
     int hold[2];
@@ -1193,7 +1199,7 @@ TEST(RdmaTransport, ForkingWhileCallsAreInFlightCorruptsNothing) {
     }
     for (size_t size : {size_t{100}, size_t{1} << 20}) {
       ++id;
-      auto r = Call(**conn, waiter, id, Filled(**conn, size, id));
+      auto r = Call(*conn, waiter, id, Filled(*conn, size, id));
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_TRUE(Matches(r->payload, size, id)) << "call " << id << " of " << size;
     }
@@ -1202,7 +1208,7 @@ TEST(RdmaTransport, ForkingWhileCallsAreInFlightCorruptsNothing) {
     ASSERT_EQ(waitpid(child, &status, 0), child);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   }
-  (*conn)->Close();
+  conn->Close();
 }
 
 // No lock is held across ibv_post_send: while one thread is stopped inside
@@ -1281,20 +1287,19 @@ TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
 TEST(RdmaTransport, FullSlotFramesGiveBackTheirSlots) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  ASSERT_TRUE(fx.Start());
-  auto conn = fx.Connect(&waiter);
-  ASSERT_TRUE(conn.ok()) << conn.status();
-  ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 10, 1)).ok());
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
+  ASSERT_TRUE(Call(*conn, waiter, 1, Filled(*conn, 10, 1)).ok());
   const size_t receive_before = fx.server->receive_bytes();
   const size_t metadata = RdmaOptions().slot_size - kHeaderSize;
   for (uint64_t id = 2; id <= 1001; ++id) {
     auto response = waiter.Expect(id);
-    ASSERT_TRUE((*conn)->Send(Request(id, Buffer(), std::string(metadata, 'm'))).ok());
+    ASSERT_TRUE(conn->Send(Request(id, Buffer(), std::string(metadata, 'm'))).ok());
     ASSERT_EQ(response.wait_for(std::chrono::seconds(60)), std::future_status::ready) << id;
     EXPECT_TRUE(response.get().payload_status.ok()) << id;
   }
   EXPECT_EQ(fx.server->receive_bytes(), receive_before) << "receive slots were lost";
-  (*conn)->Close();
+  conn->Close();
 }
 
 // An echo whose server I/O thread stops in the first request until Open():
