@@ -4,23 +4,51 @@
 # under the sanitizers: host tests with ASan and TSan, RDMA tests with ASan
 # (TSan cannot see the NIC's writes as synchronization). Extra arguments go to
 # every `bazel test`. RDMARPC_TEST_SANITIZERS=0 skips the sanitizer rounds.
-# Ends with one line: "N passed, N failed" (counting Bazel test runs).
+# Ends with the tail of each failed test's log, one line naming each failed
+# test and its round, and then "N passed, N failed" (counting Bazel test runs):
+# CI shows only the last lines, and they must say what broke.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 start=$(date +%s)
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 export RDMARPC_VM_DIR=${RDMARPC_VM_DIR:-$PWD/.cache/vm}
 common=(--test_env=RDMARPC_VM_DIR --test_env=RDMARPC_VM --test_env=RDMARPC_TEST_ADDR "$@")
+
+failures=$(mktemp)
+excerpts=$(mktemp)
+trap 'rm -f "$log" "$failures" "$excerpts"' EXIT
+bad='(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)'
 
 status=0
 run() {
   echo "== bazel test $*"
-  bazel test "${common[@]}" "$@" 2>&1 | tee -a "$log"
+  local round
+  round=$(mktemp)
+  bazel test "${common[@]}" "$@" 2>&1 | tee "$round"
   local rc=${PIPESTATUS[0]}
+  cat "$round" >>"$log"
   # 4: no test matched the filter, which is not a failure.
   [ "$rc" = 0 ] || [ "$rc" = 4 ] || status=1
+  # bazel-testlogs points at this round's configuration only until the next
+  # round, so the logs of its failures are read now.
+  local target
+  for target in $(grep -oE "^//[^ ]+ +(\(cached\) )?$bad" "$round" | cut -d' ' -f1); do
+    echo "$target  (bazel test $*)" >>"$failures"
+    local path=${target#//}
+    path=bazel-testlogs/${path/://}/test.log
+    {
+      echo "---- $target (bazel test $*): its failures, then the end of its log"
+      if [ -f "$path" ]; then
+        grep -E 'Failure|FAILED|Sanitizer|Check failed|timed out' "$path" | head -n 20
+        echo "...."
+        tail -n 15 "$path"
+      else
+        echo "(no log at $path)"
+      fi
+    } >>"$excerpts"
+  done
+  rm -f "$round"
 }
 
 run //... --test_tag_filters=-rdma,-rdma_two_vms
@@ -33,8 +61,14 @@ if [ "${RDMARPC_TEST_SANITIZERS:-1}" != 0 ]; then
 fi
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
-failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)' "$log")
+failed=$(grep -cE "^//[^ ]+ +(\(cached\) )?$bad" "$log")
 echo
+cat "$excerpts"
+if [ -s "$failures" ]; then
+  echo
+  echo "failed:"
+  sed 's/^/  /' "$failures"
+fi
 echo "test: done in $(( $(date +%s) - start )) s"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ] || status=1
