@@ -17,8 +17,9 @@
 // same kind, in a stock of their own, are connections' send slots
 // (TakeSendBlock), for frames too large to go inline: a connection takes one
 // only when none of its own is free and gives back all but one as their
-// SENDs complete, so send memory, like receive memory, grows with the frames
-// in flight, not with the number of connections.
+// SENDs complete, and the last one when it falls idle, so send memory, like
+// receive memory, grows with the frames in flight, not with the number of
+// connections.
 //
 // I/O context: one thread at a time polls the CQ, runs posted tasks, refills
 // the SRQ, and calls connections (and through them the runtime's observers).

@@ -263,6 +263,15 @@ bool RdmaConnection::TakeSendSlotLocked() {
   return true;
 }
 
+void RdmaConnection::GiveBackIdleSendSlotLocked() {
+  // Only with nothing waiting: a backlogged frame may be counting on the free
+  // slot (SendLocked's first-slot rule), and one in flight still needs its own.
+  if (!backlog_.empty() || free_send_slots_.size() != send_slots_held_) return;
+  for (uint32_t slot : free_send_slots_) endpoint_->ReturnSendBlock(slot);
+  free_send_slots_.clear();
+  send_slots_held_ = 0;
+}
+
 size_t RdmaConnection::send_slots_held() {
   std::lock_guard<InlineMutex> lock(mu_);
   return send_slots_held_;
@@ -725,7 +734,8 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
       if (slot >= 0 && free_send_slots_.empty()) {
         free_send_slots_.push_back(slot);
       } else if (slot >= 0) {
-        // One free slot is kept for the next frame; more would make send
+        // One free slot is kept for the next frame (until the connection
+        // falls idle, GiveBackIdleSendSlotLocked); more would make send
         // memory grow with connections rather than with frames in flight.
         endpoint_->ReturnSendBlock(slot);
         --send_slots_held_;

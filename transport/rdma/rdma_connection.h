@@ -170,7 +170,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t max_inline() const { return max_inline_; }
   // Send slots this connection holds: endpoint blocks taken as frames that
   // do not go inline needed them (at most RdmaOptions::send_slots), given
-  // back as their SENDs complete but for one kept free.
+  // back as their SENDs complete but for one kept free, and that one too
+  // once the connection has been silent for RdmaOptions::keepalive_ms.
   size_t send_slots_held();
   absl::StatusOr<Buffer> AllocatePayload(size_t size) override;
   void Close() override;
@@ -301,6 +302,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   bool CanPostLocked(const Header& h);
   // One more send slot from the endpoint, free; false when it has none.
   bool TakeSendSlotLocked();
+  // An idle connection (silent long enough for a keepalive) gives its free
+  // send slots back to the shared stock, unless a frame waits in the
+  // backlog; its next frame that does not go inline takes one again.
+  void GiveBackIdleSendSlotLocked();
   // Gives the endpoint back every send slot: the free ones and those of
   // `posted`'s SENDs, which it empties. Only once the QP is gone (the device
   // reads a slot until its SEND completes); mu_ held or no other thread left.

@@ -89,6 +89,7 @@ void RdmaConnection::SendKeepalive(absl::Time now) {
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (closed_ || sq_used_ >= sq_depth_) return;
+    GiveBackIdleSendSlotLocked();
     ibv_send_wr& wr = QueueLocked().wr;
     wr.wr_id = WrId(kWrKeepalive, serial_, 0, true);
     // Zero bytes: no address or rkey is checked (IBA C9-88).

@@ -42,7 +42,9 @@ struct RdmaOptions {
   uint32_t credits = 32;
   // Most send slots one connection holds, for SENDs too large to go inline:
   // slot-sized blocks taken from the transport's shared stock as the frames
-  // in flight need them, and given back (but one) as their SENDs complete.
+  // in flight need them, and given back (but one) as their SENDs complete;
+  // that one goes back too when the connection is silent for keepalive_ms
+  // (with keepalive_ms = 0 it stays until the connection closes).
   uint32_t send_slots = 64;
   // Request a completion for every n-th unsignaled SEND.
   uint32_t signal_every = 16;

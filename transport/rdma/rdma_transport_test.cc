@@ -175,10 +175,12 @@ struct Fixture {
   absl::StatusOr<std::shared_ptr<Connection>> Connect(ConnectionObserver* observer) {
     return client->Connect(addr, observer, absl::Now() + absl::Seconds(30));
   }
-  // Start() with default options and one connection for `waiter`; null, with
-  // the test failed and the reason said, when either fails.
-  std::shared_ptr<Connection> StartAndConnect(Waiter& waiter) {
-    if (!Start()) {
+  // Start() and one connection for `waiter`; null, with the test failed and
+  // the reason said, when either fails.
+  std::shared_ptr<Connection> StartAndConnect(Waiter& waiter,
+                                              RdmaOptions server_opts = RdmaOptions(),
+                                              RdmaOptions client_opts = RdmaOptions()) {
+    if (!Start(server_opts, client_opts)) {
       ADD_FAILURE() << "could not start the server and client transports";
       return nullptr;
     }
@@ -455,10 +457,14 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
 // A connection takes send slots (for frames that do not go inline) from its
 // endpoint as it needs them: none while every frame goes inline, and no more
 // than the frames it has had in flight at once, not RdmaOptions::send_slots.
+// No keepalive, so that no pause of the test lets an idle connection give
+// its last slot back (IdleConnectionGivesItsSendSlotBack).
 TEST(RdmaTransport, SendSlotsAreTakenAsFramesNeedThem) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  RdmaOptions no_keepalive;
+  no_keepalive.keepalive_ms = 0;
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter, no_keepalive, no_keepalive);
   ASSERT_TRUE(conn);
   auto& client = static_cast<RdmaConnection&>(*conn);
   const size_t inline_payload = client.max_inline() - kHeaderSize;
@@ -483,6 +489,44 @@ TEST(RdmaTransport, SendSlotsAreTakenAsFramesNeedThem) {
     EXPECT_GE(c->send_slots_held(), 1u);
     EXPECT_LE(c->send_slots_held(), 3u) << "more slots than frames in flight";
   }
+  conn->Close();
+}
+
+// A connection that falls silent gives the send slot it kept back to the
+// transport's stock at its next keepalive, so idle connections hold no send
+// memory; its next frame that does not go inline takes one again.
+TEST(RdmaTransport, IdleConnectionGivesItsSendSlotBack) {
+  Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  RdmaOptions keepalive;
+  // Far longer than the test takes from a call to its check of the slots.
+  keepalive.keepalive_ms = 2000;
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter, keepalive, keepalive);
+  ASSERT_TRUE(conn);
+  auto& client = static_cast<RdmaConnection&>(*conn);
+  std::shared_ptr<Connection> accepted = fx.LastAccepted();
+  ASSERT_NE(accepted, nullptr);
+  auto& server = static_cast<RdmaConnection&>(*accepted);
+  const uint64_t keepalives_before = Counters().keepalives;
+  auto r = Call(client, waiter, 1, Filled(client, 1000, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (RdmaConnection* c : {&client, &server}) {
+    EXPECT_EQ(c->send_slots_held(), 1u) << "a connection with nothing in flight keeps one slot";
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while ((client.send_slots_held() != 0 || server.send_slots_held() != 0) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(client.send_slots_held(), 0u) << "the idle client kept its send slot";
+  EXPECT_EQ(server.send_slots_held(), 0u) << "the idle server kept its send slot";
+  EXPECT_GE(Counters().keepalives - keepalives_before, 2u) << "each side gave back at a keepalive";
+  r = Call(client, waiter, 2, Filled(client, 1000, 2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, 1000, 2));
+  for (RdmaConnection* c : {&client, &server}) {
+    EXPECT_EQ(c->send_slots_held(), 1u) << "after the next frame that needs a slot";
+  }
+  EXPECT_FALSE(waiter.closed.load());
   conn->Close();
 }
 
