@@ -267,9 +267,7 @@ void RdmaConnection::GiveBackIdleSendSlotLocked() {
   // Only with nothing waiting: a backlogged frame may be counting on the free
   // slot (SendLocked's first-slot rule), and one in flight still needs its own.
   if (!backlog_.empty() || free_send_slots_.size() != send_slots_held_) return;
-  for (uint32_t slot : free_send_slots_) endpoint_->ReturnSendBlock(slot);
-  free_send_slots_.clear();
-  send_slots_held_ = 0;
+  ReturnFreeSendSlots();
 }
 
 size_t RdmaConnection::send_slots_held() {
@@ -281,6 +279,10 @@ void RdmaConnection::ReturnSendSlots(RingFifo<Posted>& posted) {
   for (; !posted.empty(); posted.pop_front()) {
     if (posted.front().slot >= 0) free_send_slots_.push_back(posted.front().slot);
   }
+  ReturnFreeSendSlots();
+}
+
+void RdmaConnection::ReturnFreeSendSlots() {
   for (uint32_t slot : free_send_slots_) endpoint_->ReturnSendBlock(slot);
   free_send_slots_.clear();
   send_slots_held_ = 0;

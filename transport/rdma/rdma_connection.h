@@ -310,6 +310,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // `posted`'s SENDs, which it empties. Only once the QP is gone (the device
   // reads a slot until its SEND completes); mu_ held or no other thread left.
   void ReturnSendSlots(RingFifo<Posted>& posted);
+  // Gives the endpoint back the free send slots, when they are all this
+  // connection holds (none in a posted SEND); mu_ held as above.
+  void ReturnFreeSendSlots();
   // Builds the frame's work requests (bind, SEND) into the outbox.
   // With `write`, the payload is the header's payload_len bytes that it
   // writes into the frame (SendWith; the frame goes inline).
