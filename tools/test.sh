@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the host tests with Bazel, then the RDMA tests under
 # tools/vm/run.sh (this machine's RDMA device, or Soft-RoCE VMs), then again
-# under the sanitizers: host tests with ASan and TSan, RDMA tests with ASan
-# (TSan cannot see the NIC's writes as synchronization). Extra arguments go to
+# under the sanitizers: host tests with ASan+UBSan and TSan, RDMA tests with
+# ASan+UBSan (TSan cannot see the NIC's writes as synchronization). Extra arguments go to
 # every `bazel test`. RDMARPC_TEST_SANITIZERS=0 skips the sanitizer rounds.
 # Ends with the tail of each failed test's log, one line naming each failed
 # test and its round, and then "N passed, N failed" (counting Bazel test runs):
@@ -55,9 +55,9 @@ run //... --test_tag_filters=-rdma,-rdma_two_vms
 run //... --test_tag_filters=rdma --test_output=all --run_under=//tools/vm:run
 run //... --test_tag_filters=rdma_two_vms --test_output=all "--run_under=//tools/vm:run --vms 2"
 if [ "${RDMARPC_TEST_SANITIZERS:-1}" != 0 ]; then
-  run --config=asan //... --test_tag_filters=-rdma,-rdma_two_vms
+  run --config=asan --config=ubsan //... --test_tag_filters=-rdma,-rdma_two_vms
   run --config=tsan //... --test_tag_filters=-rdma,-rdma_two_vms
-  run --config=asan //... --test_tag_filters=rdma --run_under=//tools/vm:run
+  run --config=asan --config=ubsan //... --test_tag_filters=rdma --run_under=//tools/vm:run
 fi
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")

@@ -74,7 +74,8 @@ class EchoObserver : public ConnectionObserver {
       fprintf(stderr, "echo: %s\n", b.status().ToString().c_str());
       r.header.status = static_cast<uint16_t>(b.status().code());
     } else {
-      memcpy(b->data(), msg.payload.data(), msg.payload.size());
+      // An empty Buffer's data() is null, which memcpy may not be given.
+      if (!msg.payload.empty()) memcpy(b->data(), msg.payload.data(), msg.payload.size());
       r.payload = std::move(*b);
     }
     requests.fetch_add(1);
