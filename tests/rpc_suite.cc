@@ -371,6 +371,77 @@ TEST_P(RpcSuite, CancelledBeforeTheCallEndsItWithoutSending) {
   EXPECT_EQ(ts.service.started.load(), 1);
 }
 
+// A key the wire format refuses fails its call at the start, naming the key,
+// and nothing reaches the server; the channel's next call goes through.
+TEST_P(RpcSuite, MetadataWithABadKeyFailsWithoutSending) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  EchoResponse resp;
+  ClientContext bad;
+  bad.AddMetadata("Request-Id", "42");
+  const Status s = ch->Call(kEcho, &bad, Req("never"), &resp);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("Request-Id"), absl::string_view::npos) << s;
+  ClientContext ctx;
+  ASSERT_TRUE(ch->Call(kEcho, &ctx, Req("after"), &resp).ok());
+  EXPECT_EQ(ts.service.started.load(), 1);
+}
+
+TEST_P(RpcSuite, NegativeCallbackThreadsAreRefused) {
+  ChannelOptions o;
+  o.callback_threads = -1;
+  auto ch = Channel::Create(GetParam().listen_addr(), o);
+  ASSERT_FALSE(ch.ok());
+  EXPECT_EQ(ch.status().code(), StatusCode::kInvalidArgument) << ch.status();
+  EXPECT_NE(ch.status().message().find("callback_threads is -1"), absl::string_view::npos)
+      << ch.status();
+}
+
+// Destroying a channel ends each of its pending calls with UNAVAILABLE before
+// the destructor returns, on callback threads or inline; the server's
+// handlers learn that their client is gone, and the server serves the next
+// channel.
+TEST_P(RpcSuite, DestroyingAChannelEndsItsPendingCalls) {
+  for (int callback_threads : {2, 0}) {
+    SCOPED_TRACE(absl::StrCat("callback_threads ", callback_threads));
+    constexpr int kCalls = 8;
+    TestServer ts(GetParam().listen_addr(), /*max_message=*/64u << 20, /*workers=*/kCalls);
+    ASSERT_TRUE(ts.server);
+    std::vector<std::unique_ptr<AsyncCall>> calls;
+    {
+      ChannelOptions o;
+      o.callback_threads = callback_threads;
+      auto ch = MakeChannel(ts.address, o);
+      ASSERT_TRUE(ch);
+      calls = StartCalls(*ch, kEcho, kCalls, [](int) { return 30000; });
+      const absl::Time until = absl::Now() + absl::Seconds(20);
+      while (ts.service.started.load() < kCalls && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      ASSERT_EQ(ts.service.started.load(), kCalls);
+    }
+    for (auto& c : calls) {
+      auto f = c->result.get_future();
+      ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready)
+          << "the channel's destructor returned with a call pending";
+      const Status s = f.get();
+      EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    }
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (ts.service.saw_cancel.load() < kCalls && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(ts.service.saw_cancel.load(), kCalls);
+    auto next = MakeChannel(ts.address);
+    ClientContext ctx;
+    EchoResponse resp;
+    const Status s = next->Call(kEcho, &ctx, Req("next"), &resp);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), "next");
+  }
+}
+
 TEST_P(RpcSuite, CancelStopsThePendingCallAndTheHandler) {
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);

@@ -175,6 +175,44 @@ TEST_F(BadInputTest, ResponsesAndCancelsForUnknownCallsAreIgnored) {
   EXPECT_EQ(r->header.status, 0);
 }
 
+// A TCP peer has no memory to READ from, so a frame that advertises one has
+// lost the framing (its payload is not on the stream): that connection ends.
+TEST_F(BadInputTest, RemotePayloadOverTcpClosesTheConnection) {
+  RawClient bad(port_);
+  Header h = Request(1, kEcho.id);
+  h.flags = transport::kFlagRemotePayload;
+  h.remote = {0x7f0000001000ull, 0x1234, 1};
+  h.metadata_len = 0;
+  h.payload_len = 4096;
+  std::string frame(transport::kHeaderSize, '\0');
+  EncodeHeader(h, frame.data());
+  bad.SendBytes(frame);
+  EXPECT_TRUE(bad.ClosedByPeer());
+  ExpectGoodClientServed();
+}
+
+// Credit and release frames are RDMA bookkeeping; over TCP they are ignored
+// and the connection goes on.
+TEST_F(BadInputTest, CreditAndReleaseFramesAreIgnoredOverTcp) {
+  RawClient raw(port_);
+  Header h = Request(0, 0);
+  h.kind = MessageKind::kCredit;
+  h.credits = 1000;
+  raw.SendFrame(h, "", "");
+  h.kind = MessageKind::kRelease;
+  h.credits = 0;
+  h.remote.token = 42;
+  raw.SendFrame(h, "", "");
+  raw.SendFrame(Request(5, kEcho.id), "", EchoBytes("still here"));
+  auto r = raw.ReadFrame();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->header.call_id, 5u);
+  EXPECT_EQ(r->header.status, 0);
+  EchoResponse resp;
+  ASSERT_TRUE(resp.ParseFromString(r->payload));
+  EXPECT_EQ(resp.data(), "still here");
+}
+
 // A call id may be reused once its call has ended, not while the call runs:
 // the second request is dropped without running, whether handlers run on
 // workers or inline (where a call is tracked only once its handler has
