@@ -557,6 +557,75 @@ TEST(RdmaTransport, FrameWithNoSendSlotToHaveFailsAloneAndSaysWhy) {
   conn->Close();
 }
 
+// RdmaOptions::max_registered_bytes bounds each side's pool of large
+// payload buffers. Past it: allocating a payload fails RESOURCE_EXHAUSTED
+// naming the bound; a request the server has no room to READ is answered
+// RESOURCE_EXHAUSTED without a READ, and the connection goes on; payloads
+// that fit still pass both ways.
+TEST(RdmaTransport, RegisteredMemoryBoundIsResourceExhaustedNamingIt) {
+  constexpr size_t kBound = size_t{4} << 20;
+  struct Recorder : ConnectionObserver {
+    explicit Recorder(ConnectionObserver* inner) : inner(inner) {}
+    void OnMessage(Connection& conn, InboundMessage&& msg) override {
+      if (msg.header.kind == MessageKind::kRequest) {
+        std::lock_guard<std::mutex> lock(mu);
+        statuses.push_back(msg.payload_status);
+      }
+      inner->OnMessage(conn, std::move(msg));
+    }
+    void OnClosed(Connection& conn, const absl::Status& why) override {
+      inner->OnClosed(conn, why);
+    }
+    ConnectionObserver* inner;
+    std::mutex mu;
+    std::vector<absl::Status> statuses;
+  };
+  Fixture fx;
+  Recorder recorder(&fx.echo);
+  fx.server_observer = &recorder;
+  RdmaOptions bounded;
+  bounded.max_registered_bytes = kBound;
+  Waiter& waiter = fx.NewWaiter();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter, bounded, RdmaOptions());
+  ASSERT_TRUE(conn);
+  const uint64_t reads_before = Counters().reads;
+  auto r = Call(*conn, waiter, 1, Filled(*conn, kBound + 1, 1));
+  ASSERT_FALSE(r.ok()) << "the server READ a payload beyond its registered-memory bound";
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_EQ(Counters().reads, reads_before) << "nothing may be READ without room for it";
+  {
+    std::lock_guard<std::mutex> lock(recorder.mu);
+    ASSERT_EQ(recorder.statuses.size(), 1u);
+    const absl::Status& why = recorder.statuses[0];
+    EXPECT_EQ(why.code(), absl::StatusCode::kResourceExhausted) << why;
+    for (const std::string part :
+         {std::string("max_registered_bytes"), std::to_string(kBound), std::string("rxe")}) {
+      EXPECT_NE(why.message().find(part), absl::string_view::npos)
+          << "\"" << part << "\" not in: " << why;
+    }
+  }
+  r = Call(*conn, waiter, 2, Filled(*conn, 1 << 20, 2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, 1 << 20, 2));
+  EXPECT_FALSE(waiter.closed.load());
+  conn->Close();
+
+  // The client's own bound, where the runtime allocates a payload.
+  Fixture small;
+  Waiter& w2 = small.NewWaiter();
+  std::shared_ptr<Connection> c2 = small.StartAndConnect(w2, RdmaOptions(), bounded);
+  ASSERT_TRUE(c2);
+  auto big = c2->AllocatePayload(kBound + 1);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
+  EXPECT_NE(big.status().message().find("max_registered_bytes"), absl::string_view::npos)
+      << big.status();
+  r = Call(*c2, w2, 3, Filled(*c2, 1 << 20, 3));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, 1 << 20, 3));
+  c2->Close();
+}
+
 TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
   Fixture fx;
   Waiter& bad_waiter = fx.NewWaiter();
