@@ -5,8 +5,10 @@
 // than the server accepts is answered RESOURCE_EXHAUSTED without a READ and
 // the connection goes on; a response payload the peer never releases is
 // revoked at the server's release timeout; a peer that vanishes without a
-// disconnect, as when its machine dies, is noticed by the keepalive.
-// Throughout, a good client is served.
+// disconnect, as when its machine dies, is noticed by the keepalive; a peer
+// whose rdma_cm private data is not our handshake is refused (a client) or
+// named in a clear connect error (a server). Throughout, a good client is
+// served.
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
@@ -38,6 +40,9 @@ constexpr uint32_t kRawReadMax = 64 * 1024;  // what the raw peer READs at most
 // One rdma_cm connection to (or from) an rdmarpc peer, driven by hand.
 class RawPeer {
  public:
+  // Sent in rdma_connect / rdma_accept instead of a valid rdmarpc handshake.
+  std::optional<std::string> private_data;
+
   ~RawPeer() {
     if (id_ != nullptr && id_->qp != nullptr) rdma_destroy_qp(id_);
     if (send_mr_) ibv_dereg_mr(send_mr_);
@@ -70,8 +75,15 @@ class RawPeer {
     if (std::string error = CreateQp(); !error.empty()) return error;
     rdma_conn_param param = ConnParam();
     param.retry_count = retry_count;
-    if (rdma_connect(id_, &param) != 0 || !Await(RDMA_CM_EVENT_ESTABLISHED)) return "connect";
-    return "";
+    if (rdma_connect(id_, &param) != 0) return "connect";
+    switch (NextEvent()) {
+      case RDMA_CM_EVENT_ESTABLISHED:
+        return "";
+      case RDMA_CM_EVENT_REJECTED:
+        return "rejected";
+      default:
+        return "connect";
+    }
   }
 
   // As a server: listens on `ip` and returns the address to connect to.
@@ -209,13 +221,19 @@ class RawPeer {
     return "";
   }
 
-  // One READ each way at a time, with a valid rdmarpc handshake.
+  // One READ each way at a time, with a valid rdmarpc handshake or, when
+  // set, private_data instead.
   rdma_conn_param ConnParam() {
     handshake_.credits = kRawRecvs;
     handshake_.slot_size = kRawSlot;
     rdma_conn_param param{};
-    param.private_data = &handshake_;
-    param.private_data_len = sizeof handshake_;
+    if (private_data.has_value()) {
+      param.private_data = private_data->empty() ? nullptr : private_data->data();
+      param.private_data_len = static_cast<uint8_t>(private_data->size());
+    } else {
+      param.private_data = &handshake_;
+      param.private_data_len = sizeof handshake_;
+    }
     param.responder_resources = param.initiator_depth = 1;
     param.rnr_retry_count = 7;
     return param;
@@ -235,6 +253,19 @@ class RawPeer {
     auto h = DecodeHeader(&recv_buf_[wc.wr_id * kRawSlot], wc.byte_len);
     if (h.ok() && h->kind != MessageKind::kCredit) frames_.push_back(*h);
     PostRecv(static_cast<int>(wc.wr_id));
+  }
+
+  // The type of the next rdma_cm event, or RDMA_CM_EVENT_TIMEWAIT_EXIT
+  // (which no connect waits for) when none comes in 10 s.
+  rdma_cm_event_type NextEvent() {
+    pollfd p{channel_->fd, POLLIN, 0};
+    rdma_cm_event* ev = nullptr;
+    if (poll(&p, 1, 10000) <= 0 || rdma_get_cm_event(channel_, &ev) != 0) {
+      return RDMA_CM_EVENT_TIMEWAIT_EXIT;
+    }
+    const rdma_cm_event_type type = ev->event;
+    rdma_ack_cm_event(ev);
+    return type;
   }
 
   // Waits for an event of type `want`; `id`, if given, gets its rdma_cm id.
@@ -400,14 +431,18 @@ struct Server {
     client_transport = std::make_unique<RdmaTransport>(co, RdmaOptions(), false);
     return true;
   }
+  // A well-behaved client's connection, once Start has succeeded.
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectGoodClient(GoodClient* observer) {
+    return client_transport->Connect(listener->address(), observer,
+                                     absl::Now() + absl::Seconds(30));
+  }
 };
 
 TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
   GoodClient good_observer;  // outlives the transports, which call it
   Server server;
   ASSERT_TRUE(server.Start(1u << 20));
-  auto good = server.client_transport->Connect(server.listener->address(), &good_observer,
-                                               absl::Now() + absl::Seconds(30));
+  auto good = server.ConnectGoodClient(&good_observer);
   ASSERT_TRUE(good.ok()) << good.status();
   ASSERT_TRUE(good_observer.Call(**good, 1).ok());
 
@@ -542,8 +577,7 @@ TEST(RdmaBadInput, UnreleasedResponsePayloadIsRevokedAtTheReleaseTimeout) {
   options.release_timeout_ms = kReleaseTimeoutMs;
   server.answerer.response_bytes = kLargeResponse;
   ASSERT_TRUE(server.Start(1u << 20, options));
-  auto good = server.client_transport->Connect(server.listener->address(), &good_observer,
-                                               absl::Now() + absl::Seconds(30));
+  auto good = server.ConnectGoodClient(&good_observer);
   ASSERT_TRUE(good.ok()) << good.status();
   RawPeer peer;
   ASSERT_EQ(peer.Connect(server.listener->address()), "");
@@ -584,8 +618,7 @@ TEST(RdmaBadInput, WithoutMemoryWindowsAnUnreleasedResponseClosesItsConnection) 
   options.memory_windows = false;
   server.answerer.response_bytes = kLargeResponse;
   ASSERT_TRUE(server.Start(1u << 20, options));
-  auto good = server.client_transport->Connect(server.listener->address(), &good_observer,
-                                               absl::Now() + absl::Seconds(30));
+  auto good = server.ConnectGoodClient(&good_observer);
   ASSERT_TRUE(good.ok()) << good.status();
   RawPeer peer;
   ASSERT_EQ(peer.Connect(server.listener->address()), "");
@@ -726,6 +759,20 @@ TEST(RdmaBadInput, ClientThatVanishesMidReadIsNoticedEvenWhereTheDeviceRetriesFo
 }
 
 // Records how its connection ended.
+// `client` connects to `raw_server` (listening at `address`), which accepts;
+// what Accept said goes to `accepted`.
+absl::StatusOr<std::shared_ptr<Connection>> ConnectToRawServer(RdmaTransport& client,
+                                                               RawPeer& raw_server,
+                                                               const Address& address,
+                                                               ConnectionObserver* observer,
+                                                               std::string* accepted) {
+  auto connecting = std::async(std::launch::async, [&] {
+    return client.Connect(address, observer, absl::Now() + absl::Seconds(30));
+  });
+  *accepted = raw_server.Accept();
+  return connecting.get();
+}
+
 class EndWatcher : public ConnectionObserver {
  public:
   void OnMessage(Connection&, InboundMessage&&) override {}
@@ -765,11 +812,9 @@ TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
   TransportOptions co;
   co.name = "keepalive-client";
   RdmaTransport client(co, KeepaliveOptions(), false);
-  auto connecting = std::async(std::launch::async, [&] {
-    return client.Connect(*address, &watcher, absl::Now() + absl::Seconds(30));
-  });
-  ASSERT_EQ(raw_server.Accept(), "");
-  auto conn = connecting.get();
+  std::string accepted;
+  auto conn = ConnectToRawServer(client, raw_server, *address, &watcher, &accepted);
+  ASSERT_EQ(accepted, "");
   ASSERT_TRUE(conn.ok()) << conn.status();
   OutboundMessage request;
   request.header.kind = MessageKind::kRequest;
@@ -798,6 +843,73 @@ TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
   EXPECT_NE(why->message().find("peer_timeout_ms"), std::string::npos) << *why;
   printf("noticed after %s: %s\n", absl::FormatDuration(absl::Now() - vanished).c_str(),
          std::string(why->message()).c_str());
+}
+
+// Private data that is not an rdmarpc handshake of our version: none at all,
+// another protocol's bytes, or a version we do not speak.
+std::vector<std::pair<const char*, std::string>> ForeignHandshakes() {
+  Handshake other_version;
+  other_version.version = Handshake::kVersion + 1;
+  other_version.credits = kRawRecvs;
+  other_version.slot_size = kRawSlot;
+  std::string other(sizeof other_version, '\0');
+  memcpy(other.data(), &other_version, sizeof other_version);
+  return {{"no private data", ""},
+          {"another protocol's bytes", "GET / HTTP/1.1\r\n"},
+          {"handshake version kVersion + 1", other}};
+}
+
+// A client whose rdma_cm private data is not an rdmarpc handshake is
+// refused at connect (REJECTED, nothing allocated for it past the request),
+// and the server goes on serving.
+TEST(RdmaBadInput, ClientWithoutOurHandshakeIsRefused) {
+  GoodClient good_observer;  // outlives the transports, which call it
+  Server server;
+  ASSERT_TRUE(server.Start(1u << 20));
+  auto good = server.ConnectGoodClient(&good_observer);
+  ASSERT_TRUE(good.ok()) << good.status();
+  uint64_t good_id = 1;
+  ASSERT_TRUE(good_observer.Call(**good, good_id++).ok());
+  for (const auto& [what, bytes] : ForeignHandshakes()) {
+    SCOPED_TRACE(what);
+    RawPeer peer;
+    peer.private_data = bytes;
+    EXPECT_EQ(peer.Connect(server.listener->address()), "rejected");
+    EXPECT_TRUE(good_observer.Call(**good, good_id++).ok()) << "the good client was not served";
+  }
+  EXPECT_EQ(server.answerer.closed_count(), 0u) << "a refused client got a connection";
+  (*good)->Close();
+}
+
+// A server whose rdma_cm private data is not an rdmarpc handshake: the
+// connect fails UNAVAILABLE saying so, instead of a connection that would
+// misread every frame.
+TEST(RdmaBadInput, ServerWithoutOurHandshakeIsAClearConnectError) {
+  const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  for (const auto& [what, bytes] : ForeignHandshakes()) {
+    SCOPED_TRACE(what);
+    RawPeer raw_server;
+    raw_server.private_data = bytes;
+    const std::optional<Address> address = raw_server.Listen(ip);
+    ASSERT_TRUE(address.has_value());
+    EndWatcher watcher;  // outlives the transport, which calls it
+    TransportOptions co;
+    co.name = "handshake-client";
+    RdmaTransport client(co, RdmaOptions(), false);
+    std::string accepted;  // "accept" when the client drops it at once
+    auto conn = ConnectToRawServer(client, raw_server, *address, &watcher, &accepted);
+    ASSERT_FALSE(conn.ok()) << "connected to a server that sent no rdmarpc handshake";
+    EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable) << conn.status();
+    const bool versioned = absl::string_view(what).find("version") != absl::string_view::npos;
+    const std::string expected =
+        versioned
+            ? absl::StrCat("the server speaks rdmarpc handshake version ", Handshake::kVersion + 1)
+            : "not an rdmarpc server?";
+    EXPECT_NE(conn.status().message().find(expected), absl::string_view::npos) << conn.status();
+    EXPECT_NE(conn.status().message().find(address->host), absl::string_view::npos)
+        << "the error should name the server: " << conn.status();
+  }
 }
 
 }  // namespace

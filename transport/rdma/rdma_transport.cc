@@ -483,8 +483,13 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         break;
       }
       memcpy(&hs, pd, sizeof hs);
-      if (hs.magic != Handshake::kMagic || hs.version != Handshake::kVersion) {
-        fail(absl::StrCat("unsupported handshake version ", hs.version));
+      if (hs.magic != Handshake::kMagic) {
+        fail("the server sent no rdmarpc handshake (not an rdmarpc server?)");
+        break;
+      }
+      if (hs.version != Handshake::kVersion) {
+        fail(absl::StrCat("the server speaks rdmarpc handshake version ", hs.version, ", we speak ",
+                          Handshake::kVersion));
         break;
       }
       if (absl::Status s = CheckGidIndex(id, rdma_); !s.ok()) {
@@ -531,12 +536,15 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   }
   Handshake hs;
   if (ev->param.conn.private_data == nullptr || ev->param.conn.private_data_len < sizeof hs) {
-    return refuse("no rdmarpc handshake in the private data");
+    return refuse("no rdmarpc handshake in the private data (not an rdmarpc client?)");
   }
   memcpy(&hs, ev->param.conn.private_data, sizeof hs);
-  if (hs.magic != Handshake::kMagic || hs.version != Handshake::kVersion) {
-    return refuse(absl::StrCat("unsupported handshake (magic ", hs.magic, ", version ",
-                               hs.version, ")"));
+  if (hs.magic != Handshake::kMagic) {
+    return refuse("no rdmarpc handshake in the private data (not an rdmarpc client?)");
+  }
+  if (hs.version != Handshake::kVersion) {
+    return refuse(absl::StrCat("it speaks rdmarpc handshake version ", hs.version, ", we speak ",
+                               Handshake::kVersion));
   }
   if (rdma_.trace) {
     TraceLine(options_.name,

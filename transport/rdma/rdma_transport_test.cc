@@ -598,7 +598,7 @@ TEST(RdmaTransport, RegisteredMemoryBoundIsResourceExhaustedNamingIt) {
     ASSERT_EQ(recorder.statuses.size(), 1u);
     const absl::Status& why = recorder.statuses[0];
     EXPECT_EQ(why.code(), absl::StatusCode::kResourceExhausted) << why;
-    for (const std::string part :
+    for (const std::string& part :
          {std::string("max_registered_bytes"), std::to_string(kBound), std::string("rxe")}) {
       EXPECT_NE(why.message().find(part), absl::string_view::npos)
           << "\"" << part << "\" not in: " << why;
