@@ -55,6 +55,9 @@ struct RdmaTransport::Attempt {
   std::shared_ptr<RdmaConnection> conn;
   std::promise<absl::Status> done;
   bool finished = false;
+  // The deadline passed while rdma_connect was out: given up at the id's
+  // next event (see Connect).
+  bool abandoned = false;
 
   void Finish(absl::Status s) {
     if (finished) return;
@@ -141,8 +144,12 @@ void RdmaTransport::CmLoop() {
       tasks.swap(tasks_);
     }
     for (auto& t : tasks) t();
+    DestroyRetiredIds();
     rdma_cm_event* ev = nullptr;
-    while (rdma_get_cm_event(channel_, &ev) == 0) HandleEvent(ev);
+    while (rdma_get_cm_event(channel_, &ev) == 0) {
+      HandleEvent(ev);
+      DestroyRetiredIds();
+    }
   }
   std::vector<std::function<void()>> tasks;
   {
@@ -150,6 +157,12 @@ void RdmaTransport::CmLoop() {
     tasks.swap(tasks_);
   }
   for (auto& t : tasks) t();
+  DestroyRetiredIds();
+}
+
+void RdmaTransport::DestroyRetiredIds() {
+  for (rdma_cm_id* id : retired_ids_) rdma_destroy_id(id);
+  retired_ids_.clear();
 }
 
 std::string RdmaTransport::PeerOf(rdma_cm_id* id) const {
@@ -290,7 +303,15 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
       if (at->finished) return;
       at->Finish(absl::DeadlineExceededError(absl::StrCat("connecting to ", at->target,
                                                           " timed out")));
-      AbandonAttempt(at.get());
+      if (at->conn) {
+        // rdma_connect is out, and librdmacm moves the QP (CONNECT_RESPONSE)
+        // or errors it (REJECTED) inside rdma_get_cm_event on this thread; a
+        // teardown now would destroy the QP on the poller under its feet.
+        // The answer comes (or the CM's own timeout does): give it up then.
+        at->abandoned = true;
+      } else {
+        AbandonAttempt(at.get());
+      }
     });
   }
   absl::Status s = result.get();
@@ -308,7 +329,7 @@ void RdmaTransport::AbandonAttempt(Attempt* at) {
       conn->Teardown(absl::UnavailableError("connect abandoned"));
     });
   } else {
-    destroy_after_ack_ = at->id;
+    retired_ids_.push_back(at->id);
   }
 }
 
@@ -418,6 +439,11 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
     return;
   }
   Attempt* at = target.attempt.get();
+  if (at->abandoned) {
+    AbandonAttempt(at);
+    rdma_ack_cm_event(ev);
+    return;
+  }
   const int status = ev->status;
   auto fail = [&](const std::string& what) {
     absl::Status why = absl::UnavailableError(absl::StrCat(
@@ -515,10 +541,6 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       break;
   }
   rdma_ack_cm_event(ev);
-  if (destroy_after_ack_) {
-    rdma_destroy_id(destroy_after_ack_);
-    destroy_after_ack_ = nullptr;
-  }
 }
 
 void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) {
@@ -528,7 +550,7 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
     fprintf(stderr, "rdmarpc[%s]: refusing connection from %s: %s\n", options_.name.c_str(),
             peer.c_str(), why.c_str());
     rdma_reject(child, nullptr, 0);
-    destroy_after_ack_ = child;
+    retired_ids_.push_back(child);
   };
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -67,7 +67,11 @@ class RdmaTransport : public Transport {
   void CmLoop();
   void RunOnCm(std::function<void()> task);
   void RunOnCmAndWait(std::function<void()> task);
+  // Handles and acks one event.
   void HandleEvent(rdma_cm_event* ev);
+  // Destroys the ids given up while handling events or running tasks; CM
+  // thread, with no event unacked (rdma_destroy_id waits for its acks).
+  void DestroyRetiredIds();
   void OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener);
   void AbandonAttempt(Attempt* at);
   absl::StatusOr<Endpoint*> EndpointFor(rdma_cm_id* id);
@@ -94,7 +98,7 @@ class RdmaTransport : public Transport {
   std::mutex tasks_mu_;
   std::vector<std::function<void()>> tasks_;
   std::unordered_map<rdma_cm_id*, CmTarget> cm_targets_;  // CM thread
-  rdma_cm_id* destroy_after_ack_ = nullptr;                // CM thread
+  std::vector<rdma_cm_id*> retired_ids_;                  // CM thread
   std::set<const Endpoint*> described_;                    // CM thread
   bool ack_timeout_warned_ = false;                        // CM thread
 

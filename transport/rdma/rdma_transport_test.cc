@@ -1597,6 +1597,79 @@ TEST(RdmaTransport, ThousandConnectDisconnectCyclesDoNotLeak) {
   EXPECT_EQ(Counters().registered_bytes, registered) << "registered memory grows";
 }
 
+// The rdma_cm ids of this process that the kernel tracks (iproute2's
+// `rdma resource show cm_id`), or -1 when the tool gives no answer. The
+// kernel names the thread that created an id, so any of our threads counts.
+int CmIdsOfThisProcess() {
+  std::set<std::string> ours;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) ours.insert(absl::StrCat(" pid ", e->d_name, " "));
+    closedir(d);
+  }
+  FILE* f = popen("rdma resource show cm_id 2>&1", "r");
+  if (f == nullptr) return -1;
+  int n = 0;
+  bool answered = false;
+  char line[1024];
+  while (fgets(line, sizeof line, f) != nullptr) {
+    answered = answered || absl::StrContains(line, " pid ");
+    for (const std::string& pid : ours) {
+      if (absl::StrContains(line, pid)) ++n;
+    }
+  }
+  pclose(f);
+  return answered ? n : -1;
+}
+
+// A connect whose deadline passes first ends DEADLINE_EXCEEDED naming its
+// target, at whatever step it was (resolving, connecting, established), and
+// leaves nothing behind: its rdma_cm id is destroyed, a connection the
+// server accepted for it closes, and the transport connects as usual after.
+TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
+  Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  ASSERT_TRUE(fx.Start());
+  const int ids_before = CmIdsOfThisProcess();
+  ASSERT_GT(ids_before, 0) << "`rdma resource show cm_id` does not list this process's listener";
+  const uint64_t opened = Counters().connections_opened;
+  const uint64_t closed = Counters().connections_closed;
+  int timed_out = 0;
+  for (int i = 0; i < 60; ++i) {
+    auto conn = fx.client->Connect(fx.addr, &waiter, absl::Now() + absl::Microseconds(200 * i));
+    if (conn.ok()) {
+      (*conn)->Close();
+      continue;
+    }
+    ++timed_out;
+    EXPECT_EQ(conn.status().code(), absl::StatusCode::kDeadlineExceeded) << conn.status();
+    EXPECT_NE(conn.status().message().find("connecting to " + fx.addr.ToString() + " timed out"),
+              absl::string_view::npos)
+        << conn.status();
+  }
+  EXPECT_GT(timed_out, 0) << "no connect ran past its deadline";
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  int ids = CmIdsOfThisProcess();
+  while ((ids != ids_before ||
+          Counters().connections_closed - closed != Counters().connections_opened - opened) &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+    ids = CmIdsOfThisProcess();
+  }
+  printf("%d of 60 connects timed out; rdma_cm ids %d before, %d after; %llu connections opened\n",
+         timed_out, ids_before, ids,
+         static_cast<unsigned long long>(Counters().connections_opened - opened));
+  EXPECT_EQ(ids, ids_before) << "rdma_cm ids of abandoned connects were left behind";
+  EXPECT_EQ(Counters().connections_closed - closed, Counters().connections_opened - opened)
+      << "connections opened for abandoned connects stayed open";
+  Waiter& after = fx.NewWaiter();
+  auto conn = fx.Connect(&after);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto r = Call(**conn, after, 1, Filled(**conn, 100, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, 100, 1));
+  (*conn)->Close();
+}
+
 // A client process that advertises a large request and is killed while the
 // server READs it. The server drops that call and keeps serving.
 TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
