@@ -95,6 +95,9 @@ RdmaTransport::RdmaTransport(TransportOptions options, RdmaOptions rdma, bool se
   if (channel_) {
     fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
     cm_thread_ = std::thread([this] { CmLoop(); });
+    cm_thread_id_ = cm_thread_.get_id();
+  } else {
+    cm_exited_ = true;
   }
 }
 
@@ -111,30 +114,43 @@ size_t RdmaTransport::receive_bytes() const {
   return total;
 }
 
-void RdmaTransport::RunOnCm(std::function<void()> task) {
+bool RdmaTransport::QueueOnCm(std::function<void()>& task) {
   {
     std::lock_guard<std::mutex> lock(tasks_mu_);
+    if (cm_exited_) return false;
     tasks_.push_back(std::move(task));
   }
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof one);
+  return true;
+}
+
+void RdmaTransport::RunAfterCm(const std::function<void()>& task) {
+  if (std::this_thread::get_id() == cm_thread_id_) return task();  // it holds the lock
+  std::lock_guard<std::mutex> lock(late_tasks_mu_);
+  task();
+}
+
+void RdmaTransport::RunOnCm(std::function<void()> task) {
+  if (!QueueOnCm(task)) RunAfterCm(task);
 }
 
 void RdmaTransport::RunOnCmAndWait(std::function<void()> task) {
-  if (std::this_thread::get_id() == cm_thread_.get_id() || !cm_thread_.joinable()) return task();
+  if (std::this_thread::get_id() == cm_thread_id_) return task();
   std::promise<void> done;
-  RunOnCm([&] {
+  std::function<void()> queued = [&] {
     task();
     done.set_value();
-  });
+  };
+  if (!QueueOnCm(queued)) return RunAfterCm(task);
   done.get_future().wait();
 }
 
 void RdmaTransport::CmLoop() {
   while (!stop_.load()) {
-    pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    poll(fds, 2, 1000);
-    if (fds[1].revents & POLLIN) {
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {channel_->fd, POLLIN, 0}};
+    poll(fds, cm_events_stopped_ ? 1 : 2, 1000);
+    if (fds[0].revents & POLLIN) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof v);
     }
@@ -146,15 +162,19 @@ void RdmaTransport::CmLoop() {
     for (auto& t : tasks) t();
     DestroyRetiredIds();
     rdma_cm_event* ev = nullptr;
-    while (rdma_get_cm_event(channel_, &ev) == 0) {
+    while (!cm_events_stopped_ && rdma_get_cm_event(channel_, &ev) == 0) {
       HandleEvent(ev);
       DestroyRetiredIds();
     }
   }
+  // The last tasks; any queued later run where they are queued (RunAfterCm),
+  // one at a time with these.
+  std::lock_guard<std::mutex> late(late_tasks_mu_);
   std::vector<std::function<void()>> tasks;
   {
     std::lock_guard<std::mutex> lock(tasks_mu_);
     tasks.swap(tasks_);
+    cm_exited_ = true;
   }
   for (auto& t : tasks) t();
   DestroyRetiredIds();
@@ -277,6 +297,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
   const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
       absl::ToInt64Milliseconds(deadline - absl::Now()), 1, rdma_.connect_timeout_ms));
   RunOnCmAndWait([&] {
+    if (cm_events_stopped_) return at->Finish(absl::UnavailableError("transport shutting down"));
     if (rdma_create_id(channel_, &at->id, nullptr, RDMA_PS_TCP) != 0) {
       return at->Finish(absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno))));
     }
@@ -636,6 +657,23 @@ void RdmaTransport::Shutdown() {
     shut_down_ = true;
   }
   if (!channel_) return;
+  // From here the CM thread runs tasks but takes no more events: librdmacm
+  // moves or errors a connecting QP inside rdma_get_cm_event
+  // (CONNECT_RESPONSE, REJECTED), which must not race with the teardowns
+  // below destroying QPs on the pollers. Connects in progress end now.
+  RunOnCmAndWait([this] {
+    cm_events_stopped_ = true;
+    for (auto it = cm_targets_.begin(); it != cm_targets_.end();) {
+      const std::shared_ptr<Attempt>& at = it->second.attempt;
+      if (at) at->Finish(absl::UnavailableError("transport shutting down"));
+      if (at && !at->conn) {  // a connection's id goes with it (on_freed)
+        retired_ids_.push_back(it->first);
+        it = cm_targets_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  });
   std::vector<std::shared_ptr<RdmaConnection>> all;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -651,13 +689,6 @@ void RdmaTransport::Shutdown() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::seconds(10), [this] { return conns_.empty(); });
   }
-  RunOnCmAndWait([this] {
-    for (auto& [id, target] : cm_targets_) {
-      if (target.attempt && !target.attempt->finished) {
-        target.attempt->Finish(absl::UnavailableError("transport shutting down"));
-      }
-    }
-  });
   stop_.store(true);
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof one);

@@ -65,8 +65,14 @@ class RdmaTransport : public Transport {
   };
 
   void CmLoop();
+  // Tasks for the CM thread, which owns cm_targets_ and the rdma_cm ids. Once
+  // it has exited (Shutdown), a task runs on the thread that gives it, one
+  // at a time (RunAfterCm): a task queued then would never run.
   void RunOnCm(std::function<void()> task);
   void RunOnCmAndWait(std::function<void()> task);
+  // Queues `task` (moving it) unless the CM thread has exited.
+  bool QueueOnCm(std::function<void()>& task);
+  void RunAfterCm(const std::function<void()>& task);
   // Handles and acks one event.
   void HandleEvent(rdma_cm_event* ev);
   // Destroys the ids given up while handling events or running tasks; CM
@@ -92,13 +98,17 @@ class RdmaTransport : public Transport {
   rdma_event_channel* channel_ = nullptr;
   int wake_fd_ = -1;
   std::thread cm_thread_;
+  std::thread::id cm_thread_id_;  // set once, before any task
   std::atomic<bool> stop_{false};
   std::atomic<uint32_t> next_serial_{1};
 
   std::mutex tasks_mu_;
-  std::vector<std::function<void()>> tasks_;
+  std::vector<std::function<void()>> tasks_;              // tasks_mu_
+  bool cm_exited_ = false;                                // tasks_mu_; no task is taken any more
+  std::mutex late_tasks_mu_;                              // RunAfterCm
   std::unordered_map<rdma_cm_id*, CmTarget> cm_targets_;  // CM thread
   std::vector<rdma_cm_id*> retired_ids_;                  // CM thread
+  bool cm_events_stopped_ = false;                        // CM thread; set by Shutdown
   std::set<const Endpoint*> described_;                    // CM thread
   bool ack_timeout_warned_ = false;                        // CM thread
 

@@ -1670,6 +1670,53 @@ TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
   (*conn)->Close();
 }
 
+// A transport shut down while its connects are at every step (resolving,
+// connecting, established) ends each of them, OK or UNAVAILABLE (or refused
+// as shut down when it came too late), crashes nothing, and the server
+// serves the next client.
+TEST(RdmaTransport, ShutdownWhileConnectingEndsEveryConnect) {
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  const uint64_t opened = Counters().connections_opened;
+  const uint64_t closed = Counters().connections_closed;
+  for (int round = 0; round < 12; ++round) {
+    Waiter& w = fx.NewWaiter();  // outlives the transport, which calls it
+    TransportOptions co;
+    co.name = "shutdown-client";
+    RdmaTransport client(co, RdmaOptions(), false);
+    std::vector<std::future<absl::Status>> connects;
+    for (int i = 0; i < 4; ++i) {
+      connects.push_back(std::async(std::launch::async, [&] {
+        auto c = client.Connect(fx.addr, &w, absl::Now() + absl::Seconds(30));
+        return c.ok() ? absl::OkStatus() : c.status();
+      }));
+    }
+    absl::SleepFor(absl::Microseconds(400 * round));
+    client.Shutdown();
+    for (auto& f : connects) {
+      ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+          << "round " << round << ": a connect outlived its transport's shutdown";
+      const absl::Status s = f.get();
+      EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kUnavailable ||
+                  s.code() == absl::StatusCode::kFailedPrecondition)
+          << "round " << round << ": " << s;
+    }
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (Counters().connections_closed - closed != Counters().connections_opened - opened &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(Counters().connections_closed - closed, Counters().connections_opened - opened)
+      << "connections of shut-down clients stayed open on the server";
+  Waiter& after = fx.NewWaiter();
+  auto conn = fx.Connect(&after);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto r = Call(**conn, after, 1, Filled(**conn, 100, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  (*conn)->Close();
+}
+
 // A client process that advertises a large request and is killed while the
 // server READs it. The server drops that call and keeps serving.
 TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
