@@ -17,8 +17,9 @@
 // Threading: each Transport runs its own I/O thread(s); observer callbacks run
 // there, one at a time per connection, and must not block. Send() and Close()
 // are safe from any thread. Shutdown() closes every connection (each gets
-// OnClosed) and joins the transport's threads: after it returns, no callback
-// runs, so observers may be destroyed.
+// OnClosed), ends the Connects in progress (UNAVAILABLE) and joins the
+// transport's threads: after it returns, no callback runs, so observers may
+// be destroyed, and a Connect fails FAILED_PRECONDITION.
 //
 // Large payloads: a transport may carry a payload out of band (RDMA advertises
 // it and the receiver READs it). The runtime sees the same InboundMessage
