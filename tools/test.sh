@@ -2,8 +2,9 @@
 # Runs every test: the host tests with Bazel, then the RDMA tests under
 # tools/vm/run.sh (this machine's RDMA device, or Soft-RoCE VMs), then again
 # under the sanitizers: host tests with ASan+UBSan and TSan, RDMA tests with
-# ASan+UBSan (TSan cannot see the NIC's writes as synchronization). Extra arguments go to
-# every `bazel test`. RDMARPC_TEST_SANITIZERS=0 skips the sanitizer rounds.
+# ASan+UBSan (TSan cannot see the NIC's writes as synchronization). Extra
+# arguments go to every `bazel test`. RDMARPC_TEST_SANITIZERS=0 skips the
+# sanitizer rounds.
 # Ends with the tail of each failed test's log, one line naming each failed
 # test and its round, and then "N passed, N failed" (counting Bazel test runs):
 # CI shows only the last lines, and they must say what broke.
