@@ -329,6 +329,8 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
         // or errors it (REJECTED) inside rdma_get_cm_event on this thread; a
         // teardown now would destroy the QP on the poller under its feet.
         // The answer comes (or the CM's own timeout does): give it up then.
+        // The caller may drop its observer once Connect returns.
+        at->conn->set_observer(nullptr);
         at->abandoned = true;
       } else {
         AbandonAttempt(at.get());
