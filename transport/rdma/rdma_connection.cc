@@ -593,7 +593,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       m.payload = endpoint_->SlotBuffer(slot, kHeaderSize + h.metadata_len, h.payload_len);
       m.payload_on_loan = true;
       RDMARPC_STAGE(kRecvDeliver);
-      observer_->OnMessage(*this, std::move(m));
+      if (observer_) observer_->OnMessage(*this, std::move(m));
     } else {
       endpoint_->ReleaseSlot(slot);
       const uint32_t op_id = next_read_op_++;
@@ -717,7 +717,7 @@ void RdmaConnection::DeliverRead(uint32_t op_id) {
   }
   // The peer may reuse its response buffer now: we will not READ it again.
   if (is_response) SendControl(MessageKind::kRelease, token);
-  observer_->OnMessage(*this, std::move(op.msg));
+  if (observer_) observer_->OnMessage(*this, std::move(op.msg));
 }
 
 void RdmaConnection::OnCompletion(const ibv_wc& wc) {
@@ -880,6 +880,10 @@ void RdmaConnection::Fail(absl::Status why) {
   fprintf(stderr, "rdmarpc[%s]: closing connection to %s: %s\n", options_.name.c_str(),
           peer_.c_str(), std::string(why.message()).c_str());
   Teardown(std::move(why));
+}
+
+void RdmaConnection::DetachObserver() {
+  endpoint_->RunOnPollerAndWait([this] { observer_ = nullptr; });
 }
 
 void RdmaConnection::Teardown(absl::Status why) {

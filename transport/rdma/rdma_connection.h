@@ -160,7 +160,14 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
 
   // Creates the QP on the endpoint's PD/CQ/SRQ.
   absl::Status CreateQp();
+  // Before the connection is added to its endpoint.
   void set_observer(ConnectionObserver* observer) { observer_ = observer; }
+  // From here the observer hears nothing more, OnClosed included, and frames
+  // that arrive are dropped: for a connect given up, whose caller may destroy
+  // the observer once Connect returns. Returns once no call into the
+  // observer is in progress: it is cleared on the I/O context, which makes
+  // those calls.
+  void DetachObserver();
 
   absl::Status Send(OutboundMessage&& msg) override;
   absl::Status SendWith(OutboundMessage&& msg, size_t payload_size,

@@ -322,19 +322,19 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
   if (result.wait_until(absl::ToChronoTime(deadline)) != std::future_status::ready) {
     RunOnCmAndWait([&] {
       if (at->finished) return;
-      at->Finish(absl::DeadlineExceededError(absl::StrCat("connecting to ", at->target,
-                                                          " timed out")));
       if (at->conn) {
         // rdma_connect is out, and librdmacm moves the QP (CONNECT_RESPONSE)
         // or errors it (REJECTED) inside rdma_get_cm_event on this thread; a
         // teardown now would destroy the QP on the poller under its feet.
         // The answer comes (or the CM's own timeout does): give it up then.
         // The caller may drop its observer once Connect returns.
-        at->conn->set_observer(nullptr);
+        at->conn->DetachObserver();
         at->abandoned = true;
       } else {
         AbandonAttempt(at.get());
       }
+      at->Finish(
+          absl::DeadlineExceededError(absl::StrCat("connecting to ", at->target, " timed out")));
     });
   }
   absl::Status s = result.get();
@@ -344,10 +344,11 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
 
 void RdmaTransport::AbandonAttempt(Attempt* at) {
   // CM thread. The id is either still the attempt's or owned by at->conn.
+  // Before the attempt finishes: its caller may then destroy the observer.
   cm_targets_.erase(at->id);
   if (at->conn) {
     auto conn = std::move(at->conn);
-    conn->set_observer(nullptr);
+    conn->DetachObserver();
     conn->endpoint()->RunOnPoller([conn] {
       conn->Teardown(absl::UnavailableError("connect abandoned"));
     });
@@ -474,8 +475,8 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         ", status ", status, "). Devices: ", DescribeDevices(), ". ", kTry));
     if (rdma_.trace)
       TraceLine(options_.name, absl::StrCat(at->target, ": connect failed: ", why.message()));
-    at->Finish(std::move(why));
     AbandonAttempt(at);
+    at->Finish(std::move(why));
   };
   if (rdma_.trace && type != RDMA_CM_EVENT_ESTABLISHED) {
     TraceLine(options_.name, absl::StrCat(at->target, ": ", rdma_event_str(type)));
@@ -667,8 +668,11 @@ void RdmaTransport::Shutdown() {
     cm_events_stopped_ = true;
     for (auto it = cm_targets_.begin(); it != cm_targets_.end();) {
       const std::shared_ptr<Attempt>& at = it->second.attempt;
+      // A connection's id goes with it (on_freed), in the teardowns below;
+      // its caller hears only how Connect ended.
+      if (at && at->conn) at->conn->DetachObserver();
       if (at) at->Finish(absl::UnavailableError("transport shutting down"));
-      if (at && !at->conn) {  // a connection's id goes with it (on_freed)
+      if (at && !at->conn) {
         retired_ids_.push_back(it->first);
         it = cm_targets_.erase(it);
       } else {

@@ -219,6 +219,18 @@ absl::StatusOr<InboundMessage> Call(Connection& conn, Waiter& w, uint64_t id, Bu
   return r;
 }
 
+// The server still serves: a new connection's call of `size` bytes comes
+// back whole.
+void ExpectServesANewClient(Fixture& fx, size_t size = 100) {
+  Waiter& after = fx.NewWaiter();
+  auto conn = fx.Connect(&after);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  auto r = Call(**conn, after, 1, Filled(**conn, size, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, size, 1));
+  (*conn)->Close();
+}
+
 TEST(RdmaTransport, PayloadSizesAroundEveryThreshold) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
@@ -804,7 +816,6 @@ TEST(RdmaTransport, ResponseReachedAfterTheServersReleaseTimeoutIsNotRead) {
 TEST(RdmaTransport, ResponseRevokedDuringItsReadEndsTheConnectionSayingWhy) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
-  Waiter& second_waiter = fx.NewWaiter();
   RdmaOptions server_opts;
   // Far less than a 32 MiB READ takes on Soft-RoCE, but the client starts
   // the READ at once, so only the revocation stops it.
@@ -820,12 +831,7 @@ TEST(RdmaTransport, ResponseRevokedDuringItsReadEndsTheConnectionSayingWhy) {
             std::string::npos)
       << cut.status();
   EXPECT_TRUE(waiter.closed.load());
-  auto second = fx.Connect(&second_waiter);
-  ASSERT_TRUE(second.ok()) << second.status();
-  auto served = Call(**second, second_waiter, 2, Filled(**second, 3, 2));
-  ASSERT_TRUE(served.ok()) << served.status();
-  EXPECT_TRUE(Matches(served->payload, 3, 2));
-  (*second)->Close();
+  ExpectServesANewClient(fx, 3);
 }
 
 // Server side: takes requests and never answers them; records what it got
@@ -1621,13 +1627,24 @@ int CmIdsOfThisProcess() {
   return answered ? n : -1;
 }
 
+// Waits (up to 20 s) until every connection opened since the counters read
+// `opened` and `closed` has closed again, at both ends; false if one stays.
+bool EveryConnectionClosedSince(uint64_t opened, uint64_t closed) {
+  auto still_open = [&] {
+    return Counters().connections_opened - opened - (Counters().connections_closed - closed);
+  };
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (still_open() != 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+  return still_open() == 0;
+}
+
 // A connect whose deadline passes first ends DEADLINE_EXCEEDED naming its
 // target, at whatever step it was (resolving, connecting, established), and
 // leaves nothing behind: its rdma_cm id is destroyed, a connection the
 // server accepted for it closes, and the transport connects as usual after.
 TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
+  std::vector<std::unique_ptr<Waiter>> connected;  // outlive the client, which calls them
   Fixture fx;
-  Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   const int ids_before = CmIdsOfThisProcess();
   ASSERT_GT(ids_before, 0) << "`rdma resource show cm_id` does not list this process's listener";
@@ -1635,9 +1652,14 @@ TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
   const uint64_t closed = Counters().connections_closed;
   int timed_out = 0;
   for (int i = 0; i < 60; ++i) {
-    auto conn = fx.client->Connect(fx.addr, &waiter, absl::Now() + absl::Microseconds(200 * i));
+    // A failed connect's observer is destroyed when Connect returns, as a
+    // caller may: a later call into it is a use after free (ASan round).
+    auto observer = std::make_unique<Waiter>();
+    auto conn =
+        fx.client->Connect(fx.addr, observer.get(), absl::Now() + absl::Microseconds(200 * i));
     if (conn.ok()) {
       (*conn)->Close();
+      connected.push_back(std::move(observer));
       continue;
     }
     ++timed_out;
@@ -1647,11 +1669,11 @@ TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
         << conn.status();
   }
   EXPECT_GT(timed_out, 0) << "no connect ran past its deadline";
+  EXPECT_TRUE(EveryConnectionClosedSince(opened, closed))
+      << "connections opened for abandoned connects stayed open";
   const absl::Time until = absl::Now() + absl::Seconds(20);
   int ids = CmIdsOfThisProcess();
-  while ((ids != ids_before ||
-          Counters().connections_closed - closed != Counters().connections_opened - opened) &&
-         absl::Now() < until) {
+  while (ids != ids_before && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(50));
     ids = CmIdsOfThisProcess();
   }
@@ -1659,15 +1681,7 @@ TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
          timed_out, ids_before, ids,
          static_cast<unsigned long long>(Counters().connections_opened - opened));
   EXPECT_EQ(ids, ids_before) << "rdma_cm ids of abandoned connects were left behind";
-  EXPECT_EQ(Counters().connections_closed - closed, Counters().connections_opened - opened)
-      << "connections opened for abandoned connects stayed open";
-  Waiter& after = fx.NewWaiter();
-  auto conn = fx.Connect(&after);
-  ASSERT_TRUE(conn.ok()) << conn.status();
-  auto r = Call(**conn, after, 1, Filled(**conn, 100, 1));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(Matches(r->payload, 100, 1));
-  (*conn)->Close();
+  ExpectServesANewClient(fx);
 }
 
 // A transport shut down while its connects are at every step (resolving,
@@ -1680,15 +1694,22 @@ TEST(RdmaTransport, ShutdownWhileConnectingEndsEveryConnect) {
   const uint64_t opened = Counters().connections_opened;
   const uint64_t closed = Counters().connections_closed;
   for (int round = 0; round < 12; ++round) {
-    Waiter& w = fx.NewWaiter();  // outlives the transport, which calls it
+    std::mutex connected_mu;
+    std::vector<std::unique_ptr<Waiter>> connected;  // outlive the transport, which calls them
     TransportOptions co;
     co.name = "shutdown-client";
     RdmaTransport client(co, RdmaOptions(), false);
     std::vector<std::future<absl::Status>> connects;
     for (int i = 0; i < 4; ++i) {
       connects.push_back(std::async(std::launch::async, [&] {
-        auto c = client.Connect(fx.addr, &w, absl::Now() + absl::Seconds(30));
-        return c.ok() ? absl::OkStatus() : c.status();
+        // Destroyed when its connect fails, as a caller may (see the
+        // abandoned connects' test).
+        auto observer = std::make_unique<Waiter>();
+        auto c = client.Connect(fx.addr, observer.get(), absl::Now() + absl::Seconds(30));
+        if (!c.ok()) return c.status();
+        std::lock_guard<std::mutex> lock(connected_mu);
+        connected.push_back(std::move(observer));
+        return absl::OkStatus();
       }));
     }
     absl::SleepFor(absl::Microseconds(400 * round));
@@ -1702,26 +1723,58 @@ TEST(RdmaTransport, ShutdownWhileConnectingEndsEveryConnect) {
           << "round " << round << ": " << s;
     }
   }
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (Counters().connections_closed - closed != Counters().connections_opened - opened &&
-         absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_EQ(Counters().connections_closed - closed, Counters().connections_opened - opened)
+  EXPECT_TRUE(EveryConnectionClosedSince(opened, closed))
       << "connections of shut-down clients stayed open on the server";
-  Waiter& after = fx.NewWaiter();
-  auto conn = fx.Connect(&after);
-  ASSERT_TRUE(conn.ok()) << conn.status();
-  auto r = Call(**conn, after, 1, Filled(**conn, 100, 1));
-  ASSERT_TRUE(r.ok()) << r.status();
-  (*conn)->Close();
+  ExpectServesANewClient(fx);
+}
+
+// A detached observer (a connect given up: its caller may destroy it) hears
+// nothing more: frames that arrive, by SEND or READ, are dropped, and the
+// connection's end is not reported.
+TEST(RdmaTransport, DetachedObserverHearsNothingMore) {
+  Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
+  ASSERT_TRUE(Call(*conn, waiter, 1, Filled(*conn, 100, 1)).ok());
+  std::shared_ptr<Connection> accepted = fx.LastAccepted();
+  ASSERT_TRUE(accepted);
+  auto* server_side = dynamic_cast<RdmaConnection*>(accepted.get());
+  ASSERT_NE(server_side, nullptr);
+  server_side->DetachObserver();
+  const int requests = fx.echo.requests.load();
+  const uint64_t opened = Counters().connections_opened;
+  const uint64_t closed = Counters().connections_closed;
+  const uint64_t bytes_read = Counters().bytes_read;
+  constexpr size_t kLarge = 1u << 20;  // by READ
+  auto small_answer = waiter.Expect(2);
+  auto large_answer = waiter.Expect(3);
+  ASSERT_TRUE(conn->Send(Request(2, Filled(*conn, 100, 2))).ok());
+  ASSERT_TRUE(conn->Send(Request(3, Filled(*conn, kLarge, 3))).ok());
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (Counters().bytes_read - bytes_read < kLarge && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(Counters().bytes_read - bytes_read, kLarge) << "the server never READ the request";
+  // The poller calls the observer right after counting the bytes, if at all.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(fx.echo.requests.load(), requests) << "a detached observer was given a request";
+  EXPECT_EQ(small_answer.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  EXPECT_EQ(large_answer.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  conn->Close();
+  ASSERT_TRUE(EveryConnectionClosedSince(opened - 2, closed))  // both its ends
+      << "the connection stayed open";
+  {
+    std::lock_guard<std::mutex> lock(fx.echo.mu);
+    EXPECT_TRUE(fx.echo.closed.empty()) << "a detached observer was told the connection closed";
+  }
+  ExpectServesANewClient(fx);
 }
 
 // A client process that advertises a large request and is killed while the
 // server READs it. The server drops that call and keeps serving.
 TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
   Fixture fx;
-  Waiter& w = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
   int out[2];
   ASSERT_EQ(pipe(out), 0);
@@ -1766,12 +1819,7 @@ TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   // ...and the server still serves others, large payloads included.
-  auto c = fx.Connect(&w);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto r = Call(**c, w, 1, Filled(**c, 1 << 20, 9));
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(Matches(r->payload, 1 << 20, 9));
-  (*c)->Close();
+  ExpectServesANewClient(fx, 1 << 20);
 }
 
 int DoomedClient(const std::string& target) {
