@@ -107,8 +107,8 @@ absl::Status RdmaConnection::CreateQp() {
   if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) {
     a.cap.max_inline_data = 0;  // some devices have no inline support
     if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) {
-      return absl::UnavailableError(absl::StrCat("rdma_create_qp on ", endpoint_->device_name(),
-                                                 " for ", peer_, ": ", strerror(errno)));
+      return absl::ErrnoToStatus(
+          errno, absl::StrCat("rdma_create_qp on ", endpoint_->device_name(), " for ", peer_));
     }
   }
   max_inline_ = std::min(a.cap.max_inline_data, kMaxInlineUsed);

@@ -158,7 +158,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
                  uint32_t local_credits, uint32_t rd_atom);
   ~RdmaConnection() override;
 
-  // Creates the QP on the endpoint's PD/CQ/SRQ.
+  // Creates the QP on the endpoint's PD/CQ/SRQ; the status is errno's
+  // (absl::ErrnoToStatus).
   absl::Status CreateQp();
   // Before the connection is added to its endpoint.
   void set_observer(ConnectionObserver* observer) { observer_ = observer; }

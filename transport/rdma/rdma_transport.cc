@@ -614,7 +614,13 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
                                                LocalCredits(), rd_atom);
   if (absl::Status s = conn->CreateQp(); !s.ok()) {
     conn->ReleaseId();  // the id goes after the ack instead
-    return refuse(std::string(s.message()));
+    // EINVAL: the kernel's CM no longer holds the request as pending, and
+    // rdma_cm will not move a QP to INIT for it.
+    return refuse(absl::IsInvalidArgument(s)
+                      ? absl::StrCat(s.message(),
+                                     " (most likely the client gave up on this connect before "
+                                     "it was accepted: its deadline passed or it shut down)")
+                      : std::string(s.message()));
   }
   ConnectionObserver* observer = listener->on_accept()(conn);
   if (observer == nullptr) {
