@@ -150,6 +150,11 @@ struct TransportOptions {
   // (TcpOptionsFromEnv, applied by MakeTransport).
   uint32_t tcp_keepalive_ms = 1000;
   uint32_t tcp_peer_timeout_ms = 2000;
+  // Bytes one TCP connection may hold queued for a peer that does not read
+  // (beyond what its socket buffer took): the memory a stalled peer can pin.
+  // A Send that would queue more fails RESOURCE_EXHAUSTED naming the bound;
+  // a frame sent when nothing is queued is always taken.
+  size_t tcp_max_queued_send_bytes = 256u << 20;
 };
 
 // Returns the observer for a new connection (never null), or null to refuse it.

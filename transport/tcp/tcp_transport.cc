@@ -26,8 +26,6 @@
 namespace rdmarpc::transport {
 namespace {
 
-// Bytes queued for sending on one connection beyond which Send refuses.
-constexpr size_t kMaxQueuedSendBytes = 256u << 20;
 constexpr size_t kReadChunk = 64 * 1024;
 
 std::string ErrnoText(int err) { return strerror(err); }
@@ -151,9 +149,11 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
   if (send_closed_ || closing_.load()) {
     return absl::UnavailableError(absl::StrCat("connection to ", peer_, " is closed"));
   }
-  if (queued_bytes_ + out.size() > kMaxQueuedSendBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "more than ", kMaxQueuedSendBytes, " bytes queued for ", peer_, " (peer not reading?)"));
+  const size_t bound = transport_->options_.tcp_max_queued_send_bytes;
+  if (!queue_.empty() && queued_bytes_ + out.size() > bound) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("more than ", bound, " bytes queued for ", peer_,
+                     " (TransportOptions::tcp_max_queued_send_bytes; is the peer reading?)"));
   }
   queued_bytes_ += out.size();
   queue_.push_back(std::move(out));

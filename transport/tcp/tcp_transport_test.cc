@@ -1,0 +1,120 @@
+// TcpTransport against a raw socket peer: what a peer that stops reading can
+// make a sender hold.
+#include "transport/tcp/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "transport/wire_format.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+class NoObserver : public ConnectionObserver {
+ public:
+  void OnMessage(Connection&, InboundMessage&&) override {}
+  void OnClosed(Connection&, const absl::Status&) override {}
+};
+
+// A listening socket on loopback with a small receive buffer, so that a peer
+// that does not read fills it quickly.
+class SilentPeer {
+ public:
+  SilentPeer() {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    const int small = 64 << 10;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);  // accepted ones inherit
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+    EXPECT_EQ(listen(listen_fd_, 1), 0) << strerror(errno);
+    socklen_t len = sizeof a;
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~SilentPeer() {
+    if (fd_ >= 0) close(fd_);
+    close(listen_fd_);
+  }
+  Address address() const { return *ParseAddress(absl::StrCat("tcp://127.0.0.1:", port_)); }
+  bool Accept() {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) return false;
+    fd_ = accept(listen_fd_, nullptr, nullptr);
+    return fd_ >= 0;
+  }
+  // Reads until `bytes` have arrived or 20 s pass; what arrived.
+  size_t ReadUpTo(size_t bytes) {
+    std::string chunk(1 << 16, '\0');
+    size_t got = 0;
+    while (got < bytes) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 20000) <= 0) break;
+      const ssize_t n = read(fd_, chunk.data(), chunk.size());
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    return got;
+  }
+
+ private:
+  int listen_fd_ = -1;
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// A peer that stops reading pins at most tcp_max_queued_send_bytes of the
+// sender's memory: Send refuses RESOURCE_EXHAUSTED naming the bound, loses
+// nothing it took, and takes frames again once the peer reads.
+TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
+  SilentPeer peer;
+  NoObserver observer;  // outlives the transport, which calls it
+  TransportOptions options;
+  options.name = "queue-bound-client";
+  options.tcp_max_queued_send_bytes = 1 << 20;
+  TcpTransport client(options);
+  auto conn = client.Connect(peer.address(), &observer, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(peer.Accept());
+  constexpr size_t kPayload = 64 << 10;
+  constexpr size_t kFrame = kHeaderSize + kPayload;
+  auto send_one = [&] {
+    auto payload = (*conn)->AllocatePayload(kPayload);
+    EXPECT_TRUE(payload.ok()) << payload.status();
+    OutboundMessage m;
+    m.header.kind = MessageKind::kRequest;
+    m.payload = std::move(*payload);
+    return (*conn)->Send(std::move(m));
+  };
+  // The socket buffers take a few MiB at most; 128 MiB would mean no bound.
+  size_t taken = 0;
+  absl::Status refused;
+  while (taken < 2048) {
+    refused = send_one();
+    if (!refused.ok()) break;
+    ++taken;
+  }
+  ASSERT_FALSE(refused.ok()) << taken << " frames of " << kFrame << " bytes queued without bound";
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("more than 1048576 bytes queued"), absl::string_view::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("tcp_max_queued_send_bytes"), absl::string_view::npos)
+      << refused;
+  printf("%zu frames of %zu bytes taken before the bound refused one\n", taken, kFrame);
+
+  EXPECT_EQ(peer.ReadUpTo(taken * kFrame), taken * kFrame) << "frames Send took were lost";
+  EXPECT_TRUE(send_one().ok()) << "the connection stayed refused after its peer read";
+  EXPECT_EQ(peer.ReadUpTo(kFrame), kFrame);
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport
