@@ -9,7 +9,7 @@
 // are posted in its place in batches (kSrqRefillBatch; at once while the SRQ
 // is short of spares). When the runtime releases the message, the slot
 // becomes a spare again. Slots are fixed-size pieces of a few registered
-// regions that grow (by 64 slots) up to target + max_held_slots.
+// regions that grow (by kSlotsPerRegion) up to target + max_held_slots.
 //
 // Small payloads on the way out live in registered blocks of slot size
 // (SmallBuffer), so a SEND gathers them where they were serialized; large
@@ -79,6 +79,8 @@ class Endpoint {
   static constexpr uint32_t kMaxSendRegions = 64;
 
  public:
+  // Receive slots are registered this many at a time.
+  static constexpr uint32_t kSlotsPerRegion = 64;
   // Small payload blocks registered at most (SmallBuffer).
   static constexpr uint32_t kMaxSmallBlocks = kBlocksPerRegion * kMaxSmallRegions;
   // Send slots registered at most, for all connections together.
@@ -204,7 +206,6 @@ class Endpoint {
   int wake_fd_ = -1;
 
   // Receive slots.
-  static constexpr uint32_t kSlotsPerRegion = 64;
   std::vector<Region> regions_;  // poller only
   std::atomic<uint32_t> slot_count_{0};
   size_t posted_ = 0;  // poller thread

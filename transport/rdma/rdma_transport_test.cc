@@ -1563,6 +1563,87 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
   for (auto& c : conns) c->Close();
 }
 
+// Server side: keeps every message (and so its receive slot, on loan) until
+// told to let go; from then on drops each as it comes.
+class Hoarder : public ConnectionObserver {
+ public:
+  void OnMessage(Connection&, InboundMessage&& msg) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids_.push_back(msg.header.call_id);
+    if (!let_go_) kept_.push_back(std::move(msg));
+  }
+  void OnClosed(Connection&, const absl::Status&) override {}
+  size_t received() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ids_.size();
+  }
+  std::vector<uint64_t> ids() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ids_;
+  }
+  void LetGo() {
+    std::vector<InboundMessage> kept;  // released outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    let_go_ = true;
+    kept.swap(kept_);
+  }
+
+ private:
+  std::mutex mu_;
+  bool let_go_ = false;
+  std::vector<uint64_t> ids_;
+  std::vector<InboundMessage> kept_;
+};
+
+// Receive slots the application keeps (a message's payload is on loan) are
+// replaced by new ones up to server_receive_slots + max_held_slots; beyond
+// that the SRQ runs short (srq_short), the sender's frames wait on RNR retry
+// and receive memory grows no further. Once the application lets go, every
+// frame arrives, once and in order.
+TEST(RdmaTransport, SlotsTheApplicationHoldsAreBoundedAndNothingIsLost) {
+  Hoarder hoarder;
+  Fixture fx;
+  fx.server_observer = &hoarder;
+  RdmaOptions server_opts;
+  server_opts.server_receive_slots = Endpoint::kSlotsPerRegion;
+  server_opts.max_held_slots = Endpoint::kSlotsPerRegion;
+  const size_t bound = server_opts.server_receive_slots + server_opts.max_held_slots;
+  RdmaOptions client_opts;
+  client_opts.keepalive_ms = 0;  // the frames stalled on RNR would hold a probe up
+  Waiter& waiter = fx.NewWaiter();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter, server_opts, client_opts);
+  ASSERT_TRUE(conn);
+  const uint64_t short_before = Counters().srq_short;
+  constexpr uint64_t kFrames = 3 * 128;
+  for (uint64_t id = 1; id <= kFrames; ++id) {
+    ASSERT_TRUE(conn->Send(Request(id, Filled(*conn, 100, id))).ok());
+  }
+  // Until no more arrive: the slots have run out.
+  size_t held = 0;
+  for (const absl::Time until = absl::Now() + absl::Seconds(20); absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(200));
+    const size_t now = hoarder.received();
+    if (now == held) break;
+    held = now;
+  }
+  printf("the server held %zu frames, %zu bytes of receive slots (bound %zu slots)\n", held,
+         fx.server->receive_bytes(), bound);
+  EXPECT_GT(held, server_opts.server_receive_slots) << "held slots were not replaced";
+  EXPECT_LE(held, bound) << "more slots than server_receive_slots + max_held_slots";
+  EXPECT_LE(fx.server->receive_bytes(), bound * server_opts.slot_size);
+  EXPECT_GT(Counters().srq_short, short_before) << "the SRQ ran short without being counted";
+  hoarder.LetGo();
+  for (const absl::Time until = absl::Now() + absl::Seconds(60);
+       hoarder.received() < kFrames && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const std::vector<uint64_t> ids = hoarder.ids();
+  ASSERT_EQ(ids.size(), kFrames) << "frames were lost";
+  for (uint64_t i = 0; i < kFrames; ++i) ASSERT_EQ(ids[i], i + 1) << "frame " << i;
+  EXPECT_EQ(Counters().rnr_retry_exhausted, 0u);
+  conn->Close();
+}
+
 int OpenFds() {
   int n = 0;
   DIR* d = opendir("/proc/self/fd");
