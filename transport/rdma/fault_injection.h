@@ -40,13 +40,11 @@ struct FaultInjection {
   // Armed by a test thread: that thread's next batch of work requests waits
   // just before ibv_post_send (holding the connection's post token, and no
   // lock) until ReleaseHeldPost.
-  static void HoldNextPostOfThisThread() {
-    Hold& h = HoldState();
-    std::lock_guard<std::mutex> lock(h.mu);
-    h.who = std::this_thread::get_id();
-    h.held = h.released = false;
-    hold_armed_.store(true);
-  }
+  static void HoldNextPostOfThisThread() { ArmPost(/*fail=*/false); }
+  // Armed by a test thread: that thread's next batch of work requests fails
+  // before reaching the device, as ibv_post_send does with ENOMEM (a full
+  // send queue) for the batch's first request.
+  static void FailNextPostOfThisThread() { ArmPost(/*fail=*/true); }
   static void WaitUntilPostHeld() {
     Hold& h = HoldState();
     std::unique_lock<std::mutex> lock(h.mu);
@@ -58,18 +56,20 @@ struct FaultInjection {
     h.released = true;
     h.cv.notify_all();
   }
-  // The poster, just before ibv_post_send: one relaxed load of a constant-
-  // initialized flag when disarmed (no guard for a function-local static,
-  // no call), since it runs on every post.
-  static void MaybeHoldPost() {
-    if (hold_armed_.load(std::memory_order_relaxed)) HoldIfThisThread();
+  // The poster, just before ibv_post_send; true when the post must fail.
+  // One relaxed load of a constant-initialized flag when disarmed (no guard
+  // for a function-local static, no call), since it runs on every post.
+  static bool BeforePost() {
+    if (post_armed_.load(std::memory_order_relaxed)) return OnArmedPost();
+    return false;
   }
 
  private:
   struct Hold {
     std::mutex mu;
     std::condition_variable cv;
-    std::thread::id who;  // guarded by mu
+    std::thread::id who;    // guarded by mu
+    bool fail = false;      // guarded by mu
     bool held = false;      // guarded by mu
     bool released = false;  // guarded by mu
   };
@@ -77,16 +77,26 @@ struct FaultInjection {
     static Hold h;
     return h;
   }
-  static inline std::atomic<bool> hold_armed_{false};
+  static inline std::atomic<bool> post_armed_{false};
 
-  static void HoldIfThisThread() {
+  static void ArmPost(bool fail) {
+    Hold& h = HoldState();
+    std::lock_guard<std::mutex> lock(h.mu);
+    h.who = std::this_thread::get_id();
+    h.fail = fail;
+    h.held = h.released = false;
+    post_armed_.store(true);
+  }
+  static bool OnArmedPost() {
     Hold& h = HoldState();
     std::unique_lock<std::mutex> lock(h.mu);
-    if (!hold_armed_.load() || h.who != std::this_thread::get_id()) return;
-    hold_armed_.store(false);
+    if (!post_armed_.load() || h.who != std::this_thread::get_id()) return false;
+    post_armed_.store(false);
+    if (h.fail) return true;
     h.held = true;
     h.cv.notify_all();
     h.cv.wait(lock, [&] { return h.released; });
+    return false;
   }
 
   static bool Take(std::atomic<int>& n) {

@@ -438,10 +438,11 @@ absl::Status RdmaConnection::PostTaken() {
       o.wr.next = i + 1 < posting_.size() ? &posting_[i + 1].wr : nullptr;
     }
     ibv_send_wr* bad = nullptr;
-    FaultInjection::MaybeHoldPost();
+    const bool fail = FaultInjection::BeforePost();
     RDMARPC_STAGE(kPostBegin);
-    const int rc = ibv_post_send(id_->qp, &posting_[0].wr, &bad);
+    const int rc = fail ? ENOMEM : ibv_post_send(id_->qp, &posting_[0].wr, &bad);
     RDMARPC_STAGE(kPostEnd);
+    if (fail) bad = &posting_[0].wr;
     for (Outgoing& o : posting_) {
       if (rc != 0 && &o.wr == bad) break;
       if (o.bound_mw != nullptr) o.bound_mw->rkey = o.bound_rkey;

@@ -219,6 +219,17 @@ absl::StatusOr<InboundMessage> Call(Connection& conn, Waiter& w, uint64_t id, Bu
   return r;
 }
 
+// Waits (up to 20 s) until every connection opened since the counters read
+// `opened` and `closed` has closed again, at both ends; false if one stays.
+bool EveryConnectionClosedSince(uint64_t opened, uint64_t closed) {
+  auto still_open = [&] {
+    return Counters().connections_opened - opened - (Counters().connections_closed - closed);
+  };
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (still_open() != 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+  return still_open() == 0;
+}
+
 // The server still serves: a new connection's call of `size` bytes comes
 // back whole.
 void ExpectServesANewClient(Fixture& fx, size_t size = 100) {
@@ -1331,6 +1342,47 @@ TEST(RdmaTransport, ForkingWhileCallsAreInFlightCorruptsNothing) {
   conn->Close();
 }
 
+// A post the device refuses (ibv_post_send failing: ENOMEM, as from a full
+// send queue) ends that connection and its calls UNAVAILABLE naming the peer
+// and the error, for a small frame and for one advertising a payload to
+// READ; the server closes its end, and other connections go on.
+TEST(RdmaTransport, FailedPostEndsOnlyItsConnectionSayingWhy) {
+  Fixture fx;
+  Waiter& other_waiter = fx.NewWaiter();
+  std::shared_ptr<Connection> other = fx.StartAndConnect(other_waiter);
+  ASSERT_TRUE(other);
+  for (const size_t size : {size_t{100}, size_t{1} << 20}) {
+    SCOPED_TRACE(size);
+    Waiter& waiter = fx.NewWaiter();
+    auto conn = fx.Connect(&waiter);
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, size, 1)).ok());
+    const uint64_t opened = Counters().connections_opened;
+    const uint64_t closed = Counters().connections_closed;
+    auto answer = waiter.Expect(2);
+    Buffer payload = Filled(**conn, size, 2);
+    // This thread posts its own frame: the connection is idle, so nothing
+    // else holds its post token.
+    FaultInjection::FailNextPostOfThisThread();
+    const absl::Status sent = (*conn)->Send(Request(2, std::move(payload)));
+    EXPECT_TRUE(sent.ok() || sent.code() == absl::StatusCode::kUnavailable) << sent;
+    ASSERT_EQ(answer.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+        << "the call on the failed connection never ended";
+    const InboundMessage r = answer.get();
+    EXPECT_EQ(r.payload_status.code(), absl::StatusCode::kUnavailable) << r.payload_status;
+    EXPECT_NE(r.payload_status.message().find(absl::StrCat("ibv_post_send to ", (*conn)->peer(),
+                                                           " failed: ", strerror(ENOMEM))),
+              absl::string_view::npos)
+        << r.payload_status;
+    EXPECT_TRUE(EveryConnectionClosedSince(opened - 2, closed))  // both its ends
+        << "the failed connection stayed open";
+  }
+  auto r = Call(*other, other_waiter, 3, Filled(*other, 100, 3));
+  ASSERT_TRUE(r.ok()) << "another connection failed with it: " << r.status();
+  EXPECT_TRUE(Matches(r->payload, 100, 3));
+  ExpectServesANewClient(fx);
+}
+
 // No lock is held across ibv_post_send: while one thread is stopped inside
 // its post (on purpose), another thread's Send on the same connection returns
 // at once, and its frame goes out when the first post finishes. The server
@@ -1706,17 +1758,6 @@ int CmIdsOfThisProcess() {
   }
   pclose(f);
   return answered ? n : -1;
-}
-
-// Waits (up to 20 s) until every connection opened since the counters read
-// `opened` and `closed` has closed again, at both ends; false if one stays.
-bool EveryConnectionClosedSince(uint64_t opened, uint64_t closed) {
-  auto still_open = [&] {
-    return Counters().connections_opened - opened - (Counters().connections_closed - closed);
-  };
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (still_open() != 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
-  return still_open() == 0;
 }
 
 // A connect whose deadline passes first ends DEADLINE_EXCEEDED naming its
