@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <future>
 #include <mutex>
@@ -238,12 +239,25 @@ void Endpoint::RefillSrq() {
     }
     ibv_recv_wr* bad = nullptr;
     size_t posted = taken;
-    if (ibv_post_srq_recv(srq_, wrs, &bad) != 0) {
-      fprintf(stderr, "rdmarpc[%s]: ibv_post_srq_recv on %s failed: %s\n", owner_.c_str(),
-              device_name_.c_str(), strerror(errno));
+    const bool fail = FaultInjection::TakeFailedSrqPost();
+    if (fail) bad = wrs;
+    // The error is the return value: providers need not set errno.
+    if (const int rc = fail ? ENOMEM : ibv_post_srq_recv(srq_, wrs, &bad); rc != 0) {
+      // Retried as the poller runs, so logged when it starts and ends only.
+      if (srq_posts_failed_++ == 0) {
+        fprintf(stderr,
+                "rdmarpc[%s]: ibv_post_srq_recv on %s failed: %s; the SRQ has %zu of its %zu "
+                "slots posted; refilling is retried (senders wait on RNR retry if it empties)\n",
+                owner_.c_str(), device_name_.c_str(), strerror(rc), posted_, target_);
+      }
       posted = bad != nullptr ? static_cast<size_t>(bad - wrs) : 0;
       for (size_t i = posted; i < taken; ++i) ReleaseSlot(take[i]);
       failed = true;
+    } else if (srq_posts_failed_ > 0) {
+      fprintf(stderr,
+              "rdmarpc[%s]: ibv_post_srq_recv on %s works again after %" PRIu64 " failed posts\n",
+              owner_.c_str(), device_name_.c_str(), srq_posts_failed_);
+      srq_posts_failed_ = 0;
     }
     posted_ += posted;
     Count(&RdmaCounters::srq_slots_posted, posted);

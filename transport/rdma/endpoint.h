@@ -209,6 +209,7 @@ class Endpoint {
   std::vector<Region> regions_;  // poller only
   std::atomic<uint32_t> slot_count_{0};
   size_t posted_ = 0;  // poller thread
+  uint64_t srq_posts_failed_ = 0;  // poller thread; in a row
   // Slots neither posted nor held: any thread gives them back (a released
   // Buffer), the poller takes them to post; at most target_ + max_held_slots.
   FreeIndexStack spare_;

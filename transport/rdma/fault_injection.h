@@ -37,6 +37,14 @@ struct FaultInjection {
   }
   static bool TakeRefusedSendBlock() { return Take(RefuseSendBlocks()); }
 
+  // The next N refills of an SRQ fail before reaching the device, as
+  // ibv_post_srq_recv does with ENOMEM for the batch's first request.
+  static std::atomic<int>& FailSrqPosts() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static bool TakeFailedSrqPost() { return Take(FailSrqPosts()); }
+
   // Armed by a test thread: that thread's next batch of work requests waits
   // just before ibv_post_send (holding the connection's post token, and no
   // lock) until ReleaseHeldPost.

@@ -1696,6 +1696,37 @@ TEST(RdmaTransport, SlotsTheApplicationHoldsAreBoundedAndNothingIsLost) {
   conn->Close();
 }
 
+// A refill of the SRQ that fails (ibv_post_srq_recv: ENOMEM) is retried as
+// the poller runs: the slots it held come back, the SRQ's shortage is
+// counted, senders wait on RNR retry meanwhile, and every call is answered.
+TEST(RdmaTransport, FailedSrqRefillIsRetriedAndLosesNothing) {
+  Fixture fx;
+  RdmaOptions server_opts;
+  server_opts.server_receive_slots = Endpoint::kSlotsPerRegion;
+  Waiter& waiter = fx.NewWaiter();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter, server_opts);
+  ASSERT_TRUE(conn);
+  const uint64_t short_before = Counters().srq_short;
+  constexpr int kFailures = 3;
+  FaultInjection::FailSrqPosts() = kFailures;  // the next refills, of either side's SRQ
+  constexpr uint64_t kCalls = 4 * Endpoint::kSlotsPerRegion;
+  std::vector<std::future<InboundMessage>> answers;
+  for (uint64_t id = 1; id <= kCalls; ++id) {
+    answers.push_back(waiter.Expect(id));
+    ASSERT_TRUE(conn->Send(Request(id, Filled(*conn, 100, id))).ok());
+  }
+  for (uint64_t id = 1; id <= kCalls; ++id) {
+    ASSERT_EQ(answers[id - 1].wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "call " << id << " was lost";
+    const InboundMessage r = answers[id - 1].get();
+    EXPECT_TRUE(r.payload_status.ok() && Matches(r.payload, 100, id)) << "call " << id;
+  }
+  EXPECT_EQ(FaultInjection::FailSrqPosts().load(), 0) << "fewer refills than failures armed";
+  EXPECT_GT(Counters().srq_short, short_before) << "the failed refills were not counted";
+  EXPECT_EQ(Counters().rnr_retry_exhausted, 0u);
+  conn->Close();
+}
+
 int OpenFds() {
   int n = 0;
   DIR* d = opendir("/proc/self/fd");
