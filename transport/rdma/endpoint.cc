@@ -169,10 +169,11 @@ absl::StatusOr<Endpoint::Region> Endpoint::NewRegion(size_t bytes, int access,
     return absl::ResourceExhaustedError(
         absl::StrCat("out of memory for ", bytes, " bytes of ", what, " on ", device_name_));
   }
-  ibv_mr* mr = ibv_reg_mr(pd_, mem, bytes, access);
+  ibv_mr* mr = RegisterMemory(pd_, mem, bytes, access);
   if (!mr) {
+    const int err = errno;
     free(mem);
-    return Errno(absl::StrCat("ibv_reg_mr of ", bytes, " bytes for ", what), device_name_);
+    return RegistrationError(bytes, what, device_name_, err);
   }
   Count(&RdmaCounters::registered_bytes, bytes);
   return Region{static_cast<char*>(mem), mr};
@@ -199,8 +200,13 @@ absl::Status Endpoint::GrowSlots() {
         absl::StrCat("receive slots on ", device_name_, " reached their bound of ",
                      target_ + options_.max_held_slots, " (RdmaOptions::max_held_slots)"));
   }
+  if (absl::Status s = slot_growth_.Wait(); !s.ok()) return s;
   auto region = NewRegion(bytes, IBV_ACCESS_LOCAL_WRITE, "receive slots");
-  if (!region.ok()) return region.status();
+  if (!region.ok()) {
+    slot_growth_ = {region.status(), std::chrono::steady_clock::now() + kRegistrationRetry};
+    return region.status();
+  }
+  slot_growth_.failed = absl::OkStatus();
   regions_.push_back(*region);
   const uint32_t first = slot_count_.load();
   for (uint32_t i = 0; i < kSlotsPerRegion; ++i) spare_.Push(first + i);
@@ -216,16 +222,18 @@ void Endpoint::RefillSrq() {
   uint32_t take[kRefillBatch];
   ibv_sge sges[kRefillBatch];
   ibv_recv_wr wrs[kRefillBatch];
-  bool failed = false;
-  while (posted_ < target_ && !failed) {
+  absl::Status failed;
+  while (posted_ < target_ && failed.ok()) {
     size_t taken = 0;
     while (posted_ + taken < target_ && taken < kRefillBatch) {
       const std::optional<uint32_t> slot = spare_.Pop();
       if (!slot) break;
       take[taken++] = *slot;
     }
-    if (taken == 0 && !GrowSlots().ok()) break;
-    if (taken == 0) continue;
+    if (taken == 0) {
+      failed = GrowSlots();
+      continue;
+    }
     for (size_t i = 0; i < taken; ++i) {
       const Region& r = regions_[take[i] / kSlotsPerRegion];
       sges[i] = ibv_sge{
@@ -243,24 +251,25 @@ void Endpoint::RefillSrq() {
     if (fail) bad = wrs;
     // The error is the return value: providers need not set errno.
     if (const int rc = fail ? ENOMEM : ibv_post_srq_recv(srq_, wrs, &bad); rc != 0) {
-      // Retried as the poller runs, so logged when it starts and ends only.
-      if (srq_posts_failed_++ == 0) {
-        fprintf(stderr,
-                "rdmarpc[%s]: ibv_post_srq_recv on %s failed: %s; the SRQ has %zu of its %zu "
-                "slots posted; refilling is retried (senders wait on RNR retry if it empties)\n",
-                owner_.c_str(), device_name_.c_str(), strerror(rc), posted_, target_);
-      }
+      failed = absl::UnavailableError(absl::StrCat("ibv_post_srq_recv: ", strerror(rc)));
       posted = bad != nullptr ? static_cast<size_t>(bad - wrs) : 0;
       for (size_t i = posted; i < taken; ++i) ReleaseSlot(take[i]);
-      failed = true;
-    } else if (srq_posts_failed_ > 0) {
-      fprintf(stderr,
-              "rdmarpc[%s]: ibv_post_srq_recv on %s works again after %" PRIu64 " failed posts\n",
-              owner_.c_str(), device_name_.c_str(), srq_posts_failed_);
-      srq_posts_failed_ = 0;
     }
     posted_ += posted;
     Count(&RdmaCounters::srq_slots_posted, posted);
+  }
+  // Retried as the poller runs, so a failure is logged when it starts and
+  // when it ends, not at every try.
+  if (!failed.ok() && refills_failed_++ == 0) {
+    fprintf(stderr,
+            "rdmarpc[%s]: the SRQ on %s cannot be refilled (%zu of its %zu slots posted): %s; "
+            "retried as slots come back, senders wait on RNR retry if it empties\n",
+            owner_.c_str(), device_name_.c_str(), posted_, target_,
+            std::string(failed.message()).c_str());
+  } else if (failed.ok() && refills_failed_ > 0) {
+    fprintf(stderr, "rdmarpc[%s]: the SRQ on %s is refilled again, after %" PRIu64 " tries\n",
+            owner_.c_str(), device_name_.c_str(), refills_failed_);
+    refills_failed_ = 0;
   }
   const bool short_now = posted_ < target_;
   if (short_now && !short_.load()) Count(&RdmaCounters::srq_short);
@@ -326,22 +335,30 @@ std::optional<uint32_t> Endpoint::TakeBlock(BlockStock& stock) {
 
 // Rare: the blocks only ever grow, up to max_regions regions, so the
 // registration under the lock costs the fast path nothing. A registration
-// that fails is not retried on every call (that would put ibv_reg_mr on the
-// fast path): past it, small payloads that find no free block are copied
-// into their SENDs, and a connection that has no send slot yet sends only
-// frames that go inline.
+// that fails is tried again only after kRegistrationRetry (that would put
+// ibv_reg_mr on the fast path): meanwhile, small payloads that find no free
+// block are copied into their SENDs, and a connection that has no send slot
+// yet sends only frames that go inline.
 std::optional<uint32_t> Endpoint::GrowBlocks(BlockStock& stock) {
   std::lock_guard<std::mutex> lock(stock.grow_mu);
   if (std::optional<uint32_t> index = stock.free.Pop()) return index;  // given back meanwhile
   const size_t regions = stock.region_count.load(std::memory_order_relaxed);
-  if (regions == stock.max_regions || stock.growth_failed) return std::nullopt;
+  if (regions == stock.max_regions || !stock.growth.Wait().ok()) return std::nullopt;
   auto region = NewRegion(kBlocksPerRegion * options_.slot_size, 0, stock.what);
   if (!region.ok()) {
-    stock.growth_failed = true;
-    fprintf(stderr, "rdmarpc[%s]: %s; no more than the %zu blocks registered for %s\n",
-            owner_.c_str(), std::string(region.status().message()).c_str(),
-            regions * kBlocksPerRegion, stock.what);
+    if (stock.growth.failed.ok()) {
+      fprintf(stderr,
+              "rdmarpc[%s]: %s; no more than the %zu blocks registered for %s until it works\n",
+              owner_.c_str(), std::string(region.status().message()).c_str(),
+              regions * kBlocksPerRegion, stock.what);
+    }
+    stock.growth = {region.status(), std::chrono::steady_clock::now() + kRegistrationRetry};
     return std::nullopt;
+  }
+  if (!stock.growth.failed.ok()) {
+    fprintf(stderr, "rdmarpc[%s]: blocks for %s on %s register again\n", owner_.c_str(), stock.what,
+            device_name_.c_str());
+    stock.growth.failed = absl::OkStatus();
   }
   stock.regions[regions] = *region;
   stock.region_count.store(regions + 1, std::memory_order_release);

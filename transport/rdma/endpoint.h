@@ -81,6 +81,12 @@ class Endpoint {
  public:
   // Receive slots are registered this many at a time.
   static constexpr uint32_t kSlotsPerRegion = 64;
+  // After a registration fails, that memory is not grown again for this
+  // long: ibv_reg_mr is slow, and what would retry it (every refill of a
+  // short SRQ, every frame that finds no free block) must not pay for it
+  // each time, nor give up for good when the failure passes (the
+  // locked-memory limit reached for a while).
+  static constexpr std::chrono::milliseconds kRegistrationRetry{100};
   // Small payload blocks registered at most (SmallBuffer).
   static constexpr uint32_t kMaxSmallBlocks = kBlocksPerRegion * kMaxSmallRegions;
   // Send slots registered at most, for all connections together.
@@ -209,11 +215,24 @@ class Endpoint {
   std::vector<Region> regions_;  // poller only
   std::atomic<uint32_t> slot_count_{0};
   size_t posted_ = 0;  // poller thread
-  uint64_t srq_posts_failed_ = 0;  // poller thread; in a row
+  uint64_t refills_failed_ = 0;  // poller thread; in a row
   // Slots neither posted nor held: any thread gives them back (a released
   // Buffer), the poller takes them to post; at most target_ + max_held_slots.
   FreeIndexStack spare_;
   std::atomic<bool> short_{false};
+
+  // Growth of receive slots or blocks whose registration failed, put off
+  // for kRegistrationRetry.
+  struct GrowthBackoff {
+    absl::Status failed;  // the last growth's error; OK when it worked
+    std::chrono::steady_clock::time_point retry_at;
+    // The error to return instead of trying now, or OK to try.
+    absl::Status Wait() const {
+      if (failed.ok() || std::chrono::steady_clock::now() >= retry_at) return absl::OkStatus();
+      return failed;
+    }
+  };
+  GrowthBackoff slot_growth_;  // poller only
 
   // Slot-sized blocks: regions of kBlocksPerRegion blocks, each region one
   // MR with local access only (a SEND reads it; no peer can). Block i is
@@ -234,7 +253,7 @@ class Endpoint {
     std::atomic<size_t> region_count{0};
     FreeIndexStack free;
     std::mutex grow_mu;
-    bool growth_failed = false;  // guarded by grow_mu
+    GrowthBackoff growth;  // guarded by grow_mu
   };
   // A free block of `stock`, growing it by a region if none is free.
   std::optional<uint32_t> TakeBlock(BlockStock& stock);

@@ -37,6 +37,14 @@ struct FaultInjection {
   }
   static bool TakeRefusedSendBlock() { return Take(RefuseSendBlocks()); }
 
+  // The next N registrations of memory fail (RegisterMemory), as ibv_reg_mr
+  // does with ENOMEM past the locked-memory limit.
+  static std::atomic<int>& FailRegistrations() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static bool TakeFailedRegistration() { return Take(FailRegistrations()); }
+
   // The next N refills of an SRQ fail before reaching the device, as
   // ibv_post_srq_recv does with ENOMEM for the batch's first request.
   static std::atomic<int>& FailSrqPosts() {

@@ -397,6 +397,31 @@ TEST(RdmaTransport, SmallPayloadBlocksRunOutIntoCopiesAndComeBack) {
   conn->Close();
 }
 
+// Small payload blocks that cannot be registered: payloads come from the heap
+// and are copied into their frames, registration is not tried again on every
+// payload, and once Endpoint::kRegistrationRetry has passed it is.
+TEST(RdmaTransport, SmallPayloadBlocksThatCannotBeRegisteredAreTriedAgainLater) {
+  Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
+  constexpr size_t kSize = 2000;  // not inline, so a payload is gathered or copied
+  auto call_copies = [&](uint64_t id) -> uint64_t {
+    const uint64_t before = Counters().send_payload_copies;
+    auto r = Call(*conn, waiter, id, Filled(*conn, kSize, id));
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r.ok() && Matches(r->payload, kSize, id));
+    return Counters().send_payload_copies - before;
+  };
+  FaultInjection::FailRegistrations() = 1;  // the client's first block region
+  EXPECT_EQ(call_copies(1), 1u) << "a payload without a block was not copied";
+  EXPECT_EQ(FaultInjection::FailRegistrations().load(), 0);
+  EXPECT_EQ(call_copies(2), 1u) << "tried again at once";
+  absl::SleepFor(absl::FromChrono(Endpoint::kRegistrationRetry) + absl::Milliseconds(20));
+  EXPECT_EQ(call_copies(3), 0u) << "not tried again after kRegistrationRetry";
+  conn->Close();
+}
+
 // Every Buffer the transport hands out is a loan on its Endpoint (endpoint.h,
 // "Lifetime"): messages and payloads the runtime still holds stay readable
 // after the connection and both transports are gone, and releasing them then
@@ -1647,6 +1672,35 @@ class Hoarder : public ConnectionObserver {
   std::vector<InboundMessage> kept_;
 };
 
+// Sends `frames` small requests on `conn` to a Hoarder and returns how many
+// it has when no more arrive (the server's receive slots ran out).
+size_t HoardUntilSlotsRunOut(Connection& conn, Hoarder& hoarder, uint64_t frames) {
+  for (uint64_t id = 1; id <= frames; ++id) {
+    EXPECT_TRUE(conn.Send(Request(id, Filled(conn, 100, id))).ok());
+  }
+  size_t held = 0;
+  for (const absl::Time until = absl::Now() + absl::Seconds(20); absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(200));
+    const size_t now = hoarder.received();
+    if (now == held) break;
+    held = now;
+  }
+  return held;
+}
+
+// Lets the hoarder go and expects all `frames` to arrive, once and in order.
+void ExpectEveryFrameOnceLetGo(Hoarder& hoarder, uint64_t frames) {
+  hoarder.LetGo();
+  for (const absl::Time until = absl::Now() + absl::Seconds(60);
+       hoarder.received() < frames && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const std::vector<uint64_t> ids = hoarder.ids();
+  ASSERT_EQ(ids.size(), frames) << "frames were lost";
+  for (uint64_t i = 0; i < frames; ++i) ASSERT_EQ(ids[i], i + 1) << "frame " << i;
+  EXPECT_EQ(Counters().rnr_retry_exhausted, 0u);
+}
+
 // Receive slots the application keeps (a message's payload is on loan) are
 // replaced by new ones up to server_receive_slots + max_held_slots; beyond
 // that the SRQ runs short (srq_short), the sender's frames wait on RNR retry
@@ -1667,32 +1721,74 @@ TEST(RdmaTransport, SlotsTheApplicationHoldsAreBoundedAndNothingIsLost) {
   ASSERT_TRUE(conn);
   const uint64_t short_before = Counters().srq_short;
   constexpr uint64_t kFrames = 3 * 128;
-  for (uint64_t id = 1; id <= kFrames; ++id) {
-    ASSERT_TRUE(conn->Send(Request(id, Filled(*conn, 100, id))).ok());
-  }
-  // Until no more arrive: the slots have run out.
-  size_t held = 0;
-  for (const absl::Time until = absl::Now() + absl::Seconds(20); absl::Now() < until;) {
-    absl::SleepFor(absl::Milliseconds(200));
-    const size_t now = hoarder.received();
-    if (now == held) break;
-    held = now;
-  }
+  const size_t held = HoardUntilSlotsRunOut(*conn, hoarder, kFrames);
   printf("the server held %zu frames, %zu bytes of receive slots (bound %zu slots)\n", held,
          fx.server->receive_bytes(), bound);
   EXPECT_GT(held, server_opts.server_receive_slots) << "held slots were not replaced";
   EXPECT_LE(held, bound) << "more slots than server_receive_slots + max_held_slots";
   EXPECT_LE(fx.server->receive_bytes(), bound * server_opts.slot_size);
   EXPECT_GT(Counters().srq_short, short_before) << "the SRQ ran short without being counted";
-  hoarder.LetGo();
-  for (const absl::Time until = absl::Now() + absl::Seconds(60);
-       hoarder.received() < kFrames && absl::Now() < until;) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  const std::vector<uint64_t> ids = hoarder.ids();
-  ASSERT_EQ(ids.size(), kFrames) << "frames were lost";
-  for (uint64_t i = 0; i < kFrames; ++i) ASSERT_EQ(ids[i], i + 1) << "frame " << i;
-  EXPECT_EQ(Counters().rnr_retry_exhausted, 0u);
+  ExpectEveryFrameOnceLetGo(hoarder, kFrames);
+  conn->Close();
+}
+
+// Receive slots that cannot be registered (ibv_reg_mr failing, as past the
+// locked-memory limit) leave the SRQ short of what the application holds,
+// as the bound does: nothing fails and nothing is lost, and the slots the
+// application gives back are posted again.
+TEST(RdmaTransport, ReceiveSlotsThatCannotBeRegisteredLoseNothing) {
+  Hoarder hoarder;
+  Fixture fx;
+  fx.server_observer = &hoarder;
+  RdmaOptions server_opts;
+  server_opts.server_receive_slots = Endpoint::kSlotsPerRegion;
+  RdmaOptions client_opts;
+  client_opts.keepalive_ms = 0;
+  Waiter& waiter = fx.NewWaiter();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter, server_opts, client_opts);
+  ASSERT_TRUE(conn);
+  const size_t receive_bytes = fx.server->receive_bytes();
+  FaultInjection::FailRegistrations() = 1 << 20;
+  constexpr uint64_t kFrames = 2 * Endpoint::kSlotsPerRegion;
+  const size_t held = HoardUntilSlotsRunOut(*conn, hoarder, kFrames);
+  const int failed_registrations = (1 << 20) - FaultInjection::FailRegistrations().exchange(0);
+  printf("the server held %zu frames; %d registrations failed\n", held, failed_registrations);
+  EXPECT_EQ(held, server_opts.server_receive_slots) << "slots grew without registering";
+  EXPECT_EQ(fx.server->receive_bytes(), receive_bytes);
+  EXPECT_GT(failed_registrations, 0) << "the slots never tried to grow";
+  ExpectEveryFrameOnceLetGo(hoarder, kFrames);
+  conn->Close();
+}
+
+// Payload buffers that cannot be registered: AllocatePayload fails
+// RESOURCE_EXHAUSTED saying what to check, a request the server cannot
+// register a buffer to READ into is answered RESOURCE_EXHAUSTED, and both
+// register again on the next try: the connection goes on.
+TEST(RdmaTransport, PayloadBuffersThatCannotBeRegisteredAreAClearErrorAndRetried) {
+  Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter);
+  ASSERT_TRUE(conn);
+  constexpr size_t kLarge = 1 << 20;  // by READ, one pool class
+  FaultInjection::FailRegistrations() = 1;
+  auto refused = conn->AllocatePayload(kLarge);
+  ASSERT_FALSE(refused.ok()) << "the registration did not fail";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                absl::StrCat("ibv_reg_mr of ", kLarge, " bytes for payload buffers on ")),
+            absl::string_view::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("ulimit -l"), absl::string_view::npos)
+      << refused.status();
+  Buffer payload = Filled(*conn, kLarge, 1);  // registers now
+  FaultInjection::FailRegistrations() = 1;    // the server's buffer to READ into
+  auto unread = Call(*conn, waiter, 1, std::move(payload));
+  EXPECT_EQ(FaultInjection::FailRegistrations().exchange(0), 0) << "nothing registered";
+  ASSERT_FALSE(unread.ok()) << "the server READ without a registered buffer";
+  EXPECT_EQ(unread.status().code(), absl::StatusCode::kResourceExhausted) << unread.status();
+  auto r = Call(*conn, waiter, 2, Filled(*conn, kLarge, 2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, kLarge, 2));
   conn->Close();
 }
 

@@ -6,8 +6,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/fault_injection.h"
 
 namespace rdmarpc::transport::rdma {
+
+ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, int access) {
+  if (FaultInjection::TakeFailedRegistration()) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return ibv_reg_mr(pd, addr, length, access);
+}
+
+absl::Status RegistrationError(size_t bytes, const std::string& what, const std::string& device,
+                               int err) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("ibv_reg_mr of ", bytes, " bytes for ", what, " on ", device,
+                   " failed: ", strerror(err), " (check `ulimit -l`, the locked-memory limit)"));
+}
 
 RegisteredPool::RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device,
                                bool memory_windows)
@@ -54,15 +70,13 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
   }
   const int remote = memory_windows_ ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ;
   const int access = IBV_ACCESS_LOCAL_WRITE | (remote_read ? remote : 0);
-  ibv_mr* mr = ibv_reg_mr(pd_, mem, capacity, access);
+  ibv_mr* mr = RegisterMemory(pd_, mem, capacity, access);
   if (mr == nullptr) {
     const int err = errno;
     free(mem);
     std::lock_guard<std::mutex> lock(mu_);
     registered_ -= capacity;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "ibv_reg_mr of ", capacity, " bytes on ", device_, " failed: ", strerror(err),
-        " (check `ulimit -l`, the locked-memory limit)"));
+    return RegistrationError(capacity, "payload buffers", device_, err);
   }
   Count(&RdmaCounters::registered_bytes, capacity);
   auto* b = new Block{static_cast<char*>(mem), capacity, mr, cls, remote_read};

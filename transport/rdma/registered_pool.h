@@ -32,6 +32,15 @@
 
 namespace rdmarpc::transport::rdma {
 
+// Every registration of the transport's memory goes through here (the pool's
+// blocks, the endpoint's slot regions): ibv_reg_mr, or null with errno set,
+// failing on purpose when a test asks (FaultInjection::FailRegistrations).
+ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, int access);
+// What a failed registration of `bytes` for `what` on `device` says, with
+// `err` its errno: RESOURCE_EXHAUSTED, pointing at the locked-memory limit.
+absl::Status RegistrationError(size_t bytes, const std::string& what, const std::string& device,
+                               int err);
+
 class RegisteredPool {
  public:
   struct Block {
