@@ -16,6 +16,10 @@
 #   RDMARPC_PEER_ADDR  the other VM's address (two-VM mode only)
 #   RDMARPC_PEER_ADDR6 the other VM's IPv6 address (two-VM mode only)
 #   RDMARPC_VM_ROLE    "single", or "server" / "client" in two-VM mode, "host"
+#   RDMARPC_VM_OUT     a directory the command may write files to: where the
+#                      caller sets RDMARPC_VM_KEEP to a directory of this
+#                      machine, they are copied there at the end (the guest's
+#                      own writes go to a throw-away overlay and /tmp is its own)
 # In two-VM mode the same command runs in both VMs, joined by a virtual wire.
 #
 # Exit status: the command's (in two-VM mode the first non-zero of the two), or
@@ -56,7 +60,9 @@ if [ "${RDMARPC_VM:-auto}" != always ] && [ "$vms" = 1 ]; then
   if [ -n "$addr" ]; then
     addr6=${RDMARPC_TEST_ADDR6:-$([ -z "$netdev" ] || first_addr -6 "$netdev")}
     echo "rdmavm: using this machine's RDMA device directly (address $addr${addr6:+, $addr6})" >&2
-    RDMARPC_TEST_ADDR=$addr RDMARPC_TEST_ADDR6=$addr6 RDMARPC_VM_ROLE=host exec "$@"
+    out=${RDMARPC_VM_KEEP:-$(mktemp -d "${TMPDIR:-/tmp}/rdmavm-out.XXXXXX")}
+    RDMARPC_TEST_ADDR=$addr RDMARPC_TEST_ADDR6=$addr6 RDMARPC_VM_ROLE=host RDMARPC_VM_OUT=$out \
+      exec "$@"
   fi
 fi
 [ "${RDMARPC_VM:-auto}" != never ] || infra_fail "RDMARPC_VM=never but no active RDMA port with an IPv4 address here"
@@ -72,6 +78,7 @@ trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$run"' EXIT
 # cmd.sh: the caller's environment, working directory and command, for bash.
 write_cmd() {  # $1 = io dir, $2 = role, $3/$4 = self ip/ipv6, $5/$6 = peer ip/ipv6, rest = command
   local io=$1 role=$2 self=$3 self6=$4 peer=$5 peer6=$6; shift 6
+  mkdir -p "$io/out"
   {
     local var
     while IFS= read -r var; do
@@ -79,7 +86,7 @@ write_cmd() {  # $1 = io dir, $2 = role, $3/$4 = self ip/ipv6, $5/$6 = peer ip/i
       printf 'export %s=%q\n' "$var" "${!var}"
     done < <(compgen -e)
     printf 'export RDMARPC_VM_ROLE=%q RDMARPC_TEST_ADDR=%q RDMARPC_TEST_ADDR6=%q' "$role" "$self" "$self6"
-    printf ' RDMARPC_PEER_ADDR=%q RDMARPC_PEER_ADDR6=%q\n' "$peer" "$peer6"
+    printf ' RDMARPC_PEER_ADDR=%q RDMARPC_PEER_ADDR6=%q RDMARPC_VM_OUT=%q\n' "$peer" "$peer6" "$io/out"
     [ -z "${XML_OUTPUT_FILE:-}" ] || printf 'export XML_OUTPUT_FILE=%q\n' "$io/test.xml"
     printf 'cd %q || exit 96\n' "$PWD"
     printf 'exec'; printf ' %q' "$@"; printf '\n'
@@ -148,6 +155,10 @@ for io in "${ios[@]}"; do
 done
 if [ -n "${XML_OUTPUT_FILE:-}" ] && [ -f "${ios[0]}/test.xml" ]; then
   cp "${ios[0]}/test.xml" "$XML_OUTPUT_FILE"
+fi
+if [ -n "${RDMARPC_VM_KEEP:-}" ]; then
+  mkdir -p "$RDMARPC_VM_KEEP"
+  for io in "${ios[@]}"; do cp -a "$io/out/." "$RDMARPC_VM_KEEP/"; done
 fi
 echo "rdmavm: guest exit status $rc after $(( $(date +%s) - start )) s" >&2
 exit "$rc"
