@@ -42,6 +42,9 @@ class RawPeer {
  public:
   // Sent in rdma_connect / rdma_accept instead of a valid rdmarpc handshake.
   std::optional<std::string> private_data;
+  // The text of the last REJ's private data (Connect's "rejected"), up to
+  // its first zero byte.
+  std::string rejection;
 
   ~RawPeer() {
     if (id_ != nullptr && id_->qp != nullptr) rdma_destroy_qp(id_);
@@ -264,6 +267,10 @@ class RawPeer {
       return RDMA_CM_EVENT_TIMEWAIT_EXIT;
     }
     const rdma_cm_event_type type = ev->event;
+    if (type == RDMA_CM_EVENT_REJECTED && ev->param.conn.private_data != nullptr) {
+      const char* text = static_cast<const char*>(ev->param.conn.private_data);
+      rejection.assign(text, strnlen(text, ev->param.conn.private_data_len));
+    }
     rdma_ack_cm_event(ev);
     return type;
   }
@@ -875,6 +882,15 @@ TEST(RdmaBadInput, ClientWithoutOurHandshakeIsRefused) {
     RawPeer peer;
     peer.private_data = bytes;
     EXPECT_EQ(peer.Connect(server.listener->address()), "rejected");
+    const bool versioned = absl::string_view(what).find("version") != absl::string_view::npos;
+    EXPECT_EQ(peer.rejection,
+              absl::StrCat(kRefusalPrefix,
+                           versioned ? absl::StrCat("it speaks rdmarpc handshake version ",
+                                                    Handshake::kVersion + 1, ", we speak ",
+                                                    Handshake::kVersion)
+                                     : "no rdmarpc handshake in the private data (not an "
+                                       "rdmarpc client?)"))
+        << "the refusal does not say why";
     EXPECT_TRUE(good_observer.Call(**good, good_id++).ok()) << "the good client was not served";
   }
   EXPECT_EQ(server.answerer.closed_count(), 0u) << "a refused client got a connection";

@@ -145,6 +145,13 @@ struct Handshake {
 };
 static_assert(sizeof(Handshake) == 16, "handshake fits any rdma_cm private data");
 
+// A refused connection request's REJ private data: kRefusalPrefix, then why,
+// as text, at most kMaxRefusalBytes in all (IB CM carries 148 and pads them
+// with zeros). The client's connect error then says why the server refused.
+inline constexpr char kRefusalPrefix[] = "rdmarpc refused: ";
+inline constexpr size_t kMaxRefusalBytes = 148;
+static_assert(kMaxRefusalBytes <= 255, "rdma_reject takes a uint8_t length");
+
 class RdmaConnection : public Connection, public std::enable_shared_from_this<RdmaConnection> {
  public:
   // wr_id kinds (top 4 bits of a non-RECV wr_id).

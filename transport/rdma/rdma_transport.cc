@@ -13,8 +13,10 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_selection.h"
 
@@ -43,6 +45,21 @@ const char* kTry =
     "Try: `rdma link` and `ibv_devinfo` to see devices and ports; make sure the address "
     "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
     "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
+
+std::string EncodeRefusal(const std::string& why) {
+  std::string text = absl::StrCat(kRefusalPrefix, why);
+  text.resize(std::min(text.size(), kMaxRefusalBytes));
+  return text;
+}
+
+// Why the server refused, from a REJ's private data, or nullopt when the
+// refusal is not an rdmarpc server's (or has no reason).
+std::optional<std::string> DecodeRefusal(const void* data, size_t len) {
+  absl::string_view text(static_cast<const char*>(data), data == nullptr ? 0 : len);
+  text = text.substr(0, text.find('\0'));
+  if (!absl::ConsumePrefix(&text, kRefusalPrefix) || text.empty()) return std::nullopt;
+  return std::string(text);
+}
 
 }  // namespace
 
@@ -559,9 +576,16 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       at->Finish(absl::OkStatus());
       break;
     }
+    case RDMA_CM_EVENT_REJECTED:
+      if (std::optional<std::string> why =
+              DecodeRefusal(ev->param.conn.private_data, ev->param.conn.private_data_len)) {
+        fail(absl::StrCat("the server refused the connection: ", *why));
+      } else {
+        fail("rejected (no rdmarpc server listens there?)");
+      }
+      break;
     default:
-      fail(type == RDMA_CM_EVENT_REJECTED ? "rejected (no rdmarpc server listens there?)"
-                                          : "connection setup failed");
+      fail("connection setup failed");
       break;
   }
   rdma_ack_cm_event(ev);
@@ -573,7 +597,8 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   auto refuse = [&](const std::string& why) {
     fprintf(stderr, "rdmarpc[%s]: refusing connection from %s: %s\n", options_.name.c_str(),
             peer.c_str(), why.c_str());
-    rdma_reject(child, nullptr, 0);
+    const std::string refusal = EncodeRefusal(why);
+    rdma_reject(child, refusal.data(), static_cast<uint8_t>(refusal.size()));
     retired_ids_.push_back(child);
   };
   {
@@ -625,7 +650,7 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   ConnectionObserver* observer = listener->on_accept()(conn);
   if (observer == nullptr) {
     conn->ReleaseId();
-    return refuse("the server refused it");
+    return refuse("its accept callback refused it (a server shutting down?)");
   }
   conn->set_observer(observer);
   (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });

@@ -1887,6 +1887,28 @@ int CmIdsOfThisProcess() {
   return answered ? n : -1;
 }
 
+// A connection the server's accept callback refuses (returns no observer):
+// the connect fails UNAVAILABLE with the server's reason, carried in the
+// rdma_cm reject, and the server serves the next client.
+TEST(RdmaTransport, ConnectionTheServerRefusesSaysWhy) {
+  Fixture fx;
+  fx.server_observer = nullptr;
+  ASSERT_TRUE(fx.Start());
+  Waiter& refused_waiter = fx.NewWaiter();
+  auto refused = fx.Connect(&refused_waiter);
+  ASSERT_FALSE(refused.ok()) << "connected although the server refused";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "the server refused the connection: its accept callback refused it"),
+            absl::string_view::npos)
+      << refused.status();
+  {
+    std::lock_guard<std::mutex> lock(fx.accepted_mu);
+    fx.server_observer = &fx.echo;
+  }
+  ExpectServesANewClient(fx);
+}
+
 // A connect whose deadline passes first ends DEADLINE_EXCEEDED naming its
 // target, at whatever step it was (resolving, connecting, established), and
 // leaves nothing behind: its rdma_cm id is destroyed, a connection the
