@@ -1,0 +1,82 @@
+// ParseAddress: the addresses users write, and a clear error naming what is
+// wrong with each one that is not an address.
+#include "transport/address.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+TEST(ParseAddress, TakesEachSchemeIpv4Ipv6AndNames) {
+  struct Case {
+    const char* text;
+    const char* scheme;
+    const char* host;
+    uint16_t port;
+  } cases[] = {
+      {"tcp://127.0.0.1:5000", "tcp", "127.0.0.1", 5000},
+      {"rdma://10.0.0.1:7471", "rdma", "10.0.0.1", 7471},
+      {"auto://server.example:65535", "auto", "server.example", 65535},
+      {"tcp://[::1]:0", "tcp", "::1", 0},
+      {"rdma://[fe80::1%sr0]:18515", "rdma", "fe80::1%sr0", 18515},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    auto a = ParseAddress(c.text);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->scheme, c.scheme);
+    EXPECT_EQ(a->host, c.host);
+    EXPECT_EQ(a->port, c.port);
+    EXPECT_EQ(a->ToString(), c.text) << "does not print as it was written";
+  }
+}
+
+TEST(ParseAddress, RefusesWhatIsNotAnAddressSayingWhy) {
+  struct Case {
+    const char* text;
+    const char* why;
+  } cases[] = {
+      {"127.0.0.1:5000", "no scheme"},
+      {"udp://127.0.0.1:5000", "unknown scheme"},
+      {"tcp://[::1:5000", "unterminated [ipv6]:port"},
+      {"tcp://[::1]5000", "unterminated [ipv6]:port"},
+      {"tcp://[::1]", "unterminated [ipv6]:port"},
+      {"tcp://127.0.0.1", "no port"},
+      {"tcp://:5000", "no host"},
+      {"tcp://127.0.0.1:http", "bad port"},
+      {"tcp://127.0.0.1:65536", "bad port"},
+      {"tcp://127.0.0.1:", "bad port"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    auto a = ParseAddress(c.text);
+    ASSERT_FALSE(a.ok()) << "parsed as " << a->ToString();
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(a.status().message(),
+              std::string("bad address '") + c.text + "': " + c.why +
+                  " (expected tcp://host:port, rdma://host:port or auto://host:port)");
+  }
+}
+
+TEST(ResolveAddress, GivesTheSocketAddressOfNumericHosts) {
+  socklen_t len = 0;
+  auto v4 = ResolveAddress(*ParseAddress("tcp://127.0.0.1:5000"), &len);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  ASSERT_EQ(v4->ss_family, AF_INET);
+  EXPECT_EQ(len, sizeof(sockaddr_in));
+  const auto* in = reinterpret_cast<const sockaddr_in*>(&*v4);
+  EXPECT_EQ(ntohs(in->sin_port), 5000);
+  EXPECT_EQ(ntohl(in->sin_addr.s_addr), INADDR_LOOPBACK);
+  auto v6 = ResolveAddress(*ParseAddress("tcp://[::1]:7"), &len);
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  ASSERT_EQ(v6->ss_family, AF_INET6);
+  EXPECT_EQ(ntohs(reinterpret_cast<const sockaddr_in6*>(&*v6)->sin6_port), 7);
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport
