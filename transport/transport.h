@@ -154,6 +154,7 @@ struct TransportOptions {
   // (beyond what its socket buffer took): the memory a stalled peer can pin.
   // A Send that would queue more fails RESOURCE_EXHAUSTED naming the bound;
   // a frame sent when nothing is queued is always taken.
+  // RDMARPC_TCP_MAX_QUEUED_SEND_BYTES overrides it (TcpOptionsFromEnv).
   size_t tcp_max_queued_send_bytes = 256u << 20;
 };
 

@@ -33,6 +33,13 @@ TEST(TcpOptionsFromEnv, OverridesOnlyWhatIsSet) {
   EXPECT_EQ(o.tcp_peer_timeout_ms, 30000u);
   unsetenv("RDMARPC_TCP_KEEPALIVE_MS");
   unsetenv("RDMARPC_TCP_PEER_TIMEOUT_MS");
+
+  EXPECT_EQ(o.tcp_max_queued_send_bytes, size_t{256} << 20);
+  setenv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES", "8388608", 1);
+  o = TcpOptionsFromEnv(Base());
+  EXPECT_EQ(o.tcp_max_queued_send_bytes, size_t{8} << 20);
+  EXPECT_EQ(o.tcp_keepalive_ms, 1000u);
+  unsetenv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES");
 }
 
 // strtoull would read "2s" as 2 and "soon" as 0, which would silently turn

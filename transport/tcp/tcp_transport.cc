@@ -405,6 +405,7 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
 TransportOptions TcpOptionsFromEnv(TransportOptions options) {
   OverrideFromEnv("RDMARPC_TCP_KEEPALIVE_MS", &options.tcp_keepalive_ms);
   OverrideFromEnv("RDMARPC_TCP_PEER_TIMEOUT_MS", &options.tcp_peer_timeout_ms);
+  OverrideFromEnv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES", &options.tcp_max_queued_send_bytes);
   return options;
 }
 

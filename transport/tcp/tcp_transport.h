@@ -31,9 +31,10 @@ namespace rdmarpc::transport {
 class TcpConnection;
 class TcpListener;
 
-// `options` with the TCP keepalive options taken from the environment where
-// set, in milliseconds (0: the kernel's): RDMARPC_TCP_KEEPALIVE_MS and
-// RDMARPC_TCP_PEER_TIMEOUT_MS. A value that is not a number is reported on
+// `options` with the TCP options taken from the environment where set: the
+// keepalive options in milliseconds (0: the kernel's), RDMARPC_TCP_KEEPALIVE_MS
+// and RDMARPC_TCP_PEER_TIMEOUT_MS, and the send queue bound in bytes,
+// RDMARPC_TCP_MAX_QUEUED_SEND_BYTES. A value that is not a number is reported on
 // stderr and leaves the option as it was. MakeTransport applies this to
 // every TCP transport it makes.
 TransportOptions TcpOptionsFromEnv(TransportOptions options);
