@@ -1,5 +1,5 @@
 // TcpTransport against a raw socket peer: what a peer that stops reading can
-// make a sender hold.
+// make a sender hold, and closing a connection from our side.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -21,7 +23,29 @@ namespace {
 class NoObserver : public ConnectionObserver {
  public:
   void OnMessage(Connection&, InboundMessage&&) override {}
-  void OnClosed(Connection&, const absl::Status&) override {}
+  void OnClosed(Connection&, const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_.push_back(why);
+  }
+  // How the connection ended, each time OnClosed was called, once none more
+  // came for a moment.
+  std::vector<absl::Status> Closed(absl::Duration within) {
+    const absl::Time until = absl::Now() + within;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!closed_.empty() || absl::Now() > until) break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+    std::lock_guard<std::mutex> lock(mu_);
+    return closed_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<absl::Status> closed_;
 };
 
 // A listening socket on loopback with a small receive buffer, so that a peer
@@ -51,6 +75,12 @@ class SilentPeer {
     if (poll(&p, 1, 10000) <= 0) return false;
     fd_ = accept(listen_fd_, nullptr, nullptr);
     return fd_ >= 0;
+  }
+  // True when the sender closed the connection (EOF within 10 s).
+  bool SeesEof() {
+    pollfd p{fd_, POLLIN, 0};
+    char c;
+    return poll(&p, 1, 10000) > 0 && read(fd_, &c, 1) == 0;
   }
   // Reads until `bytes` have arrived or 20 s pass; what arrived.
   size_t ReadUpTo(size_t bytes) {
@@ -114,6 +144,27 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   EXPECT_EQ(peer.ReadUpTo(taken * kFrame), taken * kFrame) << "frames Send took were lost";
   EXPECT_TRUE(send_one().ok()) << "the connection stayed refused after its peer read";
   EXPECT_EQ(peer.ReadUpTo(kFrame), kFrame);
+}
+
+// Close ends the connection from our side: the peer sees it closed, the
+// observer hears of it once, and a Send after it fails UNAVAILABLE.
+TEST(TcpTransport, CloseEndsTheConnectionOnceAndRefusesLaterSends) {
+  SilentPeer peer;
+  NoObserver observer;  // outlives the transport, which calls it
+  TransportOptions options;
+  options.name = "closing-client";
+  TcpTransport client(options);
+  auto conn = client.Connect(peer.address(), &observer, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(peer.Accept());
+  (*conn)->Close();
+  EXPECT_TRUE(peer.SeesEof()) << "the peer never saw the connection close";
+  EXPECT_EQ(observer.Closed(absl::Seconds(10)).size(), 1u) << "OnClosed not called exactly once";
+  OutboundMessage m;
+  m.header.kind = MessageKind::kRequest;
+  const absl::Status late = (*conn)->Send(std::move(m));
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
+  EXPECT_NE(late.message().find("is closed"), absl::string_view::npos) << late;
 }
 
 }  // namespace
