@@ -45,6 +45,14 @@ struct FaultInjection {
   }
   static bool TakeFailedRegistration() { return Take(FailRegistrations()); }
 
+  // The next N queue pairs fail to be created (RdmaConnection::CreateQp), as
+  // rdma_create_qp does with ENOMEM when the device has no more.
+  static std::atomic<int>& FailQpCreations() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static bool TakeFailedQpCreation() { return Take(FailQpCreations()); }
+
   // The next N refills of an SRQ fail before reaching the device, as
   // ibv_post_srq_recv does with ENOMEM for the batch's first request.
   static std::atomic<int>& FailSrqPosts() {

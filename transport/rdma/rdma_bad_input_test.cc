@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/fault_injection.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/rdma/testing/rdma_test_env.h"
 
@@ -866,10 +867,12 @@ std::vector<std::pair<const char*, std::string>> ForeignHandshakes() {
           {"handshake version kVersion + 1", other}};
 }
 
-// A client whose rdma_cm private data is not an rdmarpc handshake is
-// refused at connect (REJECTED, nothing allocated for it past the request),
-// and the server goes on serving.
-TEST(RdmaBadInput, ClientWithoutOurHandshakeIsRefused) {
+// A client the server cannot serve is refused at connect (REJECTED, nothing
+// allocated for it past the request), the refusal says why, and the server
+// goes on serving: one whose rdma_cm private data is not an rdmarpc
+// handshake, and one the server cannot create a queue pair for
+// (rdma_create_qp failing: ENOMEM).
+TEST(RdmaBadInput, ClientsTheServerCannotServeAreRefusedSayingWhy) {
   GoodClient good_observer;  // outlives the transports, which call it
   Server server;
   ASSERT_TRUE(server.Start(1u << 20));
@@ -877,21 +880,29 @@ TEST(RdmaBadInput, ClientWithoutOurHandshakeIsRefused) {
   ASSERT_TRUE(good.ok()) << good.status();
   uint64_t good_id = 1;
   ASSERT_TRUE(good_observer.Call(**good, good_id++).ok());
+  auto refused = [&](RawPeer& peer, const std::string& why) {
+    EXPECT_EQ(peer.Connect(server.listener->address()), "rejected");
+    EXPECT_NE(peer.rejection.find(absl::StrCat(kRefusalPrefix, why)), std::string::npos)
+        << "the refusal does not say why: " << peer.rejection;
+    EXPECT_TRUE(good_observer.Call(**good, good_id++).ok()) << "the good client was not served";
+  };
   for (const auto& [what, bytes] : ForeignHandshakes()) {
     SCOPED_TRACE(what);
     RawPeer peer;
     peer.private_data = bytes;
-    EXPECT_EQ(peer.Connect(server.listener->address()), "rejected");
     const bool versioned = absl::string_view(what).find("version") != absl::string_view::npos;
-    EXPECT_EQ(peer.rejection,
-              absl::StrCat(kRefusalPrefix,
-                           versioned ? absl::StrCat("it speaks rdmarpc handshake version ",
-                                                    Handshake::kVersion + 1, ", we speak ",
-                                                    Handshake::kVersion)
-                                     : "no rdmarpc handshake in the private data (not an "
-                                       "rdmarpc client?)"))
-        << "the refusal does not say why";
-    EXPECT_TRUE(good_observer.Call(**good, good_id++).ok()) << "the good client was not served";
+    refused(peer, versioned
+                      ? absl::StrCat("it speaks rdmarpc handshake version ",
+                                     Handshake::kVersion + 1, ", we speak ", Handshake::kVersion)
+                      : "no rdmarpc handshake in the private data (not an rdmarpc client?)");
+  }
+  {
+    SCOPED_TRACE("no queue pair");
+    RawPeer peer;  // makes its own queue pair, with verbs
+    FaultInjection::FailQpCreations() = 1;
+    refused(peer, "rdma_create_qp on ");
+    EXPECT_EQ(FaultInjection::FailQpCreations().exchange(0), 0);
+    EXPECT_NE(peer.rejection.find(strerror(ENOMEM)), std::string::npos) << peer.rejection;
   }
   EXPECT_EQ(server.answerer.closed_count(), 0u) << "a refused client got a connection";
   (*good)->Close();

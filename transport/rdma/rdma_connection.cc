@@ -104,6 +104,10 @@ absl::Status RdmaConnection::CreateQp() {
   a.cap.max_send_wr = sq_depth_;
   a.cap.max_send_sge = 2;  // header, payload
   a.cap.max_inline_data = 256;
+  if (FaultInjection::TakeFailedQpCreation()) {
+    return absl::ErrnoToStatus(
+        ENOMEM, absl::StrCat("rdma_create_qp on ", endpoint_->device_name(), " for ", peer_));
+  }
   if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) {
     a.cap.max_inline_data = 0;  // some devices have no inline support
     if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) {

@@ -515,11 +515,14 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
           1, std::min<int>(static_cast<int>(rdma_.max_reads_in_flight), dev.max_qp_init_rd_atom));
       auto conn = std::make_shared<RdmaConnection>(*ep, id, at->target, next_serial_++, options_,
                                                    Handshake{}, LocalCredits(), rd_atom);
-      at->conn = conn;
       if (absl::Status s = conn->CreateQp(); !s.ok()) {
+        // Never opened, so not torn down: the id stays the attempt's, and is
+        // given up with it on this thread.
+        conn->ReleaseId();
         fail(std::string(s.message()));
         break;
       }
+      at->conn = conn;
       conn->set_observer(at->observer);
       Track(conn);
       (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });

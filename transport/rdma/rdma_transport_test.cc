@@ -1909,6 +1909,18 @@ TEST(RdmaTransport, ConnectionTheServerRefusesSaysWhy) {
   ExpectServesANewClient(fx);
 }
 
+// CmIdsOfThisProcess once it is back to `before`, or after 20 s: ids given
+// up are destroyed soon after, on the CM thread.
+int CmIdsOnceBackTo(int before) {
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  int ids = CmIdsOfThisProcess();
+  while (ids != before && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(50));
+    ids = CmIdsOfThisProcess();
+  }
+  return ids;
+}
+
 // A connect whose deadline passes first ends DEADLINE_EXCEEDED naming its
 // target, at whatever step it was (resolving, connecting, established), and
 // leaves nothing behind: its rdma_cm id is destroyed, a connection the
@@ -1942,16 +1954,41 @@ TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
   EXPECT_GT(timed_out, 0) << "no connect ran past its deadline";
   EXPECT_TRUE(EveryConnectionClosedSince(opened, closed))
       << "connections opened for abandoned connects stayed open";
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  int ids = CmIdsOfThisProcess();
-  while (ids != ids_before && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(50));
-    ids = CmIdsOfThisProcess();
-  }
+  const int ids = CmIdsOnceBackTo(ids_before);
   printf("%d of 60 connects timed out; rdma_cm ids %d before, %d after; %llu connections opened\n",
          timed_out, ids_before, ids,
          static_cast<unsigned long long>(Counters().connections_opened - opened));
   EXPECT_EQ(ids, ids_before) << "rdma_cm ids of abandoned connects were left behind";
+  ExpectServesANewClient(fx);
+}
+
+// A connect whose queue pair cannot be created (rdma_create_qp failing:
+// ENOMEM, a device out of QPs) fails UNAVAILABLE naming the call, the device
+// and the target, leaves no rdma_cm id behind, and the next connect works.
+TEST(RdmaTransport, ConnectWhoseQueuePairCannotBeCreatedFailsCleanly) {
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  const int ids_before = CmIdsOfThisProcess();
+  ASSERT_GT(ids_before, 0) << "`rdma resource show cm_id` does not list this process's listener";
+  const uint64_t opened = Counters().connections_opened;
+  const uint64_t closed = Counters().connections_closed;
+  FaultInjection::FailQpCreations() = 1;  // the client's: it creates its QP before connecting
+  auto observer = std::make_unique<Waiter>();
+  auto conn = fx.Connect(observer.get());
+  observer.reset();  // as a caller may once Connect has failed
+  ASSERT_FALSE(conn.ok()) << "connected without a queue pair";
+  EXPECT_EQ(FaultInjection::FailQpCreations().exchange(0), 0);
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable) << conn.status();
+  EXPECT_NE(conn.status().message().find(absl::StrCat("rdma_create_qp on ")),
+            absl::string_view::npos)
+      << conn.status();
+  EXPECT_NE(conn.status().message().find(
+                absl::StrCat(" for ", fx.addr.ToString(), ": ", strerror(ENOMEM))),
+            absl::string_view::npos)
+      << conn.status();
+  EXPECT_TRUE(EveryConnectionClosedSince(opened, closed));
+  EXPECT_EQ(CmIdsOnceBackTo(ids_before), ids_before)
+      << "the failed connect's rdma_cm id was left behind";
   ExpectServesANewClient(fx);
 }
 
