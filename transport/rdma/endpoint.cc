@@ -335,10 +335,10 @@ std::optional<uint32_t> Endpoint::TakeBlock(BlockStock& stock) {
 
 // Rare: the blocks only ever grow, up to max_regions regions, so the
 // registration under the lock costs the fast path nothing. A registration
-// that fails is tried again only after kRegistrationRetry (that would put
-// ibv_reg_mr on the fast path): meanwhile, small payloads that find no free
-// block are copied into their SENDs, and a connection that has no send slot
-// yet sends only frames that go inline.
+// that fails is tried again only after kRegistrationRetry (trying on every
+// call would put ibv_reg_mr on the fast path): meanwhile, small payloads that
+// find no free block are copied into their SENDs, and a connection that has
+// no send slot yet sends only frames that go inline.
 std::optional<uint32_t> Endpoint::GrowBlocks(BlockStock& stock) {
   std::lock_guard<std::mutex> lock(stock.grow_mu);
   if (std::optional<uint32_t> index = stock.free.Pop()) return index;  // given back meanwhile
