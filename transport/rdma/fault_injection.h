@@ -53,6 +53,14 @@ struct FaultInjection {
   }
   static bool TakeFailedQpCreation() { return Take(FailQpCreations()); }
 
+  // The next N connection requests a server accepts fail to be accepted, as
+  // rdma_accept does when the device or the CM gives up (ENOMEM here).
+  static std::atomic<int>& FailAccepts() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static bool TakeFailedAccept() { return Take(FailAccepts()); }
+
   // The next N refills of an SRQ fail before reaching the device, as
   // ibv_post_srq_recv does with ENOMEM for the batch's first request.
   static std::atomic<int>& FailSrqPosts() {

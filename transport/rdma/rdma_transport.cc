@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_selection.h"
+#include "transport/rdma/fault_injection.h"
 
 namespace rdmarpc::transport::rdma {
 namespace {
@@ -597,11 +598,14 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
 void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) {
   rdma_cm_id* child = ev->id;
   const std::string peer = PeerOf(child);
-  auto refuse = [&](const std::string& why) {
+  auto reject = [&](const std::string& why) {
     fprintf(stderr, "rdmarpc[%s]: refusing connection from %s: %s\n", options_.name.c_str(),
             peer.c_str(), why.c_str());
     const std::string refusal = EncodeRefusal(why);
     rdma_reject(child, refusal.data(), static_cast<uint8_t>(refusal.size()));
+  };
+  auto refuse = [&](const std::string& why) {
+    reject(why);
     retired_ids_.push_back(child);
   };
   {
@@ -668,8 +672,12 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   param.initiator_depth = static_cast<uint8_t>(rd_atom);
   param.rnr_retry_count = 7;
   SetAckTimeout(child);
-  if (rdma_accept(child, &param) != 0) {
-    const std::string why = absl::StrCat("rdma_accept: ", strerror(errno));
+  const bool accept_fails = FaultInjection::TakeFailedAccept();
+  if (accept_fails || rdma_accept(child, &param) != 0) {
+    // The client hears it now, not at its connect timeout; the id goes with
+    // the connection.
+    const std::string why = absl::StrCat("rdma_accept: ", strerror(accept_fails ? ENOMEM : errno));
+    reject(why);
     (*ep)->RunOnPoller([conn, why] { conn->Teardown(absl::UnavailableError(why)); });
     return;
   }

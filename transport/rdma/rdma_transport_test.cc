@@ -1992,6 +1992,31 @@ TEST(RdmaTransport, ConnectWhoseQueuePairCannotBeCreatedFailsCleanly) {
   ExpectServesANewClient(fx);
 }
 
+// A connection the server fails to accept (rdma_accept failing) is rejected
+// with the reason, so the connect fails at once rather than at its deadline;
+// both ends' connections close, and the server serves the next client.
+TEST(RdmaTransport, ConnectionTheServerFailsToAcceptIsRejectedSayingWhy) {
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  const uint64_t opened = Counters().connections_opened;
+  const uint64_t closed = Counters().connections_closed;
+  FaultInjection::FailAccepts() = 1;
+  Waiter& waiter = fx.NewWaiter();
+  const absl::Time start = absl::Now();
+  auto conn = fx.client->Connect(fx.addr, &waiter, start + absl::Seconds(60));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(FaultInjection::FailAccepts().exchange(0), 0);
+  ASSERT_FALSE(conn.ok()) << "connected although the server's accept failed";
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable) << conn.status();
+  EXPECT_NE(conn.status().message().find(
+                absl::StrCat("the server refused the connection: rdma_accept: ", strerror(ENOMEM))),
+            absl::string_view::npos)
+      << conn.status();
+  EXPECT_LT(took, absl::Seconds(10)) << "the client waited for its connect timeout";
+  EXPECT_TRUE(EveryConnectionClosedSince(opened, closed));
+  ExpectServesANewClient(fx);
+}
+
 // A transport shut down while its connects are at every step (resolving,
 // connecting, established) ends each of them, OK or UNAVAILABLE (or refused
 // as shut down when it came too late), crashes nothing, and the server
