@@ -2104,6 +2104,31 @@ TEST(RdmaTransport, DetachedObserverHearsNothingMore) {
   ExpectServesANewClient(fx);
 }
 
+// A listener destroyed after its transport has shut down (its CM thread
+// gone) gives its rdma_cm id back at once instead of waiting for a thread
+// that will never run again; the transport refuses to connect.
+TEST(RdmaTransport, ListenerDestroyedAfterItsTransportShutDownGoesCleanly) {
+  Fixture fx;  // its listener keeps `rdma resource show cm_id` answering
+  ASSERT_TRUE(fx.Start());
+  const int ids_before = CmIdsOfThisProcess();
+  ASSERT_GT(ids_before, 0) << "`rdma resource show cm_id` does not list this process's listener";
+  TransportOptions so;
+  so.name = "late-listener";
+  so.listening = true;
+  RdmaTransport server(so, RdmaOptions(), true);
+  auto listener = server.Listen(*ParseAddress("rdma://" + fx.ip + ":0"),
+                                [](std::shared_ptr<Connection>) { return nullptr; });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  EXPECT_EQ(CmIdsOfThisProcess(), ids_before + 1);
+  server.Shutdown();
+  auto gone = std::async(std::launch::async, [&] { listener->reset(); });
+  ASSERT_EQ(gone.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "destroying the listener waited for the CM thread";
+  EXPECT_EQ(CmIdsOnceBackTo(ids_before), ids_before) << "the listener's rdma_cm id was left behind";
+  auto late = server.Connect(fx.addr, &fx.NewWaiter(), absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
+}
+
 // A client process that advertises a large request and is killed while the
 // server READs it. The server drops that call and keeps serving.
 TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
