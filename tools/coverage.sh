@@ -45,15 +45,24 @@ if [ "$mode" != --report ]; then
     # counts to the VM's out directory, copied to $counts at the end.
     universe=${targets[0]}
     for t in "${targets[@]:1}"; do universe+=" + $t"; done
-    tests=$(bz query "attr(tags, '[\[ ]rdma[,\]]', kind(cc_test, $universe))" 2>/dev/null)
+    rdma="attr(tags, '[\[ ]rdma[,\]]', $universe)"
+    path() { local l=${1#//}; echo "${l%%:*}/${l##*:}"; }
     script=$out/vm_tests.sh
     {
       echo 'export GCOV_PREFIX=$RDMARPC_VM_OUT GCOV_PREFIX_STRIP=3'
       echo 'failed=0'
-      for t in $tests; do
-        pkg=${t#//}; pkg=${pkg%%:*}; name=${t##*:}
+      for t in $(bz query "kind(cc_test, $rdma)" 2>/dev/null); do
+        p=$(path "$t")
         echo "echo \"coverage: $t\""
-        echo "(cd $bin/$pkg/$name.runfiles/rdmarpc && $bin/$pkg/$name) || failed=1"
+        echo "(cd $bin/$p.runfiles/rdmarpc && $bin/$p) || failed=1"
+      done
+      # A script test runs the one program it depends on, named by its
+      # runfiles path (args = ["$(location ...)"]).
+      for t in $(bz query "kind(sh_test, $rdma)" 2>/dev/null); do
+        p=$(path "$t")
+        program=$(path "$(bz query "kind(cc_binary, labels(data, $t))" 2>/dev/null)")
+        echo "echo \"coverage: $t\""
+        echo "(cd $bin/$p.runfiles/rdmarpc && $bin/$p $program) || failed=1"
       done
       echo 'exit $failed'
     } > "$script"

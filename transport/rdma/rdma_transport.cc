@@ -113,7 +113,7 @@ RdmaTransport::RdmaTransport(TransportOptions options, RdmaOptions rdma, bool se
   if (channel_) {
     fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
     cm_thread_ = std::thread([this] { CmLoop(); });
-    cm_thread_id_ = cm_thread_.get_id();
+    cm_thread_id_.store(cm_thread_.get_id());
   } else {
     cm_exited_ = true;
   }
@@ -144,7 +144,7 @@ bool RdmaTransport::QueueOnCm(std::function<void()>& task) {
 }
 
 void RdmaTransport::RunAfterCm(const std::function<void()>& task) {
-  if (std::this_thread::get_id() == cm_thread_id_) return task();  // it holds the lock
+  if (std::this_thread::get_id() == cm_thread_id_.load()) return task();  // it holds the lock
   std::lock_guard<std::mutex> lock(late_tasks_mu_);
   task();
 }
@@ -154,7 +154,7 @@ void RdmaTransport::RunOnCm(std::function<void()> task) {
 }
 
 void RdmaTransport::RunOnCmAndWait(std::function<void()> task) {
-  if (std::this_thread::get_id() == cm_thread_id_) return task();
+  if (std::this_thread::get_id() == cm_thread_id_.load()) return task();
   std::promise<void> done;
   std::function<void()> queued = [&] {
     task();
@@ -196,6 +196,8 @@ void RdmaTransport::CmLoop() {
   }
   for (auto& t : tasks) t();
   DestroyRetiredIds();
+  // Before the lock goes: a thread that reuses this one's id must take it.
+  cm_thread_id_.store(std::thread::id());
 }
 
 void RdmaTransport::DestroyRetiredIds() {

@@ -98,7 +98,9 @@ class RdmaTransport : public Transport {
   rdma_event_channel* channel_ = nullptr;
   int wake_fd_ = -1;
   std::thread cm_thread_;
-  std::thread::id cm_thread_id_;  // set once, before any task
+  // The CM thread's id while it runs; none once it has exited, when a new
+  // thread may be given the same id.
+  std::atomic<std::thread::id> cm_thread_id_{};
   std::atomic<bool> stop_{false};
   std::atomic<uint32_t> next_serial_{1};
 
