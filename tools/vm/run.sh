@@ -60,9 +60,13 @@ if [ "${RDMARPC_VM:-auto}" != always ] && [ "$vms" = 1 ]; then
   if [ -n "$addr" ]; then
     addr6=${RDMARPC_TEST_ADDR6:-$([ -z "$netdev" ] || first_addr -6 "$netdev")}
     echo "rdmavm: using this machine's RDMA device directly (address $addr${addr6:+, $addr6})" >&2
+    # The out directory is the caller's, or one that goes when the command ends.
     out=${RDMARPC_VM_KEEP:-$(mktemp -d "${TMPDIR:-/tmp}/rdmavm-out.XXXXXX")}
-    RDMARPC_TEST_ADDR=$addr RDMARPC_TEST_ADDR6=$addr6 RDMARPC_VM_ROLE=host RDMARPC_VM_OUT=$out \
-      exec "$@"
+    mkdir -p "$out"
+    RDMARPC_TEST_ADDR=$addr RDMARPC_TEST_ADDR6=$addr6 RDMARPC_VM_ROLE=host RDMARPC_VM_OUT=$out "$@"
+    rc=$?
+    [ -n "${RDMARPC_VM_KEEP:-}" ] || rm -rf "$out"
+    exit "$rc"
   fi
 fi
 [ "${RDMARPC_VM:-auto}" != never ] || infra_fail "RDMARPC_VM=never but no active RDMA port with an IPv4 address here"
