@@ -20,7 +20,9 @@ mode=${1:-all}
 out=$PWD/.cache/coverage
 # Not under /tmp: the VM has its own /tmp, and must see the test binaries.
 base=${RDMARPC_COVERAGE_BASE:-$HOME/.cache/bazel/rdmarpc-coverage}
-gcov_flags=(--spawn_strategy=local --copt=--coverage --copt=-O0 --linkopt=--coverage)
+# No bazel-* links: they would point the usual build's at this output base.
+gcov_flags=(--spawn_strategy=local --copt=--coverage --copt=-O0 --linkopt=--coverage
+  --symlink_prefix=/)
 bz() { bazel --output_base="$base" "$@"; }
 # Not //...: that would walk the usual build's bazel-* links, which this
 # output base does not know as its own.
