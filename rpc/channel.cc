@@ -9,7 +9,6 @@
 #include "base/ring_fifo.h"
 #include "base/stage_trace.h"
 #include "rpc/internal/payload.h"
-#include "transport/factory.h"
 
 namespace rdmarpc {
 
@@ -52,7 +51,7 @@ StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
   transport::TransportOptions topts;
   topts.max_message_size = options.max_message_size;
   topts.name = absl::StrCat("channel ", address);
-  auto t = transport::MakeTransport(addr->scheme, topts);
+  auto t = transport::MakeTransport(addr->scheme, topts, options.transport);
   if (!t.ok()) return t.status();
   return std::shared_ptr<Channel>(new Channel(address, *addr, options, std::move(*t)));
 }

@@ -39,6 +39,7 @@
 #include "rpc/internal/thread_pool.h"
 #include "rpc/internal/timer_queue.h"
 #include "rpc/status.h"
+#include "transport/factory.h"
 #include "transport/transport.h"
 
 namespace rdmarpc {
@@ -61,6 +62,11 @@ struct ChannelOptions {
   // instead of waiting to connect; a call it starts that ends at once runs
   // its callback after the running one has returned, not inside it.
   int callback_threads = 2;
+  // The transport's tunables (transport/factory.h): transport.rdma for
+  // rdma:// (poll mode, device, slot size, credits, timeouts, ...),
+  // transport.tcp for tcp://, either for auto://, and whether auto:// may
+  // fall back to TCP. RDMARPC_* environment variables override them.
+  transport::TransportTunables transport;
 };
 
 // What a stub passes per method; generated code has one per rpc (constexpr).

@@ -6,7 +6,6 @@
 #include "base/stage_trace.h"
 #include "rpc/internal/payload.h"
 #include "rpc/internal/spare_pool.h"
-#include "transport/factory.h"
 
 namespace rdmarpc {
 
@@ -360,6 +359,11 @@ ServerBuilder& ServerBuilder::SetMaxMessageSize(size_t bytes) {
   return *this;
 }
 
+ServerBuilder& ServerBuilder::SetTransportTunables(transport::TransportTunables tunables) {
+  tunables_ = std::move(tunables);
+  return *this;
+}
+
 StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   if (ports_.empty()) return Status(StatusCode::kInvalidArgument, "no listening port added");
   const int workers =
@@ -383,16 +387,18 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   for (const auto& [text, selected] : ports_) {
     auto addr = transport::ParseAddress(text);
     if (!addr.ok()) return addr.status();
-    auto& t = server->transports_[addr->scheme];
-    if (!t) {
+    auto found = server->transports_.find(addr->scheme);
+    if (found == server->transports_.end()) {
       transport::TransportOptions topts;
       topts.max_message_size = max_message_size_;
       topts.name = "server";
       topts.listening = true;
-      auto made = transport::MakeTransport(addr->scheme, topts);
+      auto made = transport::MakeTransport(addr->scheme, topts, tunables_);
+      // Nothing goes into transports_ before it is made: ~Server shuts each down.
       if (!made.ok()) return made.status();
-      t = std::move(*made);
+      found = server->transports_.emplace(addr->scheme, std::move(*made)).first;
     }
+    auto& t = found->second;
     auto listener = t->Listen(*addr, [raw](std::shared_ptr<Connection> c)
                                          -> transport::ConnectionObserver* {
       std::lock_guard<std::mutex> lock(raw->mu_);

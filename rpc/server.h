@@ -47,6 +47,7 @@
 #include "rpc/internal/thread_pool.h"
 #include "rpc/service.h"
 #include "rpc/status.h"
+#include "transport/factory.h"
 #include "transport/transport.h"
 
 namespace rdmarpc {
@@ -121,6 +122,10 @@ class ServerBuilder {
   // 0: run handlers inline on the I/O thread (see the thread model above).
   ServerBuilder& SetWorkerThreads(int n);
   ServerBuilder& SetMaxMessageSize(size_t bytes);
+  // The tunables of the transports the server listens with
+  // (transport/factory.h), e.g. rdma.poll_mode, rdma.server_receive_slots,
+  // tcp.peer_timeout_ms. RDMARPC_* environment variables override them.
+  ServerBuilder& SetTransportTunables(transport::TransportTunables tunables);
   // Fails (naming the cause) on an unusable address, a method registered
   // twice, or two methods whose ids collide.
   StatusOr<std::unique_ptr<Server>> BuildAndStart();
@@ -130,6 +135,7 @@ class ServerBuilder {
   std::vector<Service*> services_;
   int workers_ = -1;  // the number of cores
   size_t max_message_size_ = 64u << 20;
+  transport::TransportTunables tunables_;
 };
 
 }  // namespace rdmarpc

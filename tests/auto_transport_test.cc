@@ -1,5 +1,6 @@
 // auto:// picks RDMA where a usable device exists and falls back to TCP
-// otherwise; RDMARPC_NO_TCP_FALLBACK=1 turns the fallback into an error.
+// otherwise; TransportTunables::tcp_fallback = false (or
+// RDMARPC_NO_TCP_FALLBACK=1) turns the fallback into an error.
 #include <cstdlib>
 
 #include "gtest/gtest.h"
@@ -49,6 +50,33 @@ TEST(AutoTransport, FallbackCanBeForbidden) {
     EXPECT_NE(ch.status().message().find("RDMARPC_NO_TCP_FALLBACK"), absl::string_view::npos)
         << ch.status();
   }
+}
+
+TEST(AutoTransport, FallbackCanBeForbiddenInCode) {
+  unsetenv("RDMARPC_NO_TCP_FALLBACK");
+  transport::TransportTunables no_fallback;
+  no_fallback.tcp_fallback = false;
+  ChannelOptions options;
+  options.transport = no_fallback;
+  auto ch = Channel::Create("auto://127.0.0.1:1", options);
+  EchoService service;
+  auto server = ServerBuilder()
+                    .AddListeningPort("auto://127.0.0.1:0")
+                    .RegisterService(&service)
+                    .SetTransportTunables(no_fallback)
+                    .BuildAndStart();
+  if (transport::rdma::RdmaUsable()) {
+    EXPECT_TRUE(ch.ok()) << ch.status();
+    return;
+  }
+  ASSERT_FALSE(ch.ok());
+  EXPECT_EQ(ch.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(ch.status().message().find("tcp_fallback = false"), absl::string_view::npos)
+      << ch.status();
+  ASSERT_FALSE(server.ok()) << (*server)->addresses()[0];
+  EXPECT_EQ(server.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(server.status().message().find("tcp_fallback = false"), absl::string_view::npos)
+      << server.status();
 }
 
 }  // namespace

@@ -121,12 +121,13 @@ struct TestServer {
   std::string address;
 
   explicit TestServer(const std::string& listen, size_t max_message = 64u << 20,
-                      int workers = 4) {
+                      int workers = 4, transport::TransportTunables tunables = {}) {
     auto s = ServerBuilder()
                  .AddListeningPort(listen)
                  .RegisterService(&service)
                  .SetWorkerThreads(workers)
                  .SetMaxMessageSize(max_message)
+                 .SetTransportTunables(std::move(tunables))
                  .BuildAndStart();
     EXPECT_TRUE(s.ok()) << s.status();
     if (!s.ok()) return;

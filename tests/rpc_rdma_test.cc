@@ -107,14 +107,59 @@ TEST_F(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
   printf("%s\n", after.ToString().c_str());
 }
 
+// The transport's tunables set in code reach both ends: a READ threshold
+// below the payload makes the side that has it advertise the payload, which
+// the other side READs, where the defaults would have sent it by SEND.
+TEST(RdmaTunables, ReadThresholdSetInCodeSendsPayloadsByRead) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  transport::TransportTunables low;
+  low.rdma.read_threshold = 1024;
+  ChannelOptions low_channel;
+  low_channel.transport = low;
+  // Which side's threshold is low: the channel's (its requests are READ by
+  // the server) or the server's (its responses are READ by the channel).
+  for (const bool server_low : {false, true}) {
+    TestServer ts("rdma://" + ip + ":0", /*max_message=*/64u << 20, /*workers=*/4,
+                  server_low ? low : transport::TransportTunables());
+    ASSERT_TRUE(ts.server);
+    auto ch = Channel::Create(ts.address, server_low ? ChannelOptions() : low_channel);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    auto call = [&](size_t size) {
+      ClientContext ctx;
+      EchoRequest req;
+      req.set_data(std::string(size, 't'));
+      EchoResponse resp;
+      Status s = (*ch)->Call(kEcho, &ctx, req, &resp);
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ(resp.data(), req.data());
+    };
+    call(16);  // connects
+    const auto before = Counters();
+    constexpr int kCalls = 5;
+    for (int i = 0; i < kCalls; ++i) call(4000);
+    call(500);  // below the threshold: a SEND either way
+    const auto after = Counters();
+    EXPECT_EQ(after.reads - before.reads, uint64_t{kCalls}) << "server_low " << server_low;
+    EXPECT_EQ(after.payloads_advertised - before.payloads_advertised, uint64_t{kCalls})
+        << "server_low " << server_low;
+  }
+}
+
 // Run-to-completion: in busy (and adaptive) poll mode a blocking caller picks
 // up its own response from the completion queue; in event mode the poller
-// thread does, as it must (no thread may spin there).
-size_t CallerCompletionsFor(const char* poll_mode, int calls) {
+// thread does, as it must (no thread may spin there). The mode is set in
+// code, on both ends; `env_mode`, when given, overrides it from the
+// environment, as an experiment on a built program would.
+size_t CallerCompletionsFor(transport::rdma::PollMode mode, int calls,
+                            const char* env_mode = nullptr) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();
-  setenv("RDMARPC_RDMA_POLL", poll_mode, 1);
-  TestServer ts("rdma://" + ip + ":0");
-  auto ch = Channel::Create(ts.address);  // the transports read the mode now
+  transport::TransportTunables tunables;
+  tunables.rdma.poll_mode = mode;
+  ChannelOptions options;
+  options.transport = tunables;
+  if (env_mode) setenv("RDMARPC_RDMA_POLL", env_mode, 1);
+  TestServer ts("rdma://" + ip + ":0", /*max_message=*/64u << 20, /*workers=*/4, tunables);
+  auto ch = Channel::Create(ts.address, options);  // the transports read the mode now
   unsetenv("RDMARPC_RDMA_POLL");
   EXPECT_TRUE(ts.server && ch.ok());
   if (!ts.server || !ch.ok()) return 0;
@@ -135,13 +180,19 @@ size_t CallerCompletionsFor(const char* poll_mode, int calls) {
   return Counters().caller_completions - before;
 }
 
+using transport::rdma::PollMode;
+
 TEST(RdmaRunToCompletion, BusyModeCallersPollTheirOwnResponses) {
   const int calls = 200;
-  EXPECT_GE(CallerCompletionsFor("busy", calls), static_cast<size_t>(calls));
+  EXPECT_GE(CallerCompletionsFor(PollMode::kBusy, calls), static_cast<size_t>(calls));
 }
 
 TEST(RdmaRunToCompletion, EventModeLeavesPollingToThePoller) {
-  EXPECT_EQ(CallerCompletionsFor("event", 50), 0u);
+  EXPECT_EQ(CallerCompletionsFor(PollMode::kEvent, 50), 0u);
+}
+
+TEST(RdmaRunToCompletion, TheEnvironmentOverridesTheModeSetInCode) {
+  EXPECT_EQ(CallerCompletionsFor(PollMode::kBusy, 50, "event"), 0u);
 }
 
 }  // namespace rdmarpc::testing

@@ -3,7 +3,9 @@
 // that does not exist, a payload over the channel's limit, answers to calls
 // nobody made, or garbage. Each bad answer ends only its own call, with a
 // status naming what was wrong; lost framing ends the connection's calls
-// UNAVAILABLE, and the channel connects again for the next call.
+// UNAVAILABLE, and the channel connects again for the next call. A server
+// that never reads pins no more of the client's memory than the channel's
+// TcpOptions allow.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -16,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/echo_service.h"
@@ -225,6 +228,39 @@ TEST_F(BadServerTest, GarbageEndsPendingCallsUnavailableAndTheChannelReconnects)
   EXPECT_TRUE(peer_->ClosedByPeer());
   peer_.reset();
   ExpectNextCallServed();  // on a new connection
+}
+
+// The channel's TcpOptions reach its transport: with a 1 MiB send queue, a
+// server that accepts and never reads makes a call fail RESOURCE_EXHAUSTED
+// naming the bound after a few MiB (the sockets' buffers and the queue),
+// where the default bound (256 MiB) would take all 32 MiB offered here.
+TEST(TcpTunables, ChannelsSendQueueBoundLimitsWhatAStalledServerPins) {
+  RawServer server;
+  std::vector<std::unique_ptr<PendingCall>> calls;  // outlive the channel
+  ChannelOptions options;
+  options.callback_threads = 0;  // a call that fails to start ends in CallAsync
+  options.transport.tcp.max_queued_send_bytes = 1 << 20;
+  auto ch = Channel::Create(server.address(), options);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  const std::string data(128 << 10, 'q');
+  calls.push_back(std::make_unique<PendingCall>(**ch, data));
+  auto peer = server.Accept();  // and never read
+  ASSERT_TRUE(peer);
+  while (calls.size() < 256 && !calls.back()->Ended(std::chrono::milliseconds(0))) {
+    calls.push_back(std::make_unique<PendingCall>(**ch, data));
+  }
+  ASSERT_TRUE(calls.back()->Ended(std::chrono::milliseconds(0)))
+      << calls.size() << " calls of 128 KiB queued for a server that does not read";
+  const Status refused = calls.back()->Wait();
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("TcpOptions::max_queued_send_bytes"), std::string::npos)
+      << refused;
+  EXPECT_GT(calls.size(), 2u) << "the bound refused a call with nothing queued";
+  printf("%zu calls of 128 KiB taken before the bound refused one\n", calls.size() - 1);
+  ch->reset();  // ends the calls it took
+  for (size_t i = 0; i + 1 < calls.size(); ++i) {
+    EXPECT_EQ(calls[i]->Wait().code(), StatusCode::kUnavailable) << i;
+  }
 }
 
 }  // namespace

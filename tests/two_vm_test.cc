@@ -165,7 +165,7 @@ std::string SetInterfaceUp(const std::string& ip, bool up) {
 }
 
 // Long enough for the client's keepalive (1 s of silence, then ~2 s of
-// unacknowledged retries: the default RdmaOptions and TransportOptions) with
+// unacknowledged retries: the default RdmaOptions and TcpOptions) with
 // the VMs' slowness; a call that ended only after the wire came back would
 // prove nothing.
 constexpr absl::Duration kCutFor = absl::Seconds(12);
@@ -249,7 +249,7 @@ void RunWireCut(const std::string& scheme, int port, const std::string& why) {
 // client's keepalive ends the call UNAVAILABLE, naming the server, before
 // the wire is back. Over TCP (the fallback) first, then over RDMA.
 TEST(TwoVms, CallWithoutDeadlineEndsWhenTheServersWireIsCutTcp) {
-  RunWireCut("tcp", kPort + 1, "tcp_peer_timeout_ms");
+  RunWireCut("tcp", kPort + 1, "TcpOptions::peer_timeout_ms");
 }
 
 // Last in this file, and recovery is not asserted: after this test, on

@@ -11,27 +11,32 @@
 namespace rdmarpc::transport {
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& scheme,
-                                                         const TransportOptions& options) {
+                                                         const TransportOptions& options,
+                                                         const TransportTunables& tunables) {
   auto rdma = [&] {
     return std::unique_ptr<Transport>(new rdma::RdmaTransport(
-        options, rdma::RdmaOptionsFromEnv(), options.listening));
+        options, rdma::RdmaOptionsFromEnv(tunables.rdma), options.listening));
   };
-  if (scheme == "tcp") {
-    return std::unique_ptr<Transport>(new TcpTransport(TcpOptionsFromEnv(options)));
-  }
+  auto tcp = [&] {
+    return std::unique_ptr<Transport>(
+        new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));
+  };
+  if (scheme == "tcp") return tcp();
   if (scheme == "rdma") return rdma();
   if (scheme == "auto") {
     if (rdma::RdmaUsable()) return rdma();
     const char* no_fallback = std::getenv("RDMARPC_NO_TCP_FALLBACK");
+    const bool env_forbids = no_fallback && strcmp(no_fallback, "1") == 0;
     const std::string devices = rdma::DescribeDevices();
-    if (no_fallback && strcmp(no_fallback, "1") == 0) {
+    if (env_forbids || !tunables.tcp_fallback) {
       return absl::UnavailableError(absl::StrCat(
-          "auto:// found no usable RDMA device (", devices,
-          ") and RDMARPC_NO_TCP_FALLBACK=1 forbids falling back to TCP"));
+          "auto:// found no usable RDMA device (", devices, ") and ",
+          env_forbids ? "RDMARPC_NO_TCP_FALLBACK=1" : "TransportTunables::tcp_fallback = false",
+          " forbids falling back to TCP"));
     }
     fprintf(stderr, "rdmarpc[%s]: no usable RDMA device (%s); auto:// falls back to TCP\n",
             options.name.c_str(), devices.c_str());
-    return std::unique_ptr<Transport>(new TcpTransport(TcpOptionsFromEnv(options)));
+    return tcp();
   }
   return absl::InvalidArgumentError(absl::StrCat("no transport for scheme '", scheme, "'"));
 }

@@ -1,8 +1,17 @@
-// MakeTransport: the transport for an address scheme ("tcp", "rdma", "auto").
+// MakeTransport: the transport for an address scheme ("tcp", "rdma", "auto"),
+// tuned by TransportTunables.
+//
+//   TransportTunables tunables;
+//   tunables.rdma.poll_mode = rdma::PollMode::kBusy;
+//   tunables.tcp_fallback = false;   // auto:// without RDMA is an error
+//   auto t = MakeTransport("auto", TransportOptions{}, tunables);
 //
 // "auto" picks RDMA when a usable RDMA device exists and TCP otherwise, with
-// one log line saying which and why; RDMARPC_NO_TCP_FALLBACK=1 turns the
-// fallback into an error.
+// one log line saying which and why, unless tcp_fallback is off.
+//
+// The environment overrides the tunables (for experiments on a built
+// program): RdmaOptionsFromEnv and TcpOptionsFromEnv list the variables,
+// and RDMARPC_NO_TCP_FALLBACK=1 turns tcp_fallback off.
 #ifndef RDMARPC_TRANSPORT_FACTORY_H_
 #define RDMARPC_TRANSPORT_FACTORY_H_
 
@@ -10,12 +19,26 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "transport/rdma/rdma_options.h"
+#include "transport/tcp/tcp_options.h"
 #include "transport/transport.h"
 
 namespace rdmarpc::transport {
 
-absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& scheme,
-                                                         const TransportOptions& options);
+// Every kind's tunables together, so that a channel or a server sets them
+// without knowing which kind its address will pick (auto://). Only those of
+// the kind made are used.
+struct TransportTunables {
+  TcpOptions tcp;
+  rdma::RdmaOptions rdma;
+  // auto:// with no usable RDMA device: fall back to TCP (one log line).
+  // false makes that an error naming the devices found.
+  bool tcp_fallback = true;
+};
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(
+    const std::string& scheme, const TransportOptions& options,
+    const TransportTunables& tunables = TransportTunables());
 
 }  // namespace rdmarpc::transport
 

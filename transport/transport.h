@@ -131,6 +131,9 @@ class Listener {
   virtual const Address& address() const = 0;
 };
 
+// What every transport is given by its owner. Each kind has tunables of its
+// own (transport/tcp/tcp_options.h, transport/rdma/rdma_options.h), which
+// MakeTransport takes together (TransportTunables, transport/factory.h).
 struct TransportOptions {
   // Largest payload a receiver accepts; larger ones are skipped and reported
   // as RESOURCE_EXHAUSTED in InboundMessage::payload_status.
@@ -139,23 +142,6 @@ struct TransportOptions {
   std::string name = "rdmarpc";
   // A server's transport: sizes receive resources for many peers.
   bool listening = false;
-  // Dead peers over TCP (RDMA has its own, RdmaOptions::keepalive_ms and
-  // peer_timeout_ms, same defaults). A peer whose machine or link dies sends
-  // no FIN or RST, and the kernel's defaults notice only after hours. So a
-  // connection idle for tcp_keepalive_ms sends keepalive probes
-  // (SO_KEEPALIVE, TCP_KEEPIDLE; whole seconds, at least 1), and one whose
-  // data or probes stay unacknowledged for tcp_peer_timeout_ms ends
-  // UNAVAILABLE (TCP_USER_TIMEOUT), with every call on it. 0: the kernel's.
-  // RDMARPC_TCP_KEEPALIVE_MS and RDMARPC_TCP_PEER_TIMEOUT_MS override them
-  // (TcpOptionsFromEnv, applied by MakeTransport).
-  uint32_t tcp_keepalive_ms = 1000;
-  uint32_t tcp_peer_timeout_ms = 2000;
-  // Bytes one TCP connection may hold queued for a peer that does not read
-  // (beyond what its socket buffer took): the memory a stalled peer can pin.
-  // A Send that would queue more fails RESOURCE_EXHAUSTED naming the bound;
-  // a frame sent when nothing is queued is always taken.
-  // RDMARPC_TCP_MAX_QUEUED_SEND_BYTES overrides it (TcpOptionsFromEnv).
-  size_t tcp_max_queued_send_bytes = 256u << 20;
 };
 
 // Returns the observer for a new connection (never null), or null to refuse it.

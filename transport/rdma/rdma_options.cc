@@ -11,8 +11,7 @@
 
 namespace rdmarpc::transport::rdma {
 
-RdmaOptions RdmaOptionsFromEnv() {
-  RdmaOptions o;
+RdmaOptions RdmaOptionsFromEnv(RdmaOptions o) {
   if (const char* mode = std::getenv("RDMARPC_RDMA_POLL"); mode && *mode) {
     if (strcmp(mode, "adaptive") == 0) {
       o.poll_mode = PollMode::kAdaptive;
@@ -22,8 +21,7 @@ RdmaOptions RdmaOptionsFromEnv() {
       o.poll_mode = PollMode::kEvent;
     } else {
       fprintf(stderr,
-              "rdmarpc: ignoring RDMARPC_RDMA_POLL=\"%s\": not adaptive, busy or event; using "
-              "adaptive\n",
+              "rdmarpc: ignoring RDMARPC_RDMA_POLL=\"%s\": not adaptive, busy or event\n",
               mode);
     }
   }

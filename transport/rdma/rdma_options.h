@@ -1,7 +1,13 @@
 // RdmaOptions: every tunable of the RDMA transport, in one place.
 //
-// Defaults suit a small VM and a real NIC alike; each can be overridden from
-// code or, for experiments, from the environment (RdmaOptionsFromEnv).
+// Defaults suit a small VM and a real NIC alike. Each can be set from code
+// (RdmaTransport's constructor, or the runtime's ChannelOptions::transport.rdma
+// and ServerBuilder::SetTransportTunables) and, for experiments, overridden
+// from the environment (RdmaOptionsFromEnv):
+//
+//   rdmarpc::ChannelOptions opts;
+//   opts.transport.rdma.poll_mode = PollMode::kBusy;   // a core for latency
+//   auto channel = rdmarpc::Channel::Create("rdma://10.0.0.1:7471", opts);
 //
 // Sizing rule of thumb: receive memory of an endpoint is
 //   (receive slots posted + slots held by the runtime) x slot_size,
@@ -157,12 +163,15 @@ absl::Status CheckRdmaOptions(const RdmaOptions& options);
 // kTransportRetries + 1 tries within peer_timeout_ms; -1 when it is 0.
 int AckTimeoutExponent(uint32_t peer_timeout_ms);
 
-// Defaults overridden by RDMARPC_RDMA_POLL (adaptive|busy|event),
-// RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE, RDMARPC_RDMA_PORT,
-// RDMARPC_RDMA_GID_INDEX, RDMARPC_RDMA_SLOT_SIZE, RDMARPC_RDMA_CREDITS,
-// RDMARPC_RDMA_READ_THRESHOLD, RDMARPC_RDMA_RELEASE_TIMEOUT_MS,
-// RDMARPC_RDMA_PEER_TIMEOUT_MS, RDMARPC_RDMA_KEEPALIVE_MS.
-RdmaOptions RdmaOptionsFromEnv();
+// `options` with what the environment sets: RDMARPC_RDMA_POLL
+// (adaptive|busy|event), RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE,
+// RDMARPC_RDMA_PORT, RDMARPC_RDMA_GID_INDEX, RDMARPC_RDMA_SLOT_SIZE,
+// RDMARPC_RDMA_CREDITS, RDMARPC_RDMA_READ_THRESHOLD,
+// RDMARPC_RDMA_RELEASE_TIMEOUT_MS, RDMARPC_RDMA_PEER_TIMEOUT_MS,
+// RDMARPC_RDMA_KEEPALIVE_MS, RDMARPC_RDMA_TRACE. A value that does not parse
+// is reported on stderr and leaves the option as it was. MakeTransport
+// applies this to every RDMA transport it makes, over the options from code.
+RdmaOptions RdmaOptionsFromEnv(RdmaOptions options = {});
 
 }  // namespace rdmarpc::transport::rdma
 

@@ -36,6 +36,25 @@ TEST(RdmaOptionsFromEnv, ReadsWellFormedValues) {
   EXPECT_EQ(o.peer_timeout_ms, RdmaOptions{}.peer_timeout_ms);
 }
 
+// Options set in code stand where the environment says nothing, and give
+// way where it does (it is for experiments on a built program); a malformed
+// value keeps the code's, not the default.
+TEST(RdmaOptionsFromEnv, OverridesTheCodesOptionsOnlyWhereSet) {
+  RdmaOptions code;
+  code.poll_mode = PollMode::kEvent;
+  code.credits = 8;
+  code.slot_size = 2048;
+  code.device = "mlx5_1";
+  EnvVar credits("RDMARPC_RDMA_CREDITS", "12");
+  EnvVar poll("RDMARPC_RDMA_POLL", "sometimes");
+  const RdmaOptions o = RdmaOptionsFromEnv(code);
+  EXPECT_EQ(o.credits, 12u);
+  EXPECT_EQ(o.poll_mode, PollMode::kEvent);
+  EXPECT_EQ(o.slot_size, 2048u);
+  EXPECT_EQ(o.device, "mlx5_1");
+  EXPECT_EQ(o.keepalive_ms, code.keepalive_ms);
+}
+
 // strtoull read "soon" as 0, which for these options means "no keepalive" or
 // "the device's default timeout", and "8k" as 8: a typo silently changed
 // behaviour. Now a malformed value keeps the default.

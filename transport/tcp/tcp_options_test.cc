@@ -3,42 +3,42 @@
 #include <cstdlib>
 
 #include "gtest/gtest.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/tcp/tcp_options.h"
 
 namespace rdmarpc::transport {
 namespace {
 
-TransportOptions Base() {
-  TransportOptions o;
-  o.tcp_keepalive_ms = 1000;
-  o.tcp_peer_timeout_ms = 2000;
+TcpOptions Base() {
+  TcpOptions o;
+  o.keepalive_ms = 1000;
+  o.peer_timeout_ms = 2000;
   return o;
 }
 
 TEST(TcpOptionsFromEnv, OverridesOnlyWhatIsSet) {
   unsetenv("RDMARPC_TCP_KEEPALIVE_MS");
   unsetenv("RDMARPC_TCP_PEER_TIMEOUT_MS");
-  TransportOptions o = TcpOptionsFromEnv(Base());
-  EXPECT_EQ(o.tcp_keepalive_ms, 1000u);
-  EXPECT_EQ(o.tcp_peer_timeout_ms, 2000u);
+  TcpOptions o = TcpOptionsFromEnv(Base());
+  EXPECT_EQ(o.keepalive_ms, 1000u);
+  EXPECT_EQ(o.peer_timeout_ms, 2000u);
 
   setenv("RDMARPC_TCP_PEER_TIMEOUT_MS", "30000", 1);
   o = TcpOptionsFromEnv(Base());
-  EXPECT_EQ(o.tcp_keepalive_ms, 1000u);
-  EXPECT_EQ(o.tcp_peer_timeout_ms, 30000u);
+  EXPECT_EQ(o.keepalive_ms, 1000u);
+  EXPECT_EQ(o.peer_timeout_ms, 30000u);
 
   setenv("RDMARPC_TCP_KEEPALIVE_MS", "0", 1);  // 0: the kernel's keepalive
   o = TcpOptionsFromEnv(Base());
-  EXPECT_EQ(o.tcp_keepalive_ms, 0u);
-  EXPECT_EQ(o.tcp_peer_timeout_ms, 30000u);
+  EXPECT_EQ(o.keepalive_ms, 0u);
+  EXPECT_EQ(o.peer_timeout_ms, 30000u);
   unsetenv("RDMARPC_TCP_KEEPALIVE_MS");
   unsetenv("RDMARPC_TCP_PEER_TIMEOUT_MS");
 
-  EXPECT_EQ(o.tcp_max_queued_send_bytes, size_t{256} << 20);
+  EXPECT_EQ(o.max_queued_send_bytes, size_t{256} << 20);
   setenv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES", "8388608", 1);
   o = TcpOptionsFromEnv(Base());
-  EXPECT_EQ(o.tcp_max_queued_send_bytes, size_t{8} << 20);
-  EXPECT_EQ(o.tcp_keepalive_ms, 1000u);
+  EXPECT_EQ(o.max_queued_send_bytes, size_t{8} << 20);
+  EXPECT_EQ(o.keepalive_ms, 1000u);
   unsetenv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES");
 }
 
@@ -47,7 +47,7 @@ TEST(TcpOptionsFromEnv, OverridesOnlyWhatIsSet) {
 TEST(TcpOptionsFromEnv, MalformedValuesChangeNothing) {
   for (const char* bad : {"soon", "2s", "-1", "99999999999"}) {
     setenv("RDMARPC_TCP_PEER_TIMEOUT_MS", bad, 1);
-    EXPECT_EQ(TcpOptionsFromEnv(Base()).tcp_peer_timeout_ms, 2000u) << bad;
+    EXPECT_EQ(TcpOptionsFromEnv(Base()).peer_timeout_ms, 2000u) << bad;
   }
   unsetenv("RDMARPC_TCP_PEER_TIMEOUT_MS");
 }

@@ -21,7 +21,6 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
-#include "transport/env_override.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -31,19 +30,19 @@ constexpr size_t kReadChunk = 64 * 1024;
 std::string ErrnoText(int err) { return strerror(err); }
 
 // Options every connected socket gets: no Nagle delay (frames are whole
-// messages), and TransportOptions' keepalive and peer timeout.
-void ConfigureConnectedSocket(int fd, const TransportOptions& options) {
+// messages), and TcpOptions' keepalive and peer timeout.
+void ConfigureConnectedSocket(int fd, const TcpOptions& options) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (options.tcp_keepalive_ms > 0) {
-    const int idle_s = std::max<int>(1, options.tcp_keepalive_ms / 1000);
+  if (options.keepalive_ms > 0) {
+    const int idle_s = std::max<int>(1, options.keepalive_ms / 1000);
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof one);
   }
-  if (options.tcp_peer_timeout_ms > 0) {
+  if (options.peer_timeout_ms > 0) {
     // Also bounds the keepalive probes, in place of TCP_KEEPCNT.
-    const unsigned int ms = options.tcp_peer_timeout_ms;
+    const unsigned int ms = options.peer_timeout_ms;
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
   }
 }
@@ -149,11 +148,11 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
   if (send_closed_ || closing_.load()) {
     return absl::UnavailableError(absl::StrCat("connection to ", peer_, " is closed"));
   }
-  const size_t bound = transport_->options_.tcp_max_queued_send_bytes;
+  const size_t bound = transport_->tcp_.max_queued_send_bytes;
   if (!queue_.empty() && queued_bytes_ + out.size() > bound) {
     return absl::ResourceExhaustedError(
         absl::StrCat("more than ", bound, " bytes queued for ", peer_,
-                     " (TransportOptions::tcp_max_queued_send_bytes; is the peer reading?)"));
+                     " (TcpOptions::max_queued_send_bytes; is the peer reading?)"));
   }
   queued_bytes_ += out.size();
   queue_.push_back(std::move(out));
@@ -254,8 +253,8 @@ void TcpConnection::OnReadable() {
       if (r < 0 && errno == ETIMEDOUT) {
         return Finish(absl::UnavailableError(absl::StrCat(
             "connection to ", peer_, " timed out: nothing acknowledged for ",
-            transport_->options_.tcp_peer_timeout_ms,
-            " ms (TransportOptions::tcp_peer_timeout_ms): the peer's machine or link is down")));
+            transport_->tcp_.peer_timeout_ms,
+            " ms (TcpOptions::peer_timeout_ms): the peer's machine or link is down")));
       }
       if (r < 0) {
         return Finish(absl::UnavailableError(absl::StrCat("read from ", peer_, ": ",
@@ -384,7 +383,7 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
         }
         return;
       }
-      ConfigureConnectedSocket(fd, transport_->options_);
+      ConfigureConnectedSocket(fd, transport_->tcp_);
       auto conn = std::make_shared<TcpConnection>(transport_, fd, SockaddrToString(ss), nullptr);
       ConnectionObserver* observer = on_accept_(conn);
       if (observer == nullptr) continue;  // refused: conn closes its fd
@@ -402,14 +401,8 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
 
 // ----------------------------------------------------------------- transport
 
-TransportOptions TcpOptionsFromEnv(TransportOptions options) {
-  OverrideFromEnv("RDMARPC_TCP_KEEPALIVE_MS", &options.tcp_keepalive_ms);
-  OverrideFromEnv("RDMARPC_TCP_PEER_TIMEOUT_MS", &options.tcp_peer_timeout_ms);
-  OverrideFromEnv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES", &options.tcp_max_queued_send_bytes);
-  return options;
-}
-
-TcpTransport::TcpTransport(TransportOptions options) : options_(std::move(options)) {
+TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp)
+    : options_(std::move(options)), tcp_(tcp) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_event ev{};
@@ -517,7 +510,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
       break;
     }
   }
-  ConfigureConnectedSocket(fd, options_);
+  ConfigureConnectedSocket(fd, tcp_);
   auto conn = std::make_shared<TcpConnection>(this, fd, target, observer);
   bool adopted = false;
   RunInLoopAndWait([&] {

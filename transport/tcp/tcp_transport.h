@@ -6,7 +6,7 @@
 // the wire format's (transport/wire_format.h), written with sendmsg straight
 // from the caller's buffers.
 //
-//   TcpTransport t(TransportOptions{});
+//   TcpTransport t(TransportOptions{}, TcpOptions{});
 //   auto listener = t.Listen(*ParseAddress("tcp://127.0.0.1:0"), on_accept);
 //
 // A frame whose header does not parse closes that connection (the stream has
@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/tcp/tcp_options.h"
 #include "transport/transport.h"
 
 namespace rdmarpc::transport {
@@ -31,17 +32,9 @@ namespace rdmarpc::transport {
 class TcpConnection;
 class TcpListener;
 
-// `options` with the TCP options taken from the environment where set: the
-// keepalive options in milliseconds (0: the kernel's), RDMARPC_TCP_KEEPALIVE_MS
-// and RDMARPC_TCP_PEER_TIMEOUT_MS, and the send queue bound in bytes,
-// RDMARPC_TCP_MAX_QUEUED_SEND_BYTES. A value that is not a number is reported on
-// stderr and leaves the option as it was. MakeTransport applies this to
-// every TCP transport it makes.
-TransportOptions TcpOptionsFromEnv(TransportOptions options);
-
 class TcpTransport : public Transport {
  public:
-  explicit TcpTransport(TransportOptions options);
+  explicit TcpTransport(TransportOptions options, TcpOptions tcp = {});
   ~TcpTransport() override;
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
@@ -68,6 +61,7 @@ class TcpTransport : public Transport {
   void Forget(int fd);                              // I/O thread
 
   const TransportOptions options_;
+  const TcpOptions tcp_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;

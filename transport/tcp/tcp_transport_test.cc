@@ -102,7 +102,7 @@ class SilentPeer {
   int port_ = 0;
 };
 
-// A peer that stops reading pins at most tcp_max_queued_send_bytes of the
+// A peer that stops reading pins at most TcpOptions::max_queued_send_bytes of the
 // sender's memory: Send refuses RESOURCE_EXHAUSTED naming the bound, loses
 // nothing it took, and takes frames again once the peer reads.
 TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
@@ -110,8 +110,9 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   NoObserver observer;  // outlives the transport, which calls it
   TransportOptions options;
   options.name = "queue-bound-client";
-  options.tcp_max_queued_send_bytes = 1 << 20;
-  TcpTransport client(options);
+  TcpOptions tcp;
+  tcp.max_queued_send_bytes = 1 << 20;
+  TcpTransport client(options, tcp);
   auto conn = client.Connect(peer.address(), &observer, absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(conn.ok()) << conn.status();
   ASSERT_TRUE(peer.Accept());
@@ -137,7 +138,7 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("more than 1048576 bytes queued"), absl::string_view::npos)
       << refused;
-  EXPECT_NE(refused.message().find("tcp_max_queued_send_bytes"), absl::string_view::npos)
+  EXPECT_NE(refused.message().find("TcpOptions::max_queued_send_bytes"), absl::string_view::npos)
       << refused;
   printf("%zu frames of %zu bytes taken before the bound refused one\n", taken, kFrame);
 

@@ -1,0 +1,14 @@
+#include "transport/tcp/tcp_options.h"
+
+#include "transport/env_override.h"
+
+namespace rdmarpc::transport {
+
+TcpOptions TcpOptionsFromEnv(TcpOptions options) {
+  OverrideFromEnv("RDMARPC_TCP_KEEPALIVE_MS", &options.keepalive_ms);
+  OverrideFromEnv("RDMARPC_TCP_PEER_TIMEOUT_MS", &options.peer_timeout_ms);
+  OverrideFromEnv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES", &options.max_queued_send_bytes);
+  return options;
+}
+
+}  // namespace rdmarpc::transport

@@ -1,0 +1,44 @@
+// TcpOptions: every tunable of the TCP transport, in one place.
+//
+// Set from code (TcpTransport's constructor, or the runtime's
+// ChannelOptions::transport.tcp and ServerBuilder::SetTransportTunables) and,
+// for experiments, overridden from the environment (TcpOptionsFromEnv, which
+// MakeTransport applies to every TCP transport it makes).
+//
+//   TcpOptions tcp;
+//   tcp.peer_timeout_ms = 10000;   // a slow link: wait longer for ACKs
+//   TcpTransport t(TransportOptions{}, tcp);
+#ifndef RDMARPC_TRANSPORT_TCP_TCP_OPTIONS_H_
+#define RDMARPC_TRANSPORT_TCP_TCP_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rdmarpc::transport {
+
+struct TcpOptions {
+  // Dead peers (RDMA has its own, RdmaOptions::keepalive_ms and
+  // peer_timeout_ms, same defaults). A peer whose machine or link dies sends
+  // no FIN or RST, and the kernel's defaults notice only after hours. So a
+  // connection idle for keepalive_ms sends keepalive probes (SO_KEEPALIVE,
+  // TCP_KEEPIDLE; whole seconds, at least 1), and one whose data or probes
+  // stay unacknowledged for peer_timeout_ms ends UNAVAILABLE
+  // (TCP_USER_TIMEOUT), with every call on it. 0: the kernel's.
+  uint32_t keepalive_ms = 1000;
+  uint32_t peer_timeout_ms = 2000;
+  // Bytes one connection may hold queued for a peer that does not read
+  // (beyond what its socket buffer took): the memory a stalled peer can pin.
+  // A Send that would queue more fails RESOURCE_EXHAUSTED naming the bound;
+  // a frame sent when nothing is queued is always taken.
+  size_t max_queued_send_bytes = 256u << 20;
+};
+
+// `options` with what the environment sets: RDMARPC_TCP_KEEPALIVE_MS,
+// RDMARPC_TCP_PEER_TIMEOUT_MS (milliseconds, 0: the kernel's) and
+// RDMARPC_TCP_MAX_QUEUED_SEND_BYTES. A value that is not a whole number in
+// range is reported on stderr and leaves the option as it was.
+TcpOptions TcpOptionsFromEnv(TcpOptions options);
+
+}  // namespace rdmarpc::transport
+
+#endif  // RDMARPC_TRANSPORT_TCP_TCP_OPTIONS_H_
