@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The main job (`make demo`, examples/echo_demo) run with small counts in the
+# Soft-RoCE VM: it must name the device each end uses, time every kind of
+# call, and its counters must show small calls by SEND into the SRQ and the
+# 1 MiB ones by READ. --poll reaches the transports through the runtime's
+# options: busy callers take their own completions, event ones never do.
+# Speed is not checked here (bench/run_bench.sh measures it).
+set -euo pipefail
+demo=$1
+if [ -z "${RDMARPC_TEST_ADDR:-}" ]; then
+  echo "FAIL: no RDMA address: this test needs verbs; run it with make test (tools/vm/run.sh)"
+  exit 1
+fi
+unset RDMARPC_RDMA_POLL
+fail=0
+run() {  # poll mode; prints the demo's output, fails the test if it exits non-zero
+  local out
+  out=$("$demo" --small_calls 200 --large_calls 4 --attachment_calls 4 --poll "$1" 2>&1) || {
+    echo "$out" >&2
+    echo "FAIL: echo_demo --poll $1 exited non-zero" >&2
+    return 1
+  }
+  echo "$out"
+}
+# A counter's value; the key names its separator ("reads=", "in place ").
+counter() { echo "$2" | sed -nE "s/^rdma counters: .*[ (]$1([0-9]+).*/\1/p"; }
+expect() {  # what, got (a missing one fails), comparison, bound
+  if ! [[ "$2" =~ ^[0-9]+$ ]] || ! [ "$2" "$3" "$4" ]; then
+    echo "FAIL: $1 is ${2:-missing}, expected $3 $4"
+    fail=1
+  fi
+}
+
+busy=$(run busy) || exit 1
+echo "$busy"
+for who in server "channel rdma://"; do
+  echo "$busy" | grep -q "^rdmarpc\[$who.*\]: RDMA device .* port [0-9]* gid_index [0-9]*" || {
+    echo "FAIL: no line naming the device, port and GID the $who uses"
+    fail=1
+  }
+done
+for kind in small large attach; do
+  echo "$busy" | grep -qE "^$kind +[0-9]+ calls of +[0-9]+ bytes: p50 [0-9.]+ us" || {
+    echo "FAIL: no latency line for the $kind calls"
+    fail=1
+  }
+done
+# 200 small calls send request and response in place, into the SRQ; 4 large
+# and 4 attachment calls each READ a 1 MiB request and response.
+expect "SENDs written in place" "$(counter "in place " "$busy")" -ge 400
+expect "SRQ slots consumed" "$(counter srq_consumed= "$busy")" -ge 400
+expect "READs" "$(counter reads= "$busy")" -ge 16
+expect "bytes READ" "$(counter bytes_read= "$busy")" -ge $((16 << 20))
+expect "server calls of Say" \
+  "$(echo "$busy" | sed -nE 's|^server calls: /rdmarpc.examples.Echo/Say ([0-9]+)$|\1|p')" -eq 208
+expect "busy mode's caller completions" "$(counter caller_completions= "$busy")" -gt 0
+
+event=$(run event) || exit 1
+expect "event mode's caller completions" "$(counter caller_completions= "$event")" -eq 0
+expect "event mode's poller sleeps" "$(counter poller_sleeps= "$event")" -gt 0
+
+if bad=$("$demo" --small_calls 1 --poll sometimes 2>&1); then
+  echo "FAIL: --poll sometimes was taken"
+  fail=1
+elif ! echo "$bad" | grep -q "not adaptive, busy or event"; then
+  echo "FAIL: --poll sometimes refused without saying why: $bad"
+  fail=1
+fi
+[ "$fail" = 0 ] && echo "PASS: device named, every kind of call timed, small calls by SEND into the SRQ, large by READ, --poll obeyed"
+exit $fail
