@@ -83,14 +83,14 @@ int main(int argc, char** argv) {
     fprintf(stderr, "--poll=%s: not adaptive, busy or event\n", absl::GetFlag(FLAGS_poll).c_str());
     return 2;
   }
-  rdmarpc::ChannelOptions channel_options;
-  channel_options.transport.rdma.poll_mode = *poll;
+  rdmarpc::transport::TransportTunables tunables;  // for both ends
+  tunables.rdma.poll_mode = *poll;
   EchoImpl service;
   auto server = rdmarpc::ServerBuilder()
                     .AddListeningPort(address)
                     .RegisterService(&service)
                     .SetWorkerThreads(absl::GetFlag(FLAGS_workers))
-                    .SetTransportTunables(channel_options.transport)
+                    .SetTransportTunables(tunables)
                     .BuildAndStart();
   if (!server.ok()) {
     fprintf(stderr, "server: %s\n", std::string(server.status().message()).c_str());
@@ -99,6 +99,8 @@ int main(int argc, char** argv) {
   const std::string target = (*server)->addresses()[0];
   printf("server listening on %s (RDMA poll mode %s, unless RDMARPC_RDMA_POLL says otherwise)\n",
          target.c_str(), absl::GetFlag(FLAGS_poll).c_str());
+  rdmarpc::ChannelOptions channel_options;
+  channel_options.transport = tunables;
   auto channel = rdmarpc::Channel::Create(target, channel_options);
   if (!channel.ok()) {
     fprintf(stderr, "channel: %s\n", std::string(channel.status().message()).c_str());
