@@ -233,7 +233,7 @@ TEST_F(BadServerTest, GarbageEndsPendingCallsUnavailableAndTheChannelReconnects)
 // The channel's TcpOptions reach its transport: with a 1 MiB send queue, a
 // server that accepts and never reads makes a call fail RESOURCE_EXHAUSTED
 // naming the bound after a few MiB (the sockets' buffers and the queue),
-// where the default bound (256 MiB) would take all 32 MiB offered here.
+// where the default bound (256 MiB) would take all 128 MiB offered here.
 TEST(TcpTunables, ChannelsSendQueueBoundLimitsWhatAStalledServerPins) {
   RawServer server;
   std::vector<std::unique_ptr<PendingCall>> calls;  // outlive the channel
@@ -246,7 +246,7 @@ TEST(TcpTunables, ChannelsSendQueueBoundLimitsWhatAStalledServerPins) {
   calls.push_back(std::make_unique<PendingCall>(**ch, data));
   auto peer = server.Accept();  // and never read
   ASSERT_TRUE(peer);
-  while (calls.size() < 256 && !calls.back()->Ended(std::chrono::milliseconds(0))) {
+  while (calls.size() < 1024 && !calls.back()->Ended(std::chrono::milliseconds(0))) {
     calls.push_back(std::make_unique<PendingCall>(**ch, data));
   }
   ASSERT_TRUE(calls.back()->Ended(std::chrono::milliseconds(0)))
