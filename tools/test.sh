@@ -2,7 +2,9 @@
 # Runs every test: the host tests with Bazel, then the RDMA tests under
 # tools/vm/run.sh (this machine's RDMA device, or Soft-RoCE VMs), then again
 # under the sanitizers: host tests with ASan+UBSan and TSan, RDMA tests with
-# ASan+UBSan (TSan cannot see the NIC's writes as synchronization). Extra
+# ASan+UBSan and TSan (told what a SEND orders by
+# transport/rdma/sanitizer_sync.h; up to 20 minutes a test, as TSan in the
+# emulator runs the longest, rdma_transport_test, in ~5). Extra
 # arguments go to every `bazel test`. RDMARPC_TEST_SANITIZERS=0 skips the
 # sanitizer rounds.
 # Ends with the tail of each failed test's log, one line naming each failed
@@ -59,6 +61,7 @@ if [ "${RDMARPC_TEST_SANITIZERS:-1}" != 0 ]; then
   run --config=asan --config=ubsan //... --test_tag_filters=-rdma,-rdma_two_vms
   run --config=tsan //... --test_tag_filters=-rdma,-rdma_two_vms
   run --config=asan --config=ubsan //... --test_tag_filters=rdma --run_under=//tools/vm:run
+  run --config=tsan //... --test_tag_filters=rdma --run_under=//tools/vm:run --test_timeout=1200
 fi
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")

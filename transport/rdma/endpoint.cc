@@ -21,6 +21,7 @@
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
 #include "transport/rdma/rdma_connection.h"
+#include "transport/rdma/sanitizer_sync.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc::transport::rdma {
@@ -442,6 +443,7 @@ void Endpoint::HandleCompletion(const ibv_wc& wc) {
   const bool recv = (wc.wr_id >> 60) == 0;
   if (recv && wc.status == IBV_WC_SUCCESS) {
     RDMARPC_STAGE(kRecvPolled);
+    sanitizer_sync::ReceivedOn(wc);
     const uint32_t slot = static_cast<uint32_t>(wc.wr_id);
     --posted_;
     Count(&RdmaCounters::srq_slots_consumed);

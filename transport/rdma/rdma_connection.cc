@@ -16,6 +16,7 @@
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
 #include "transport/rdma/rdma_connection_internal.h"
+#include "transport/rdma/sanitizer_sync.h"
 
 namespace rdmarpc::transport::rdma {
 namespace {
@@ -444,6 +445,7 @@ absl::Status RdmaConnection::PostTaken() {
     ibv_send_wr* bad = nullptr;
     const bool fail = FaultInjection::BeforePost();
     RDMARPC_STAGE(kPostBegin);
+    if (!fail) sanitizer_sync::SentOn(id_->qp);
     const int rc = fail ? ENOMEM : ibv_post_send(id_->qp, &posting_[0].wr, &bad);
     RDMARPC_STAGE(kPostEnd);
     if (fail) bad = &posting_[0].wr;
