@@ -184,8 +184,18 @@ class RawPeer {
     return h;
   }
 
-  // True when the server disconnects within `timeout`.
-  bool Disconnected(absl::Duration timeout) { return Await(RDMA_CM_EVENT_DISCONNECTED, timeout); }
+  // True when the server ends the connection within `timeout`. It says so
+  // by a DREQ (DISCONNECTED here) once its CM has seen our RTU. Our first
+  // frame can outrun the RTU, and a server that fails the connection before
+  // its CM saw it can send no DREQ (the kernel skips it outside ESTABLISHED):
+  // destroying its id then sends a REJ, which rdma_cm reports on our
+  // established id as REJECTED.
+  bool Disconnected(absl::Duration timeout) {
+    return Await(RDMA_CM_EVENT_DISCONNECTED, timeout, nullptr, RDMA_CM_EVENT_REJECTED);
+  }
+  // The CM events that came while this peer waited for others, for a failed
+  // test to show.
+  const std::string& OtherEvents() const { return other_events_; }
 
  private:
   static constexpr uint64_t kSendId = ~uint64_t{0};
@@ -277,8 +287,9 @@ class RawPeer {
   }
 
   // Waits for an event of type `want`; `id`, if given, gets its rdma_cm id.
+  // True when `want` (or `also`, where given) comes within `timeout`.
   bool Await(rdma_cm_event_type want, absl::Duration timeout = absl::Seconds(10),
-             rdma_cm_id** id = nullptr) {
+             rdma_cm_id** id = nullptr, std::optional<rdma_cm_event_type> also = std::nullopt) {
     pollfd p{channel_->fd, POLLIN, 0};
     const absl::Time until = absl::Now() + timeout;
     while (absl::Now() < until) {
@@ -286,9 +297,12 @@ class RawPeer {
       rdma_cm_event* ev = nullptr;
       if (rdma_get_cm_event(channel_, &ev) != 0) return false;
       const rdma_cm_event_type type = ev->event;
-      if (type == want && id != nullptr) *id = ev->id;
+      const bool wanted = type == want || (also && type == *also);
+      if (wanted && id != nullptr) *id = ev->id;
+      if (!wanted) absl::StrAppend(&other_events_, other_events_.empty() ? "" : ", ",
+                                   rdma_event_str(type), " (status ", ev->status, ")");
       rdma_ack_cm_event(ev);
-      if (type == want) return true;
+      if (wanted) return true;
     }
     return false;
   }
@@ -308,6 +322,7 @@ class RawPeer {
   std::vector<char> read_buf_ = std::vector<char>(kRawReadMax);
   std::vector<char> exposed_;
   std::vector<Header> frames_;
+  std::string other_events_;
 };
 
 std::string Frame(const Header& h, std::string body = {}) {
@@ -487,7 +502,8 @@ TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
     RawPeer peer;
     ASSERT_EQ(peer.Connect(server.listener->address()), "");
     ASSERT_TRUE(peer.Send(c.frame));
-    EXPECT_TRUE(peer.Disconnected(absl::Seconds(10))) << "the server kept the connection";
+    EXPECT_TRUE(peer.Disconnected(absl::Seconds(10)))
+        << "the server kept the connection; other CM events: " << peer.OtherEvents();
     EXPECT_FALSE(peer.NextFrame(absl::Milliseconds(100)).has_value()) << "it was answered";
     auto why = server.answerer.ClosedAfter(closed_before);
     ASSERT_TRUE(why.has_value()) << "the server's side did not end";
@@ -632,7 +648,8 @@ TEST(RdmaBadInput, WithoutMemoryWindowsAnUnreleasedResponseClosesItsConnection) 
   ASSERT_EQ(peer.Connect(server.listener->address()), "");
   const uint64_t expired_before = Counters().releases_expired;
   ASSERT_TRUE(AskAndRead(peer, 1).has_value());  // and never released
-  EXPECT_TRUE(peer.Disconnected(absl::Seconds(10))) << "the server kept the connection";
+  EXPECT_TRUE(peer.Disconnected(absl::Seconds(10)))
+        << "the server kept the connection; other CM events: " << peer.OtherEvents();
   auto why = server.answerer.ClosedAfter(0);
   ASSERT_TRUE(why.has_value()) << "the server's side did not end";
   EXPECT_EQ(why->code(), absl::StatusCode::kDeadlineExceeded) << *why;
