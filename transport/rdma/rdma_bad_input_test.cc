@@ -286,8 +286,9 @@ class RawPeer {
     return type;
   }
 
-  // Waits for an event of type `want`; `id`, if given, gets its rdma_cm id.
-  // True when `want` (or `also`, where given) comes within `timeout`.
+  // Waits for an event of type `want` (or `also`, where given); true when one
+  // comes within `timeout`, and `id`, if given, gets its rdma_cm id. Other
+  // events are acknowledged and noted in other_events_.
   bool Await(rdma_cm_event_type want, absl::Duration timeout = absl::Seconds(10),
              rdma_cm_id** id = nullptr, std::optional<rdma_cm_event_type> also = std::nullopt) {
     pollfd p{channel_->fd, POLLIN, 0};
@@ -299,8 +300,10 @@ class RawPeer {
       const rdma_cm_event_type type = ev->event;
       const bool wanted = type == want || (also && type == *also);
       if (wanted && id != nullptr) *id = ev->id;
-      if (!wanted) absl::StrAppend(&other_events_, other_events_.empty() ? "" : ", ",
-                                   rdma_event_str(type), " (status ", ev->status, ")");
+      if (!wanted) {
+        absl::StrAppend(&other_events_, other_events_.empty() ? "" : ", ", rdma_event_str(type),
+                        " (status ", ev->status, ")");
+      }
       rdma_ack_cm_event(ev);
       if (wanted) return true;
     }
@@ -649,7 +652,7 @@ TEST(RdmaBadInput, WithoutMemoryWindowsAnUnreleasedResponseClosesItsConnection) 
   const uint64_t expired_before = Counters().releases_expired;
   ASSERT_TRUE(AskAndRead(peer, 1).has_value());  // and never released
   EXPECT_TRUE(peer.Disconnected(absl::Seconds(10)))
-        << "the server kept the connection; other CM events: " << peer.OtherEvents();
+      << "the server kept the connection; other CM events: " << peer.OtherEvents();
   auto why = server.answerer.ClosedAfter(0);
   ASSERT_TRUE(why.has_value()) << "the server's side did not end";
   EXPECT_EQ(why->code(), absl::StatusCode::kDeadlineExceeded) << *why;
