@@ -105,12 +105,23 @@ absl::Status Endpoint::Init() {
     return Errno("ibv_create_comp_channel", device_name_);
   }
   fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
-  const int cq_size = std::min(device_attr_.max_cqe, 16384);
-  if (!(cq_ = ibv_create_cq(verbs_, cq_size, nullptr, channel_, 0))) {
+  const size_t device_max = static_cast<size_t>(std::max(device_attr_.max_cqe, 1));
+  cq_bound_ = options_.max_cq_entries ? std::min(options_.max_cq_entries, device_max) : device_max;
+  const size_t srq_room = std::min<size_t>(target_, device_attr_.max_srq_wr);
+  if (srq_room > cq_bound_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the completion queue on ", device_name_, " may hold ", cq_bound_,
+        " entries, fewer than the ", srq_room,
+        " receives kept posted: raise RdmaOptions::max_cq_entries or lower the receive slots"));
+  }
+  const size_t initial = std::clamp(options_.cq_entries, srq_room, cq_bound_);
+  if (!(cq_ = ibv_create_cq(verbs_, static_cast<int>(initial), nullptr, channel_, 0))) {
     return Errno("ibv_create_cq", device_name_);
   }
+  cq_entries_ = static_cast<size_t>(cq_->cqe);
+  cq_reserved_ = srq_room;
   ibv_srq_init_attr sa{};
-  sa.attr.max_wr = static_cast<uint32_t>(std::min<size_t>(target_, device_attr_.max_srq_wr));
+  sa.attr.max_wr = static_cast<uint32_t>(srq_room);
   sa.attr.max_sge = 1;
   if (!(srq_ = ibv_create_srq(pd_, &sa))) return Errno("ibv_create_srq", device_name_);
   const bool device_windows = device_attr_.device_cap_flags &
@@ -162,6 +173,46 @@ Endpoint::~Endpoint() {
 }
 
 size_t Endpoint::receive_bytes() const { return slot_count_.load() * options_.slot_size; }
+
+absl::Status Endpoint::ReserveCompletions(uint32_t entries) {
+  std::lock_guard<std::mutex> lock(cq_mu_);
+  const size_t needed = cq_reserved_ + entries;
+  if (needed > cq_entries_) {
+    const auto full = [&](const std::string& why) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "completion queue on ", device_name_, " full: ", why,
+          "; lower RdmaOptions::send_slots or raise max_cq_entries, or spread connections over "
+          "more transports (",
+          cq_reserved_, " of ", cq_entries_, " entries reserved, ", entries, " more needed)"));
+    };
+    if (needed > cq_bound_) {
+      return full(absl::StrCat("its bound is ", cq_bound_,
+                               options_.max_cq_entries ? " (RdmaOptions::max_cq_entries)"
+                                                       : " (the device's max_cqe)"));
+    }
+    // Doubling, so that a server taking connections one by one resizes
+    // rarely; each resize copies the queue.
+    const size_t grown = std::min(cq_bound_, std::max(needed, 2 * cq_entries_));
+    if (ibv_resize_cq(cq_, static_cast<int>(grown)) != 0) {
+      return full(absl::StrCat("ibv_resize_cq to ", grown, " entries failed: ", strerror(errno)));
+    }
+    fprintf(stderr, "rdmarpc[%s]: completion queue on %s grown from %zu to %d entries\n",
+            owner_.c_str(), device_name_.c_str(), cq_entries_, cq_->cqe);
+    cq_entries_ = static_cast<size_t>(cq_->cqe);
+  }
+  cq_reserved_ = needed;
+  return absl::OkStatus();
+}
+
+void Endpoint::ReturnCompletions(uint32_t entries) {
+  std::lock_guard<std::mutex> lock(cq_mu_);
+  cq_reserved_ -= entries;
+}
+
+Endpoint::CompletionQueueUse Endpoint::completion_queue_use() const {
+  std::lock_guard<std::mutex> lock(cq_mu_);
+  return {cq_entries_, cq_reserved_};
+}
 
 absl::StatusOr<Endpoint::Region> Endpoint::NewRegion(size_t bytes, int access,
                                                      const char* what) const {
@@ -480,6 +531,10 @@ bool Endpoint::PollOnce(int* completions) {
   const int n = ibv_poll_cq(cq_, kPollBatch, wcs);
   if (completions != nullptr) *completions = std::max(n, 0);
   for (int i = 0; i < n; ++i) HandleCompletion(wcs[i]);
+  if (completions_returning_ != 0 && n < kPollBatch) {
+    ReturnCompletions(static_cast<uint32_t>(completions_returning_));
+    completions_returning_ = 0;
+  }
   std::vector<std::function<void()>> tasks;
   if (has_tasks_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(tasks_mu_);

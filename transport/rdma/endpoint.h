@@ -43,6 +43,18 @@
 // the poller; the last loan frees the verbs resources, on whichever thread
 // releases it.
 //
+// Completion-queue capacity: the one CQ takes the completions of the SRQ and
+// of every QP's send queue. A CQ that overflows goes into error on hardware,
+// and every connection of the endpoint with it (rxe drops the completion and
+// fails the QP), so room is reserved before it can be needed: the receives
+// the SRQ keeps posted, and per QP its send queue's depth (a work request
+// completes at most once; one that is flushed always does, signaled or not).
+// When a new QP does not fit, the CQ grows (ibv_resize_cq) up to
+// RdmaOptions::max_cq_entries or the device's max_cqe; past that the QP is
+// refused with RESOURCE_EXHAUSTED, and the connection with it, while the
+// others go on. A destroyed QP's room comes back only once a poll has found
+// the CQ empty: its last completions may still be queued behind others.
+//
 // Work-request ids: RECV wr_id is the slot index; every other wr_id is
 // (connection serial << 32 | per-connection index), looked up in a map, so a
 // completion that arrives for a connection already gone is simply dropped.
@@ -111,6 +123,22 @@ class Endpoint {
   size_t slot_size() const { return options_.slot_size; }
   // Bytes registered for receive slots: flat in the number of connections.
   size_t receive_bytes() const;
+
+  // Room on the CQ for `entries` more completions (a QP's send queue depth),
+  // growing the CQ if it must; RESOURCE_EXHAUSTED naming the device, the
+  // bound and what to try when it cannot. Any thread.
+  absl::Status ReserveCompletions(uint32_t entries);
+  // Gives room back at once: its QP is gone and never had work posted. Any
+  // thread.
+  void ReturnCompletions(uint32_t entries);
+  // Gives room back after the next poll that empties the CQ: its QP is gone,
+  // and completions of it may still be queued. I/O context only.
+  void ReturnCompletionsAfterPoll(uint32_t entries) { completions_returning_ += entries; }
+  struct CompletionQueueUse {
+    size_t entries = 0;   // the CQ's size, as the device made it
+    size_t reserved = 0;  // room promised to the SRQ and the QPs
+  };
+  CompletionQueueUse completion_queue_use() const;
 
   void RunOnPoller(std::function<void()> task);
   void RunOnPollerAndWait(std::function<void()> task);
@@ -207,6 +235,12 @@ class Endpoint {
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* channel_ = nullptr;
   ibv_cq* cq_ = nullptr;
+  // cq_'s entries and the room reserved on it; resizing holds cq_mu_.
+  mutable std::mutex cq_mu_;
+  size_t cq_entries_ = 0;
+  size_t cq_reserved_ = 0;
+  size_t cq_bound_ = 0;               // max_cq_entries, or the device's max_cqe
+  size_t completions_returning_ = 0;  // poller: given back at the next empty poll
   ibv_srq* srq_ = nullptr;
   std::unique_ptr<RegisteredPool> pool_;
   int wake_fd_ = -1;

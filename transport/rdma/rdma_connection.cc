@@ -60,14 +60,24 @@ RdmaConnection::RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string p
 RdmaConnection::~RdmaConnection() {
   if (freed_) return;
   // Never torn down (setup failed before the connection was used).
-  if (id_ && id_->qp) rdma_destroy_qp(id_);
+  DestroyQp(/*used=*/false);
   ReturnSendSlots(posted_);
   if (id_) rdma_destroy_id(id_);
 }
 
 void RdmaConnection::ReleaseId() {
-  if (id_ && id_->qp) rdma_destroy_qp(id_);
+  DestroyQp(/*used=*/false);
   id_ = nullptr;
+}
+
+void RdmaConnection::DestroyQp(bool used) {
+  if (!id_ || !id_->qp) return;
+  rdma_destroy_qp(id_);
+  if (used) {
+    endpoint_->ReturnCompletionsAfterPoll(sq_depth_);
+  } else {
+    endpoint_->ReturnCompletions(sq_depth_);
+  }
 }
 
 void RdmaConnection::SetPeer(const Handshake& peer) {
@@ -105,16 +115,18 @@ absl::Status RdmaConnection::CreateQp() {
   a.cap.max_send_wr = sq_depth_;
   a.cap.max_send_sge = 2;  // header, payload
   a.cap.max_inline_data = 256;
-  if (FaultInjection::TakeFailedQpCreation()) {
+  // Every work request the send queue holds may complete (when flushed, even
+  // an unsignaled one), so that much room on the shared CQ comes first.
+  if (absl::Status s = endpoint_->ReserveCompletions(sq_depth_); !s.ok()) return s;
+  const auto failed = [&](int err) {
+    endpoint_->ReturnCompletions(sq_depth_);
     return absl::ErrnoToStatus(
-        ENOMEM, absl::StrCat("rdma_create_qp on ", endpoint_->device_name(), " for ", peer_));
-  }
+        err, absl::StrCat("rdma_create_qp on ", endpoint_->device_name(), " for ", peer_));
+  };
+  if (FaultInjection::TakeFailedQpCreation()) return failed(ENOMEM);
   if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) {
     a.cap.max_inline_data = 0;  // some devices have no inline support
-    if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) {
-      return absl::ErrnoToStatus(
-          errno, absl::StrCat("rdma_create_qp on ", endpoint_->device_name(), " for ", peer_));
-    }
+    if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) return failed(errno);
   }
   max_inline_ = std::min(a.cap.max_inline_data, kMaxInlineUsed);
   qp_num_ = id_->qp->qp_num;
@@ -955,7 +967,7 @@ bool RdmaConnection::FinishTeardown() {
     request_tokens_.clear();
     posted.swap(posted_);
   }
-  if (id_->qp) rdma_destroy_qp(id_);
+  DestroyQp(/*used=*/true);
   {
     // The QP is gone, so the device reads no send slot any more.
     std::lock_guard<InlineMutex> lock(mu_);

@@ -246,6 +246,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   }
 
  private:
+  // Destroys the QP, if any, and gives its room on the CQ back: at once when
+  // no work was ever posted on it, else after the poller has emptied the CQ
+  // (I/O context only then).
+  void DestroyQp(bool used);
   // A memory window and its rkey as we last bound it. The rkey is kept here,
   // not read from ibv_mw: the provider's copy changes only once the bind has
   // been posted, which may be on another thread after we have moved on.

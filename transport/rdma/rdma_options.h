@@ -66,6 +66,15 @@ struct RdmaOptions {
   // slots target + max_held_slots, small payload blocks and send slots
   // Endpoint::kMaxSmallBlocks and kMaxSendBlocks.
   size_t max_registered_bytes = size_t{1} << 30;
+  // Entries of the transport's completion queue (one per device, shared by
+  // the SRQ's receives and every connection's send queue) to begin with, and
+  // their bound (0: the device's max_cqe). Each connection holds room for
+  // its whole send queue (send_slots + READs in flight + 16 entries); the CQ
+  // grows as they need, and a connection past the bound is refused (endpoint.h,
+  // "Completion-queue capacity"). An entry is 32-64 bytes of kernel memory;
+  // devices may round the size up.
+  size_t cq_entries = 16384;
+  size_t max_cq_entries = 0;
   // How long a response payload stays exposed to the client's READ (from the
   // moment its SEND is queued) when the client sends no release: then the
   // memory window is revoked and the block reused, and a READ after that

@@ -132,6 +132,17 @@ size_t RdmaTransport::receive_bytes() const {
   return total;
 }
 
+Endpoint::CompletionQueueUse RdmaTransport::completion_queue_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Endpoint::CompletionQueueUse total;
+  for (const auto& [ctx, ep] : endpoints_) {
+    const Endpoint::CompletionQueueUse use = ep->completion_queue_use();
+    total.entries += use.entries;
+    total.reserved += use.reserved;
+  }
+  return total;
+}
+
 bool RdmaTransport::QueueOnCm(std::function<void()>& task) {
   {
     std::lock_guard<std::mutex> lock(tasks_mu_);

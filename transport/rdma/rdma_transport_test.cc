@@ -506,6 +506,125 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
          registered_with_one, registered_with_200);
   EXPECT_LE(registered_with_200 - registered_with_one, 200 * 4 * slot + 2 * 64 * slot)
       << "send memory grew with connections";
+  // Each side's one CQ holds room for every connection's whole send queue:
+  // past its first 16384 entries it has grown, never been outgrown.
+  for (RdmaTransport* t : {fx.server.get(), fx.client.get()}) {
+    const Endpoint::CompletionQueueUse cq = t->completion_queue_use();
+    printf("completion queue with 200 connections: %zu entries, %zu reserved\n", cq.entries,
+           cq.reserved);
+    EXPECT_LE(cq.reserved, cq.entries) << "more completions possible than the CQ holds";
+    EXPECT_GT(cq.reserved, 200u * RdmaOptions().send_slots) << "a send queue without room";
+  }
+  for (auto& c : conns) c->Close();
+}
+
+// On hardware a completion queue that overflows goes into error, and every
+// connection of its endpoint with it. So a connection is admitted only with
+// room for its whole send queue (a flushed work request completes even
+// unsignaled); past RdmaOptions::max_cq_entries one more is refused, naming
+// the bound, the others are served on, and a closed connection's room comes
+// back.
+TEST(RdmaTransport, ConnectionsPastTheCompletionQueueBoundAreRefused) {
+  Fixture fx;
+  RdmaOptions bounded;
+  bounded.server_receive_slots = 64;
+  bounded.max_cq_entries = 512;
+  ASSERT_TRUE(fx.Start(bounded));
+  std::vector<std::shared_ptr<Connection>> conns;
+  std::vector<Waiter*> waiters;
+  auto connect = [&]() -> absl::Status {
+    Waiter& waiter = fx.NewWaiter();
+    auto c = fx.Connect(&waiter);
+    if (!c.ok()) return c.status();
+    auto r = Call(**c, waiter, 1, Filled(**c, 100, conns.size()));
+    if (!r.ok()) return r.status();
+    conns.push_back(*c);
+    waiters.push_back(&waiter);
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(connect().ok());
+  const Endpoint::CompletionQueueUse one = fx.server->completion_queue_use();
+  ASSERT_TRUE(connect().ok());
+  const Endpoint::CompletionQueueUse two = fx.server->completion_queue_use();
+  const size_t per_connection = two.reserved - one.reserved;
+  const size_t base = one.reserved - per_connection;
+  ASSERT_GT(per_connection, RdmaOptions().send_slots) << "no room held for a send queue";
+  EXPECT_EQ(base, bounded.server_receive_slots) << "the SRQ's receives have no room";
+  // The device may make the CQ larger than asked (rxe: 2^k - 1); it cannot
+  // grow past the bound, so what it holds now is all there is.
+  ASSERT_GE(two.entries, bounded.max_cq_entries);
+  const size_t fit = (two.entries - base) / per_connection;
+  printf("CQ of %zu entries: %zu for receives, %zu per connection, room for %zu connections\n",
+         two.entries, base, per_connection, fit);
+  ASSERT_GE(fit, 3u);
+  ASSERT_LT(fit, 40u) << "the bound did not bound";
+  while (conns.size() < fit) {
+    absl::Status s = connect();
+    ASSERT_TRUE(s.ok()) << "connection " << conns.size() << " of " << fit << ": " << s;
+  }
+  absl::Status refused = connect();
+  ASSERT_FALSE(refused.ok()) << "a connection past the CQ's room was admitted";
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  for (const char* part : {"refused", "completion queue on rxe", "full", "max_cq_entries"}) {
+    EXPECT_NE(refused.message().find(part), absl::string_view::npos)
+        << "\"" << part << "\" not in: " << refused;
+  }
+  const Endpoint::CompletionQueueUse full = fx.server->completion_queue_use();
+  EXPECT_EQ(full.entries, two.entries) << "the CQ grew past its bound";
+  EXPECT_EQ(full.reserved, base + fit * per_connection);
+  for (size_t i = 0; i < conns.size(); ++i) {
+    auto r = Call(*conns[i], *waiters[i], 2, Filled(*conns[i], 1000, i));
+    ASSERT_TRUE(r.ok()) << "connection " << i << " after the refusal: " << r.status();
+    EXPECT_TRUE(Matches(r->payload, 1000, i));
+  }
+  // A closed connection's room comes back once its QP is gone and the
+  // poller has emptied the CQ; then another connection fits.
+  conns.back()->Close();
+  conns.pop_back();
+  waiters.pop_back();
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (fx.server->completion_queue_use().reserved > full.reserved - per_connection &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(fx.server->completion_queue_use().reserved, full.reserved - per_connection)
+      << "a closed connection kept its room on the CQ";
+  absl::Status again = connect();
+  EXPECT_TRUE(again.ok()) << "no room after a connection closed: " << again;
+  for (auto& c : conns) c->Close();
+}
+
+// A completion queue that starts small grows (ibv_resize_cq) as connections
+// need room, while the connections already there go on: each resize happens
+// between calls of the others, all of which are answered.
+TEST(RdmaTransport, CompletionQueueGrowsAsConnectionsNeedRoom) {
+  constexpr int kConnections = 12;
+  Fixture fx;
+  RdmaOptions small;
+  small.server_receive_slots = 64;
+  small.cq_entries = 128;
+  ASSERT_TRUE(fx.Start(small));
+  std::vector<std::shared_ptr<Connection>> conns;
+  size_t first_entries = 0;
+  for (int i = 0; i < kConnections; ++i) {
+    Waiter& waiter = fx.NewWaiter();
+    auto c = fx.Connect(&waiter);
+    ASSERT_TRUE(c.ok()) << "connection " << i << ": " << c.status();
+    conns.push_back(*c);
+    for (int j = 0; j <= i; ++j) {
+      auto r = Call(*conns[j], fx.waiters[j], i + 1, Filled(*conns[j], 1000, i * 100 + j));
+      ASSERT_TRUE(r.ok()) << "connection " << j << " after " << i + 1 << " opened: " << r.status();
+      EXPECT_TRUE(Matches(r->payload, 1000, i * 100 + j));
+    }
+    const Endpoint::CompletionQueueUse cq = fx.server->completion_queue_use();
+    ASSERT_LE(cq.reserved, cq.entries) << "with " << i + 1 << " connections";
+    if (i == 0) first_entries = cq.entries;
+  }
+  const Endpoint::CompletionQueueUse cq = fx.server->completion_queue_use();
+  printf("completion queue: %zu entries with 1 connection, %zu with %d (%zu reserved)\n",
+         first_entries, cq.entries, kConnections, cq.reserved);
+  EXPECT_GT(cq.entries, first_entries) << "the CQ never grew";
+  EXPECT_GT(cq.reserved, kConnections * size_t{RdmaOptions().send_slots});
   for (auto& c : conns) c->Close();
 }
 
