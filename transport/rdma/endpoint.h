@@ -45,10 +45,11 @@
 //
 // Completion-queue capacity: the one CQ takes the completions of the SRQ and
 // of every QP's send queue. A CQ that overflows goes into error on hardware,
-// and every connection of the endpoint with it (rxe drops the completion and
-// fails the QP), so room is reserved before it can be needed: the receives
-// the SRQ keeps posted, and per QP its send queue's depth (a work request
-// completes at most once; one that is flushed always does, signaled or not).
+// and every connection of the endpoint with it (rxe reports the CQ in error
+// and drops the completion), so room is reserved before it can be needed:
+// the receives the SRQ keeps posted, and per QP its send queue's depth (a
+// work request completes at most once; a flushed one always does, signaled
+// or not).
 // When a new QP does not fit, the CQ grows (ibv_resize_cq) up to
 // RdmaOptions::max_cq_entries or the device's max_cqe; past that the QP is
 // refused with RESOURCE_EXHAUSTED, and the connection with it, while the
