@@ -1,6 +1,7 @@
 // The runtime suite over RDMA (Soft-RoCE in the VM, or a real device), and
 // what the counters must show: small calls went by SEND into the SRQ, large
 // ones by READ, and the server counted calls per method.
+#include <cstdio>
 #include <memory>
 
 #include "tests/echo_service.h"
@@ -182,14 +183,30 @@ size_t CallerCompletionsFor(transport::rdma::PollMode mode, int calls,
 
 using transport::rdma::PollMode;
 
+// A caller kept off the CPU for longer than Endpoint::kDriveGrace between
+// two calls hands the CQ back to the poller thread, which then takes that
+// call's response (as designed). TSan slows every thread several times over
+// against that fixed grace: in the emulator, in a slow spell of the machine,
+// its callers polled 175 completions in 200 calls (198 in a fast one).
+#if defined(__SANITIZE_THREAD__)
+#define RDMARPC_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RDMARPC_TEST_TSAN 1
+#endif
+#endif
+#ifdef RDMARPC_TEST_TSAN
+constexpr int kMinCallerPolledPercent = 50;
+#else
+constexpr int kMinCallerPolledPercent = 90;
+#endif
+
 TEST(RdmaRunToCompletion, BusyModeCallersPollTheirOwnResponses) {
   const int calls = 200;
-  // Nearly every one: a caller kept off the CPU for longer than
-  // Endpoint::kDriveGrace between two calls hands the CQ back to the poller
-  // thread, which then takes that call's response (as designed). Under TSan
-  // in the emulator that happens to a few calls in 200 (198 seen); a
-  // caller that did not poll would count none.
-  EXPECT_GE(CallerCompletionsFor(PollMode::kBusy, calls), static_cast<size_t>(calls * 9 / 10));
+  // Most of them; a caller that did not poll would count none.
+  const size_t polled = CallerCompletionsFor(PollMode::kBusy, calls);
+  printf("callers polled %zu completions themselves in %d calls\n", polled, calls);
+  EXPECT_GE(polled, static_cast<size_t>(calls * kMinCallerPolledPercent / 100));
 }
 
 TEST(RdmaRunToCompletion, EventModeLeavesPollingToThePoller) {

@@ -919,10 +919,13 @@ TEST(RdmaBadInput, ClientsTheServerCannotServeAreRefusedSayingWhy) {
   {
     SCOPED_TRACE("no queue pair");
     RawPeer peer;  // makes its own queue pair, with verbs
+    const size_t reserved = server.transport->completion_queue_use().reserved;
     FaultInjection::FailQpCreations() = 1;
     refused(peer, "rdma_create_qp on ");
     EXPECT_EQ(FaultInjection::FailQpCreations().exchange(0), 0);
     EXPECT_NE(peer.rejection.find(strerror(ENOMEM)), std::string::npos) << peer.rejection;
+    EXPECT_EQ(server.transport->completion_queue_use().reserved, reserved)
+        << "a queue pair never created kept its room on the completion queue";
   }
   EXPECT_EQ(server.answerer.closed_count(), 0u) << "a refused client got a connection";
   (*good)->Close();
