@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "base/sanitizers.h"
 #include "tests/echo_service.h"
 #include "tests/rpc_suite.h"
 #include "transport/rdma/counters.h"
@@ -188,14 +189,7 @@ using transport::rdma::PollMode;
 // call's response (as designed). TSan slows every thread several times over
 // against that fixed grace: in the emulator, in a slow spell of the machine,
 // its callers polled 175 completions in 200 calls (198 in a fast one).
-#if defined(__SANITIZE_THREAD__)
-#define RDMARPC_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RDMARPC_TEST_TSAN 1
-#endif
-#endif
-#ifdef RDMARPC_TEST_TSAN
+#ifdef RDMARPC_TSAN
 constexpr int kMinCallerPolledPercent = 50;
 #else
 constexpr int kMinCallerPolledPercent = 90;

@@ -28,13 +28,7 @@
 
 #include <cstdint>
 
-#if defined(__SANITIZE_THREAD__)
-#define RDMARPC_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RDMARPC_TSAN 1
-#endif
-#endif
+#include "base/sanitizers.h"
 
 #ifdef RDMARPC_TSAN
 extern "C" void __tsan_acquire(void* addr);
