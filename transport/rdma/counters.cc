@@ -67,6 +67,7 @@ constexpr Field kFields[] = {
     &RdmaCounters::registered_bytes,
     &RdmaCounters::poller_sleeps,
     &RdmaCounters::caller_completions,
+    &RdmaCounters::device_events,
 };
 constexpr bool FieldsDistinct() {
   for (size_t i = 0; i < std::size(kFields); ++i) {
@@ -191,7 +192,7 @@ std::string RdmaCounters::ToString() const {
       " keepalives=", keepalives, " (behind reads ", keepalives_behind_reads, ")",
       " conns_opened=", connections_opened, " conns_closed=", connections_closed,
       " registered_bytes=", registered_bytes, " poller_sleeps=", poller_sleeps,
-      " caller_completions=", caller_completions);
+      " caller_completions=", caller_completions, " device_events=", device_events);
 }
 
 }  // namespace rdmarpc::transport::rdma

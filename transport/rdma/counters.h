@@ -74,6 +74,9 @@ struct RdmaCounters {
   // Completions picked up by a blocked caller's own thread (run-to-completion,
   // Endpoint::Drive) instead of the poller thread.
   uint64_t caller_completions = 0;
+  // Device events that were logged or ended connections: ports down or up,
+  // GID changes, queue pairs, CQs, SRQs or devices failed (device_events.h).
+  uint64_t device_events = 0;
 
   using Field = uint64_t RdmaCounters::*;
 

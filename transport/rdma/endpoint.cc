@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/stage_trace.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/device_events.h"
 #include "transport/rdma/fault_injection.h"
 #include "transport/rdma/rdma_connection.h"
 #include "transport/rdma/sanitizer_sync.h"
@@ -143,10 +144,12 @@ absl::Status Endpoint::Init() {
   }
   RefillSrq();
   poller_ = std::thread([this] { PollLoop(); });
+  DeviceEvents::Watch(this);
   return absl::OkStatus();
 }
 
 void Endpoint::Stop() {
+  DeviceEvents::Unwatch(this);
   if (poller_.joinable()) {
     stop_.store(true);
     Wake();
@@ -176,6 +179,7 @@ size_t Endpoint::receive_bytes() const { return slot_count_.load() * options_.sl
 
 absl::Status Endpoint::ReserveCompletions(uint32_t entries) {
   std::lock_guard<std::mutex> lock(cq_mu_);
+  if (!failed_.ok()) return failed_;
   const size_t needed = cq_reserved_ + entries;
   if (needed > cq_entries_) {
     const auto full = [&](const std::string& why) {
@@ -464,6 +468,28 @@ void Endpoint::RunOnPollerAndWait(std::function<void()> task) {
     done.set_value();
   });
   done.get_future().wait();
+}
+
+void Endpoint::FailQueuePair(uint32_t qp_num, std::string why) {
+  RunOnPoller([this, qp_num, why = std::move(why)] {
+    auto it = by_qp_.find(qp_num);
+    if (it == by_qp_.end()) return;
+    RdmaConnection& conn = *it->second;
+    conn.FailFromDevice(absl::UnavailableError(
+        absl::StrCat("the queue pair to ", conn.peer(), " failed: ", why)));
+  });
+}
+
+void Endpoint::FailAll(absl::Status why) {
+  {
+    std::lock_guard<std::mutex> lock(cq_mu_);
+    if (failed_.ok()) failed_ = why;
+  }
+  RunOnPoller([this, why = std::move(why)] {
+    std::vector<std::shared_ptr<RdmaConnection>> all;
+    for (const auto& [qp_num, conn] : by_qp_) all.push_back(conn);
+    for (const auto& conn : all) conn->FailFromDevice(why);
+  });
 }
 
 void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {

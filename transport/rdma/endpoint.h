@@ -127,7 +127,8 @@ class Endpoint {
 
   // Room on the CQ for `entries` more completions (a QP's send queue depth),
   // growing the CQ if it must; RESOURCE_EXHAUSTED naming the device, the
-  // bound and what to try when it cannot. Any thread.
+  // bound and what to try when it cannot, and FailAll's status once that ran.
+  // Any thread.
   absl::Status ReserveCompletions(uint32_t entries);
   // Gives room back at once: its QP is gone and never had work posted. Any
   // thread.
@@ -140,6 +141,13 @@ class Endpoint {
     size_t reserved = 0;  // room promised to the SRQ and the QPs
   };
   CompletionQueueUse completion_queue_use() const;
+
+  // Device events (device_events.h), from the thread that reads them. The
+  // connection of queue pair `qp_num`, if any, ends UNAVAILABLE for `why`.
+  void FailQueuePair(uint32_t qp_num, std::string why);
+  // Every connection ends with `why`, and no new one is made: the CQ, the
+  // SRQ or the device has failed.
+  void FailAll(absl::Status why);
 
   void RunOnPoller(std::function<void()> task);
   void RunOnPollerAndWait(std::function<void()> task);
@@ -242,6 +250,7 @@ class Endpoint {
   size_t cq_reserved_ = 0;
   size_t cq_bound_ = 0;               // max_cq_entries, or the device's max_cqe
   size_t completions_returning_ = 0;  // poller: given back at the next empty poll
+  absl::Status failed_;               // cq_mu_; FailAll's reason
   ibv_srq* srq_ = nullptr;
   std::unique_ptr<RegisteredPool> pool_;
   int wake_fd_ = -1;

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "base/stage_trace.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/device_events.h"
 #include "transport/rdma/fault_injection.h"
 #include "transport/rdma/rdma_connection_internal.h"
 #include "transport/rdma/sanitizer_sync.h"
@@ -846,8 +847,8 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
                           ", RdmaOptions::peer_timeout_ms: the peer's machine, device or link "
                           "is down; if it never worked, on RoCE check the GID index)");
     }
-    Fail(absl::UnavailableError(
-        absl::StrCat(what, " ", peer_, " failed: ", ibv_wc_status_str(wc.status), hint)));
+    Fail(absl::UnavailableError(absl::StrCat(what, " ", peer_, " failed: ",
+                                             ibv_wc_status_str(wc.status), hint, PortNote())));
   }
 }
 
@@ -870,7 +871,16 @@ void RdmaConnection::Close() {
 void RdmaConnection::OnPeerGone(absl::Status why) {
   if (freed_) return;
   rdma_disconnect(id_);
-  Teardown(RevocationHint(std::move(why)));
+  why = RevocationHint(std::move(why));
+  Teardown(absl::Status(why.code(), absl::StrCat(why.message(), PortNote())));
+}
+
+void RdmaConnection::FailFromDevice(absl::Status why) {
+  if (!freed_) Fail(std::move(why));
+}
+
+std::string RdmaConnection::PortNote() const {
+  return DeviceEvents::PortNote(endpoint_->verbs(), id_->port_num);
 }
 
 absl::Status RdmaConnection::RevocationHint(absl::Status why) {

@@ -210,6 +210,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // The peer disconnected (rdma_cm event): answer its DREQ at once, then
   // tear down. I/O context.
   void OnPeerGone(absl::Status why);
+  // The device reported this QP, or the CQ, SRQ or device it uses, failed
+  // (device_events.h): tear down with `why`. I/O context.
+  void FailFromDevice(absl::Status why);
   bool torn_down() const { return torn_down_; }
   // Frees the QP and buffers once the QP has drained (or after a bound);
   // true when done. Called by the endpoint's poller.
@@ -392,6 +395,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void SendControl(MessageKind kind, uint64_t token);
   void StartReads();
   void Fail(absl::Status why);
+  // DeviceEvents::PortNote for this connection's port: empty while the port
+  // is and has stayed active.
+  std::string PortNote() const;
   void DeliverRead(uint32_t op_id);
 
   Endpoint* const endpoint_;
