@@ -5,6 +5,8 @@
 #include "transport/rdma/device_events.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <atomic>
 #include <memory>
