@@ -24,8 +24,8 @@ namespace rdmarpc::transport::rdma {
 namespace {
 
 // How long after a port came back its going down is still worth naming in
-// a connection's error: a connection that fails then most likely failed of
-// it.
+// a connection's error: a connection that fails then most likely failed
+// because of it.
 constexpr absl::Duration kPortHistory = absl::Minutes(1);
 
 struct PortHistory {
@@ -158,7 +158,7 @@ const char* PortState(ibv_port_state state) {
   }
 }
 
-// What to look at when port of `device` is down.
+// What to look at when a port of `device` is down.
 std::string CheckLink(const std::string& device) {
   return absl::StrCat("check its link (`ibv_devinfo -d ", device,
                       "`, and `ip link` or the cable of its network device)");
