@@ -1,5 +1,6 @@
 #include "rpc/channel.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <thread>
@@ -39,6 +40,23 @@ InlineScope* InlineScopeOf(const Channel* channel) {
 
 }  // namespace
 
+class Channel::Watch final : public transport::ConnectionObserver {
+ public:
+  explicit Watch(Channel* channel) : channel_(channel) {}
+  void OnMessage(transport::Connection& conn, InboundMessage&& msg) override {
+    channel_->OnMessage(conn, std::move(msg));
+  }
+  void OnClosed(transport::Connection& conn, const absl::Status& why) override {
+    channel_->OnClosed(*this, conn, why);
+  }
+
+  bool lost = false;  // Channel::mu_
+  bool done = false;  // Channel::watch_mu_
+
+ private:
+  Channel* const channel_;
+};
+
 StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
                                                    ChannelOptions options) {
   auto addr = transport::ParseAddress(address);
@@ -53,21 +71,46 @@ StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
   topts.name = absl::StrCat("channel ", address);
   auto t = transport::MakeTransport(addr->scheme, topts, options.transport);
   if (!t.ok()) return t.status();
-  return std::shared_ptr<Channel>(new Channel(address, *addr, options, std::move(*t)));
+  Resources own;
+  own.transport = std::move(*t);
+  if (options.callback_threads > 0) {
+    own.callbacks = std::make_shared<internal::ThreadPool>(options.callback_threads);
+  }
+  own.timers = std::make_shared<internal::TimerQueue>();
+  return Own(new Channel(address, *addr, options, std::move(own), /*grouped=*/false));
+}
+
+std::shared_ptr<Channel> Channel::Own(Channel* channel) {
+  if (!channel->grouped_) return std::shared_ptr<Channel>(channel);
+  return std::shared_ptr<Channel>(channel, [](Channel* c) {
+    // An inline callback may run on the I/O thread of the group's transport,
+    // which the destructor waits for (its connection's OnClosed runs there):
+    // destroyed in one, the channel would wait for itself.
+    if (inline_scopes == nullptr) {
+      delete c;
+      return;
+    }
+    std::thread([c] { delete c; }).detach();
+  });
 }
 
 Channel::Channel(std::string target, transport::Address addr, ChannelOptions options,
-                 std::unique_ptr<transport::Transport> transport)
+                 Resources resources, bool grouped)
     : target_(std::move(target)),
       addr_(std::move(addr)),
       options_(options),
-      callbacks_(options.callback_threads > 0
-                     ? std::make_unique<internal::ThreadPool>(options.callback_threads)
-                     : nullptr),
-      transport_(std::move(transport)) {}
+      grouped_(grouped),
+      callbacks_(std::move(resources.callbacks)),
+      timers_(std::move(resources.timers)),
+      transport_(std::move(resources.transport)) {}
 
 Channel::~Channel() {
-  transport_->Shutdown();  // pending calls end in OnClosed
+  // Pending calls on the connection end in OnClosed, the rest here.
+  if (grouped_) {
+    LeaveTransport();
+  } else {
+    transport_->Shutdown();
+  }
   std::vector<Pending> rest;
   {
     std::lock_guard<InlineMutex> lock(mu_);
@@ -76,11 +119,31 @@ Channel::~Channel() {
       pending_.Take(id, &rest.back());
     });
   }
-  for (auto& p : rest) {
-    timers_.Cancel(p.timer);
-    Deliver(std::move(p), Status(StatusCode::kUnavailable, "channel destroyed"));
+  for (auto& p : rest) Deliver(std::move(p), Status(StatusCode::kUnavailable, "channel destroyed"));
+  timers_->CancelAll(this);
+  if (!callbacks_) return;
+  if (!grouped_) {
+    callbacks_->Stop();
+  } else if (!callbacks_->InPool()) {
+    // On one of the shared threads, the callbacks queued behind the one that
+    // destroys the channel could only run after it: they run after the
+    // destructor returns instead of deadlocking it.
+    std::unique_lock<std::mutex> lock(posted_->mu);
+    posted_->none.wait(lock, [&] { return posted_->count == 0; });
   }
-  if (callbacks_) callbacks_->Stop();
+}
+
+void Channel::LeaveTransport() {
+  std::shared_ptr<transport::Connection> conn;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    conn = conn_;
+  }
+  if (conn) conn->Close();
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  watch_done_.wait(lock, [&] {
+    return std::all_of(watches_.begin(), watches_.end(), [](const auto& w) { return w->done; });
+  });
 }
 
 Status Channel::Call(const MethodInfo& method, ClientContext* ctx,
@@ -240,9 +303,12 @@ uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn) {
   const absl::Time deadline = p.ctx->deadline();
   const uint64_t id = pending_.Insert(std::move(p));
   if (deadline != absl::InfiniteFuture()) {
-    pending_.Get(id)->timer = timers_.Schedule(deadline, [this, id] {
-      Complete(id, Status(StatusCode::kDeadlineExceeded, "deadline exceeded"), nullptr, true);
-    });
+    pending_.Get(id)->timer = timers_->Schedule(
+        deadline,
+        [this, id] {
+          Complete(id, Status(StatusCode::kDeadlineExceeded, "deadline exceeded"), nullptr, true);
+        },
+        this);
   }
   return id;
 }
@@ -266,12 +332,30 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;  // another caller connected meanwhile
   }
-  auto conn = transport_->Connect(addr_, this, deadline);
+  Watch* watch;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    watches_.erase(std::remove_if(watches_.begin(), watches_.end(),
+                                  [](const auto& w) { return w->done; }),
+                   watches_.end());
+    watches_.push_back(std::make_unique<Watch>(this));
+    watch = watches_.back().get();
+  }
+  auto conn = transport_->Connect(addr_, watch, deadline);
   if (!conn.ok()) {
+    {
+      // A connection that Connect did not return gets no callback.
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch->done = true;
+    }
     return Status(StatusCode::kUnavailable,
                   absl::StrCat("cannot reach ", target_, ": ", conn.status().message()));
   }
   std::lock_guard<InlineMutex> lock(mu_);
+  if (watch->lost) {
+    return Status(StatusCode::kUnavailable,
+                  absl::StrCat("connection to ", target_, " lost as soon as it was made"));
+  }
   conn_ = *conn;
   return conn_;
 }
@@ -286,7 +370,7 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     // cost two atomic read-modify-writes per call.
     if (tell_server && conn_ && conn_.get() == p.conn) conn = conn_;
   }
-  if (p.timer != 0) timers_.Cancel(p.timer);
+  if (p.timer != 0) timers_->Cancel(p.timer);
   if (conn) {
     OutboundMessage cancel;
     cancel.header.kind = MessageKind::kCancel;
@@ -350,7 +434,11 @@ void Channel::Deliver(Pending&& p, Status status) {
     std::move(done)(std::move(status));
   };
   if (callbacks_) {
-    callbacks_->Post(std::move(run));
+    if (grouped_) {
+      PostCounted(std::move(run));
+    } else {
+      callbacks_->Post(std::move(run));
+    }
     return;
   }
   if (InlineScope* running = InlineScopeOf(this)) {
@@ -366,6 +454,24 @@ void Channel::Deliver(Pending&& p, Status status) {
     std::move(next)();
   }
   inline_scopes = scope.outer;
+}
+
+void Channel::PostCounted(absl::AnyInvocable<void() &&> run) {
+  {
+    std::lock_guard<std::mutex> lock(posted_->mu);
+    ++posted_->count;
+  }
+  const auto finished = [](Posted& posted) {
+    std::lock_guard<std::mutex> lock(posted.mu);
+    if (--posted.count == 0) posted.none.notify_all();
+  };
+  // Holds the count, not the channel, which the callback may destroy.
+  if (!callbacks_->Post([posted = posted_, run = std::move(run), finished]() mutable {
+        std::move(run)();
+        finished(*posted);
+      })) {
+    finished(*posted_);
+  }
 }
 
 void Channel::OnMessage(transport::Connection& conn, InboundMessage&& msg) {
@@ -393,10 +499,11 @@ void Channel::OnMessage(transport::Connection& conn, InboundMessage&& msg) {
   }
 }
 
-void Channel::OnClosed(transport::Connection& conn, const absl::Status& why) {
+void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why) {
   std::vector<uint64_t> lost;
   {
     std::lock_guard<InlineMutex> lock(mu_);
+    watch.lost = true;
     if (conn_.get() == &conn) conn_.reset();
     pending_.ForEach([&](uint64_t id, Pending& p) {
       if (p.conn == &conn) lost.push_back(id);
@@ -408,6 +515,10 @@ void Channel::OnClosed(transport::Connection& conn, const absl::Status& why) {
                     absl::StrCat("connection to ", conn.peer(), " lost: ", why.message())),
              nullptr, false);
   }
+  // Last: once `done` is seen, the channel may be destroyed.
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  watch.done = true;
+  watch_done_.notify_all();
 }
 
 }  // namespace rdmarpc

@@ -21,14 +21,20 @@
 // calls; with callback_threads = 0 they run inline where their call ends, for
 // callbacks that never block. The channel must outlive its pending calls'
 // callbacks; destroying it ends every pending call with UNAVAILABLE first.
+//
+// Each Channel::Create makes a transport, a timer thread and callback
+// threads of its own; channels made by one ChannelGroup (rpc/channel_group.h)
+// share them, for a client of many servers.
 #ifndef RDMARPC_RPC_CHANNEL_H_
 #define RDMARPC_RPC_CHANNEL_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "google/protobuf/message_lite.h"
@@ -78,11 +84,13 @@ struct MethodInfo {
 
 using CallCallback = absl::AnyInvocable<void(Status) &&>;
 
-class Channel : private transport::ConnectionObserver {
+class ChannelGroup;
+
+class Channel {
  public:
   static StatusOr<std::shared_ptr<Channel>> Create(const std::string& address,
                                                    ChannelOptions options = {});
-  ~Channel() override;
+  ~Channel();
 
   // Blocking unary call.
   Status Call(const MethodInfo& method, ClientContext* ctx,
@@ -117,8 +125,24 @@ class Channel : private transport::ConnectionObserver {
     transport::Connection* conn = nullptr;  // the connection the request went on
   };
 
-  Channel(std::string target, transport::Address addr, ChannelOptions options,
-          std::unique_ptr<transport::Transport> transport);
+  friend class ChannelGroup;
+
+  // What a channel may share with others: a lone channel has its own.
+  struct Resources {
+    std::shared_ptr<transport::Transport> transport;
+    std::shared_ptr<internal::ThreadPool> callbacks;  // null: callbacks run inline
+    std::shared_ptr<internal::TimerQueue> timers;
+  };
+  // The observer of one connection of the channel. A connection may close
+  // before Connect has even returned it: `lost` tells EnsureConnected not to
+  // adopt it then. `done` (OnClosed has returned everything it used of the
+  // channel) is what a grouped channel's destructor waits for.
+  class Watch;
+
+  Channel(std::string target, transport::Address addr, ChannelOptions options, Resources resources,
+          bool grouped);
+  // The shared_ptr a Create or NewChannel returns.
+  static std::shared_ptr<Channel> Own(Channel* channel);
   // Returns the connection the request went on, or null when the call
   // already ended.
   std::shared_ptr<transport::Connection> Start(const MethodInfo& method, ClientContext* ctx,
@@ -133,9 +157,15 @@ class Channel : private transport::ConnectionObserver {
   // response, if one came. Sends kCancel to the server when asked.
   void Complete(uint64_t id, Status status, transport::InboundMessage* msg, bool tell_server);
   void Deliver(Pending&& p, Status status);
+  // Runs a callback on the group's shared threads, counted so that the
+  // destructor can wait for it.
+  void PostCounted(absl::AnyInvocable<void() &&> run);
+  // Grouped: closes the connection and waits until no callback of the
+  // transport uses this channel any more.
+  void LeaveTransport();
 
-  void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg) override;
-  void OnClosed(transport::Connection& conn, const absl::Status& why) override;
+  void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg);
+  void OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why);
 
   const std::string target_;
   const transport::Address addr_;
@@ -148,9 +178,25 @@ class Channel : private transport::ConnectionObserver {
   // response finds its call without a hash, and no allocation per call.
   SlotMap<Pending> pending_;                                    // guarded by mu_
 
-  std::unique_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline
-  internal::TimerQueue timers_;
-  std::unique_ptr<transport::Transport> transport_;  // last: its threads stop first
+  // Every connection this channel made and has not yet seen done with; the
+  // newest is conn_'s. Guarded by watch_mu_, their `done` flags too.
+  std::mutex watch_mu_;
+  std::condition_variable watch_done_;
+  std::vector<std::unique_ptr<Watch>> watches_;
+
+  // A grouped channel's callbacks queued or running on the shared threads.
+  // Held by them too: one may finish after the channel is gone (below).
+  struct Posted {
+    std::mutex mu;
+    std::condition_variable none;
+    int count = 0;
+  };
+  const std::shared_ptr<Posted> posted_ = std::make_shared<Posted>();
+
+  const bool grouped_;  // the resources are shared with the group's channels
+  std::shared_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline
+  std::shared_ptr<internal::TimerQueue> timers_;
+  std::shared_ptr<transport::Transport> transport_;  // last: its threads stop first
 };
 
 }  // namespace rdmarpc

@@ -3,8 +3,10 @@
 // ones by READ, and the server counted calls per method.
 #include <cstdio>
 #include <memory>
+#include <vector>
 
 #include "base/sanitizers.h"
+#include "rpc/channel_group.h"
 #include "tests/echo_service.h"
 #include "tests/rpc_suite.h"
 #include "transport/rdma/counters.h"
@@ -107,6 +109,71 @@ TEST_F(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
   EXPECT_EQ(after.payloads_advertised - before.payloads_advertised, 2u);
   EXPECT_EQ(after.advertised_payload_copies - before.advertised_payload_copies, 1u);
   printf("%s\n", after.ToString().c_str());
+}
+
+// The channels of a group to many servers share one SRQ and its receive
+// slots: eight of them register about what one lone channel does, where
+// eight lone channels would register eight times that.
+TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  constexpr int kServers = 8;
+  std::vector<std::unique_ptr<TestServer>> servers;
+  for (int i = 0; i < kServers; ++i) {
+    servers.push_back(std::make_unique<TestServer>("rdma://" + ip + ":0"));
+    ASSERT_TRUE(servers.back()->server);
+  }
+  const auto call = [](Channel& ch) {
+    ClientContext ctx;
+    EchoRequest req;
+    req.set_data("x");
+    EchoResponse resp;
+    const Status s = ch.Call(kEcho, &ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s;
+  };
+  const auto registered = [] { return static_cast<int64_t>(Counters().registered_bytes); };
+  // Registered memory once the lone channels' endpoints are gone (their
+  // memory goes with the last loan on them, maybe on another thread).
+  const auto settled = [&](int64_t at_most) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (registered() > at_most && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+    return registered();
+  };
+  // Each server's first call registers memory of the server's own: not
+  // counted below.
+  const int64_t at_start = registered();
+  for (auto& ts : servers) {
+    auto ch = Channel::Create(ts->address);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    call(**ch);
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  const int64_t base = settled(registered());
+  int64_t lone;
+  {
+    auto ch = Channel::Create(servers[0]->address);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    call(**ch);
+    lone = registered() - base;
+  }
+  ASSERT_EQ(settled(base), base) << "a lone channel's memory was not freed";
+  auto group = ChannelGroup::Create();
+  ASSERT_TRUE(group.ok());
+  std::vector<std::shared_ptr<Channel>> channels;
+  for (auto& ts : servers) {
+    auto ch = (*group)->NewChannel(ts->address);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    call(**ch);
+    channels.push_back(*ch);
+  }
+  const int64_t grouped = registered() - base;
+  printf(
+      "registered by the servers' first calls %lld, by one lone channel %lld, by %d grouped "
+      "channels %lld bytes\n",
+      static_cast<long long>(base - at_start), static_cast<long long>(lone), kServers,
+      static_cast<long long>(grouped));
+  EXPECT_GT(lone, 0);
+  EXPECT_LT(grouped, 2 * lone);
 }
 
 // The transport's tunables set in code reach both ends: a READ threshold

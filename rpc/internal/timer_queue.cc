@@ -1,6 +1,7 @@
 #include "rpc/internal/timer_queue.h"
 
 #include <chrono>
+#include <utility>
 
 namespace rdmarpc::internal {
 
@@ -15,13 +16,14 @@ TimerQueue::~TimerQueue() {
   thread_.join();
 }
 
-uint64_t TimerQueue::Schedule(absl::Time when, absl::AnyInvocable<void() &&> fn) {
+uint64_t TimerQueue::Schedule(absl::Time when, absl::AnyInvocable<void() &&> fn,
+                              const void* owner) {
   uint64_t id;
   bool earliest;
   {
     std::lock_guard<std::mutex> lock(mu_);
     id = next_id_++;
-    timers_.emplace(std::make_pair(when, id), std::move(fn));
+    timers_.emplace(std::make_pair(when, id), Timer{std::move(fn), owner});
     when_[id] = when;
     earliest = timers_.begin()->first.second == id;
   }
@@ -35,6 +37,20 @@ void TimerQueue::Cancel(uint64_t id) {
   if (it == when_.end()) return;
   timers_.erase({it->second, id});
   when_.erase(it);
+}
+
+void TimerQueue::CancelAll(const void* owner) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (auto it = timers_.begin(); it != timers_.end();) {
+    if (it->second.owner == owner) {
+      when_.erase(it->first.second);
+      it = timers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (std::this_thread::get_id() == thread_.get_id()) return;
+  callback_done_.wait(lock, [&] { return !running_ || running_owner_ != owner; });
 }
 
 void TimerQueue::Run() {
@@ -52,9 +68,15 @@ void TimerQueue::Run() {
     }
     auto node = timers_.extract(timers_.begin());
     when_.erase(node.key().second);
+    running_ = true;
+    running_owner_ = node.mapped().owner;
+    absl::AnyInvocable<void() &&> fn = std::move(node.mapped().fn);
     lock.unlock();
-    std::move(node.mapped())();
+    std::move(fn)();
+    fn = nullptr;  // what it holds goes before CancelAll may return
     lock.lock();
+    running_ = false;
+    callback_done_.notify_all();
   }
 }
 

@@ -2,7 +2,9 @@
 //
 // Cancel() is O(log n), so calls that finish early leave nothing behind.
 // Callbacks run on the timer thread and must be short (they only complete a
-// call, which hands user code to a pool).
+// call, which hands user code to a pool). One queue may serve several owners
+// (the channels of a ChannelGroup): CancelAll(owner) is how an owner that
+// goes away makes sure none of its callbacks runs after it.
 #ifndef RDMARPC_RPC_INTERNAL_TIMER_QUEUE_H_
 #define RDMARPC_RPC_INTERNAL_TIMER_QUEUE_H_
 
@@ -25,19 +27,32 @@ class TimerQueue {
   TimerQueue();
   ~TimerQueue();
 
-  // Returns an id for Cancel(); never 0.
-  uint64_t Schedule(absl::Time when, absl::AnyInvocable<void() &&> fn);
+  // Returns an id for Cancel(); never 0. `owner` tags the timer for
+  // CancelAll.
+  uint64_t Schedule(absl::Time when, absl::AnyInvocable<void() &&> fn, const void* owner = nullptr);
   // Drops a timer that has not fired; a no-op otherwise.
   void Cancel(uint64_t id);
+  // Drops every timer of `owner` and, unless called from a callback (on the
+  // timer thread), waits for one of its callbacks that is running: after it
+  // returns, no callback of `owner` runs. O(timers): for an owner's end.
+  void CancelAll(const void* owner);
 
  private:
   void Run();
 
+  struct Timer {
+    absl::AnyInvocable<void() &&> fn;
+    const void* owner;
+  };
+
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::pair<absl::Time, uint64_t>, absl::AnyInvocable<void() &&>> timers_;
+  std::condition_variable callback_done_;  // running_owner_ changed
+  std::map<std::pair<absl::Time, uint64_t>, Timer> timers_;
   std::unordered_map<uint64_t, absl::Time> when_;
   uint64_t next_id_ = 1;
+  bool running_ = false;                 // a callback runs (outside mu_)
+  const void* running_owner_ = nullptr;  // its owner
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -1,0 +1,51 @@
+#include "rpc/channel_group.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace rdmarpc {
+
+StatusOr<std::shared_ptr<ChannelGroup>> ChannelGroup::Create(ChannelOptions options) {
+  if (options.callback_threads < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  absl::StrCat("callback_threads is ", options.callback_threads,
+                               "; 0 runs callbacks inline, more runs them on that many threads"));
+  }
+  return std::shared_ptr<ChannelGroup>(new ChannelGroup(std::move(options)));
+}
+
+ChannelGroup::ChannelGroup(ChannelOptions options)
+    : options_(std::move(options)),
+      callbacks_(options_.callback_threads > 0
+                     ? std::make_shared<internal::ThreadPool>(options_.callback_threads)
+                     : nullptr),
+      timers_(std::make_shared<internal::TimerQueue>()) {}
+
+StatusOr<std::shared_ptr<Channel>> ChannelGroup::NewChannel(const std::string& address) {
+  auto addr = transport::ParseAddress(address);
+  if (!addr.ok()) return addr.status();
+  Channel::Resources shared;
+  shared.callbacks = callbacks_;
+  shared.timers = timers_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::shared_ptr<transport::Transport>& t = transports_[addr->scheme];
+    if (!t) {
+      transport::TransportOptions topts;
+      topts.max_message_size = options_.max_message_size;
+      topts.name = absl::StrCat("channel group (", addr->scheme, ")");
+      auto made = transport::MakeTransport(addr->scheme, topts, options_.transport);
+      if (!made.ok()) {
+        transports_.erase(addr->scheme);
+        return made.status();
+      }
+      t = std::move(*made);
+    }
+    shared.transport = t;
+  }
+  return Channel::Own(
+      new Channel(address, *std::move(addr), options_, std::move(shared), /*grouped=*/true));
+}
+
+}  // namespace rdmarpc

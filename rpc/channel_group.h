@@ -1,0 +1,78 @@
+// ChannelGroup: channels to many servers that share one transport, one
+// timer thread and one set of callback threads.
+//
+//   rdmarpc::ChannelOptions options;          // for every channel of the group
+//   auto group = rdmarpc::ChannelGroup::Create(options);
+//   if (!group.ok()) ...;
+//   std::vector<demo::Echo::Stub> stubs;
+//   for (const std::string& server : servers) {   // "rdma://10.0.0.7:7471", ...
+//     auto channel = (*group)->NewChannel(server);
+//     if (!channel.ok()) ...;
+//     stubs.emplace_back(*channel);
+//   }
+//
+// Why: a channel made alone (Channel::Create) has everything of its own:
+// over RDMA a Shared Receive Queue with its registered receive slots, a
+// completion queue, a poller thread and an rdma_cm thread, then a timer
+// thread and its callback threads. Right for one server; for a client of a
+// hundred servers it is a hundred SRQs and five hundred threads. The
+// channels of a group share one transport per address scheme (over RDMA one
+// SRQ, CQ and poller per device, as a server's connections share its own),
+// so receive memory and threads stay flat as servers are added.
+//
+// Per channel still: its connection (made on the first call, made again
+// after it is lost), its pending calls and their ids. Destroying a channel
+// closes its connection and ends its pending calls UNAVAILABLE; the others
+// go on. Channels keep what they share alive: the group may go first.
+//
+// What not to rely on:
+// - The shared SRQ's receive slots (RdmaOptions::client_receive_slots) serve
+//   every channel's responses: a group of many busy channels may want more.
+// - A blocking call that drives its connection (run-to-completion) picks up
+//   other channels' completions as well, and with callback_threads = 0 runs
+//   their callbacks; the transport's I/O thread runs them too.
+// - A channel destroyed inside an inline callback (callback_threads = 0) is
+//   destroyed on a thread of its own, shortly after: that callback may be
+//   running on the I/O thread that the destructor waits for. Likewise a
+//   channel destroyed on one of the group's callback threads does not wait
+//   for its callbacks queued behind that one.
+#ifndef RDMARPC_RPC_CHANNEL_GROUP_H_
+#define RDMARPC_RPC_CHANNEL_GROUP_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "rpc/channel.h"
+#include "rpc/status.h"
+
+namespace rdmarpc {
+
+class ChannelGroup {
+ public:
+  // INVALID_ARGUMENT for options no channel could use (negative
+  // callback_threads). The group's threads start here; transports are made
+  // on the first channel of each scheme.
+  static StatusOr<std::shared_ptr<ChannelGroup>> Create(ChannelOptions options = {});
+
+  // A channel to `address` ("rdma://host:port", "tcp://...", "auto://...")
+  // with the group's options. INVALID_ARGUMENT for an address that does not
+  // parse; the errors of MakeTransport for the first channel of a scheme.
+  StatusOr<std::shared_ptr<Channel>> NewChannel(const std::string& address);
+
+  const ChannelOptions& options() const { return options_; }
+
+ private:
+  explicit ChannelGroup(ChannelOptions options);
+
+  const ChannelOptions options_;
+  const std::shared_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline
+  const std::shared_ptr<internal::TimerQueue> timers_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<transport::Transport>> transports_;  // by scheme; mu_
+};
+
+}  // namespace rdmarpc
+
+#endif  // RDMARPC_RPC_CHANNEL_GROUP_H_
