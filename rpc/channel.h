@@ -178,14 +178,14 @@ class Channel {
   // response finds its call without a hash, and no allocation per call.
   SlotMap<Pending> pending_;                                    // guarded by mu_
 
-  // Every connection this channel made and has not yet seen done with; the
-  // newest is conn_'s. Guarded by watch_mu_, their `done` flags too.
+  // The observers of this channel's connections; those done are dropped at
+  // the next connect. Guarded by watch_mu_, their `done` flags too.
   std::mutex watch_mu_;
   std::condition_variable watch_done_;
   std::vector<std::unique_ptr<Watch>> watches_;
 
   // A grouped channel's callbacks queued or running on the shared threads.
-  // Held by them too: one may finish after the channel is gone (below).
+  // Held by them too: one may finish after the channel is gone (~Channel).
   struct Posted {
     std::mutex mu;
     std::condition_variable none;

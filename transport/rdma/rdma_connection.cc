@@ -106,7 +106,7 @@ std::string RdmaConnection::DescribeTerms() {
 absl::Status RdmaConnection::CreateQp() {
   const RdmaOptions& o = endpoint_->options();
   const int max_wr = endpoint_->device_attr().max_qp_wr;
-  sq_depth_ = std::min<uint32_t>(o.send_slots + rd_atom_ + 16, max_wr);
+  sq_depth_ = std::min<uint32_t>(SendQueueDepth(o, rd_atom_), max_wr);
   ibv_qp_init_attr a{};
   a.send_cq = endpoint_->cq();
   a.recv_cq = endpoint_->cq();

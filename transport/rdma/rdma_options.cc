@@ -11,6 +11,12 @@
 
 namespace rdmarpc::transport::rdma {
 
+size_t InitialCqEntries(const RdmaOptions& options, bool listening) {
+  if (options.cq_entries != 0) return options.cq_entries;
+  if (listening) return kListeningCqEntries;
+  return options.client_receive_slots + 2 * SendQueueDepth(options, options.max_reads_in_flight);
+}
+
 RdmaOptions RdmaOptionsFromEnv(RdmaOptions o) {
   if (const char* mode = std::getenv("RDMARPC_RDMA_POLL"); mode && *mode) {
     if (strcmp(mode, "adaptive") == 0) {

@@ -69,11 +69,15 @@ struct RdmaOptions {
   // Entries of the transport's completion queue (one per device, shared by
   // the SRQ's receives and every connection's send queue) to begin with, and
   // their bound (0: the device's max_cqe). Each connection holds room for
-  // its whole send queue (send_slots + READs in flight + 16 entries); the CQ
-  // grows as they need, and a connection past the bound is refused (endpoint.h,
-  // "Completion-queue capacity"). An entry is 32-64 bytes of kernel memory;
-  // devices may round the size up.
-  size_t cq_entries = 16384;
+  // its whole send queue (SendQueueDepth); the CQ grows as they need, and a
+  // connection past the bound is refused (endpoint.h, "Completion-queue
+  // capacity"). cq_entries 0 sizes it by role (InitialCqEntries): a
+  // listening transport, which expects many peers, begins at
+  // kListeningCqEntries; a connecting one at room for its receives and two
+  // connections. The kernel keeps the entries: devices round the size up to
+  // a power of two, and Soft-RoCE takes 128 bytes an entry, so 16384 asked
+  // is 4 MiB (32 KiB per 256).
+  size_t cq_entries = 0;
   size_t max_cq_entries = 0;
   // How long a response payload stays exposed to the client's READ (from the
   // moment its SEND is queued) when the client sends no release: then the
@@ -150,6 +154,22 @@ inline constexpr int kTransportRetries = 6;
 // device's rate (Soft-RoCE in a TCG VM READs 60-110 MiB/s), so that a slow
 // READ is not cut short.
 inline constexpr uint64_t kSlowestReadBytesPerSecond = uint64_t{4} << 20;
+
+// Where a listening transport's completion queue begins (cq_entries 0).
+inline constexpr size_t kListeningCqEntries = 16384;
+
+// Send-queue entries of one connection taking `reads` READs in flight,
+// before the device's max_qp_wr caps them: one per send slot and per READ,
+// and 16 more.
+inline uint32_t SendQueueDepth(const RdmaOptions& options, uint32_t reads) {
+  return options.send_slots + reads + 16;
+}
+
+// Completion-queue entries a transport begins with: cq_entries, or by role
+// when it is 0 (see there). A connecting transport gets room for two
+// connections because a lost one's room comes back only once the CQ has
+// been found empty, which may be after its channel has connected again.
+size_t InitialCqEntries(const RdmaOptions& options, bool listening);
 
 // The SRQ is refilled once this many of its slots have been consumed (or
 // fewer, for an SRQ of under 8x this many), in one chain of receive WRs: one

@@ -225,7 +225,9 @@ absl::StatusOr<Endpoint*> RdmaTransport::EndpointFor(rdma_cm_id* id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& ep = endpoints_[id->verbs];
   if (!ep) {
-    auto made = Endpoint::Create(id->verbs, rdma_,
+    RdmaOptions sized = rdma_;
+    sized.cq_entries = InitialCqEntries(rdma_, server_);
+    auto made = Endpoint::Create(id->verbs, sized,
                                  server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots,
                                  options_.name);
     if (!made.ok()) {

@@ -628,6 +628,41 @@ TEST(RdmaTransport, CompletionQueueGrowsAsConnectionsNeedRoom) {
   for (auto& c : conns) c->Close();
 }
 
+// A connecting transport's completion queue begins at room for its receives
+// and two connections, not at a listening one's 16384 entries (4 MiB of
+// kernel memory on Soft-RoCE): a client reconnecting again and again stays
+// within it, while the server's begins large.
+TEST(RdmaTransport, AConnectingTransportsCompletionQueueBeginsSmall) {
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  const RdmaOptions defaults;
+  const size_t expected = InitialCqEntries(defaults, /*listening=*/false);
+  EXPECT_EQ(expected, defaults.client_receive_slots +
+                          2 * (defaults.send_slots + defaults.max_reads_in_flight + 16));
+  size_t entries = 0;
+  for (int i = 0; i < 5; ++i) {
+    Waiter& waiter = fx.NewWaiter();
+    auto c = fx.Connect(&waiter);
+    ASSERT_TRUE(c.ok()) << "connection " << i << ": " << c.status();
+    auto r = Call(**c, waiter, 1, Filled(**c, 1000, i));
+    ASSERT_TRUE(r.ok()) << r.status();
+    const Endpoint::CompletionQueueUse cq = fx.client->completion_queue_use();
+    EXPECT_GE(cq.entries, expected);
+    EXPECT_LE(cq.reserved, cq.entries);
+    if (i == 0) entries = cq.entries;
+    EXPECT_EQ(cq.entries, entries) << "the client's CQ grew at connection " << i;
+    (*c)->Close();
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (!waiter.FinishedClosing() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_TRUE(waiter.FinishedClosing()) << "connection " << i << " did not close";
+  }
+  const Endpoint::CompletionQueueUse server = fx.server->completion_queue_use();
+  printf("completion queue: client %zu entries (%zu asked), server %zu\n", entries, expected,
+         server.entries);
+  EXPECT_LT(entries, size_t{1024});
+  EXPECT_GE(server.entries, kListeningCqEntries);
+}
+
 // A connection takes send slots (for frames that do not go inline) from its
 // endpoint as it needs them: none while every frame goes inline, and no more
 // than the frames it has had in flight at once, not RdmaOptions::send_slots.

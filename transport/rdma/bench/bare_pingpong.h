@@ -40,7 +40,7 @@ class BarePingPong {
   struct Shape {
     bool srq = false;           // receive from a shared receive queue, as rdmarpc does
     int signal_every = 1;       // signal one SEND in this many (at most sq_depth)
-    int cq_entries = 0;         // 0: just enough; rdmarpc asks 16384
+    int cq_entries = 0;         // 0: just enough; an rdmarpc server asks 16384
     int sq_depth = 16;          // rdmarpc: send_slots + max_qp_rd_atom + 16
     bool comp_channel = false;  // a completion channel on the CQ, never armed
   };

@@ -44,7 +44,7 @@ ABSL_FLAG(int, size, 130, "bytes per message (rdmarpc's small-call frame is 130)
 // to tell which of them (if any) makes a delivery slower.
 ABSL_FLAG(bool, srq, false, "receive from a shared receive queue, as rdmarpc does");
 ABSL_FLAG(int, signal_every, 1, "signal one SEND in this many, as rdmarpc's selective signaling");
-ABSL_FLAG(int, cq_entries, 0, "completion queue entries (0: just enough; rdmarpc asks 16384)");
+ABSL_FLAG(int, cq_entries, 0, "completion queue entries (0: just enough; an rdmarpc server asks 16384)");
 ABSL_FLAG(int, sq_depth, 16, "send queue depth (rdmarpc: send_slots + max_qp_rd_atom + 16)");
 ABSL_FLAG(bool, comp_channel, false, "attach a completion channel to the CQ (never armed)");
 ABSL_FLAG(bool, compare, false,
