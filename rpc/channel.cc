@@ -61,15 +61,8 @@ StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
                                                    ChannelOptions options) {
   auto addr = transport::ParseAddress(address);
   if (!addr.ok()) return addr.status();
-  if (options.callback_threads < 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  absl::StrCat("callback_threads is ", options.callback_threads,
-                               "; 0 runs callbacks inline, more runs them on that many threads"));
-  }
-  transport::TransportOptions topts;
-  topts.max_message_size = options.max_message_size;
-  topts.name = absl::StrCat("channel ", address);
-  auto t = transport::MakeTransport(addr->scheme, topts, options.transport);
+  if (Status s = CheckOptions(options); !s.ok()) return s;
+  auto t = MakeTransport(options, addr->scheme, absl::StrCat("channel ", address));
   if (!t.ok()) return t.status();
   Resources own;
   own.transport = std::move(*t);
@@ -78,6 +71,23 @@ StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
   }
   own.timers = std::make_shared<internal::TimerQueue>();
   return Own(new Channel(address, *addr, options, std::move(own), /*grouped=*/false));
+}
+
+Status Channel::CheckOptions(const ChannelOptions& options) {
+  if (options.callback_threads < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  absl::StrCat("callback_threads is ", options.callback_threads,
+                               "; 0 runs callbacks inline, more runs them on that many threads"));
+  }
+  return Status();
+}
+
+StatusOr<std::unique_ptr<transport::Transport>> Channel::MakeTransport(
+    const ChannelOptions& options, const std::string& scheme, std::string name) {
+  transport::TransportOptions topts;
+  topts.max_message_size = options.max_message_size;
+  topts.name = std::move(name);
+  return transport::MakeTransport(scheme, topts, options.transport);
 }
 
 std::shared_ptr<Channel> Channel::Own(Channel* channel) {

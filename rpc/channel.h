@@ -141,6 +141,12 @@ class Channel {
 
   Channel(std::string target, transport::Address addr, ChannelOptions options, Resources resources,
           bool grouped);
+  // INVALID_ARGUMENT for options no channel can use.
+  static Status CheckOptions(const ChannelOptions& options);
+  // The transport for `scheme` that channels with `options` use; `name`
+  // prefixes its log lines.
+  static StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(
+      const ChannelOptions& options, const std::string& scheme, std::string name);
   // The shared_ptr a Create or NewChannel returns.
   static std::shared_ptr<Channel> Own(Channel* channel);
   // Returns the connection the request went on, or null when the call

@@ -7,11 +7,7 @@
 namespace rdmarpc {
 
 StatusOr<std::shared_ptr<ChannelGroup>> ChannelGroup::Create(ChannelOptions options) {
-  if (options.callback_threads < 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  absl::StrCat("callback_threads is ", options.callback_threads,
-                               "; 0 runs callbacks inline, more runs them on that many threads"));
-  }
+  if (Status s = Channel::CheckOptions(options); !s.ok()) return s;
   return std::shared_ptr<ChannelGroup>(new ChannelGroup(std::move(options)));
 }
 
@@ -32,10 +28,8 @@ StatusOr<std::shared_ptr<Channel>> ChannelGroup::NewChannel(const std::string& a
     std::lock_guard<std::mutex> lock(mu_);
     std::shared_ptr<transport::Transport>& t = transports_[addr->scheme];
     if (!t) {
-      transport::TransportOptions topts;
-      topts.max_message_size = options_.max_message_size;
-      topts.name = absl::StrCat("channel group (", addr->scheme, ")");
-      auto made = transport::MakeTransport(addr->scheme, topts, options_.transport);
+      auto made = Channel::MakeTransport(options_, addr->scheme,
+                                         absl::StrCat("channel group (", addr->scheme, ")"));
       if (!made.ok()) {
         transports_.erase(addr->scheme);
         return made.status();
