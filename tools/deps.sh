@@ -14,6 +14,8 @@ packages=(
   # run time and the Soft-RoCE VM
   rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest iproute2
   qemu-system-x86 busybox-static kmod cpio
+  # the VM runner's watchdog prints a hung test's stacks with it
+  gdb
 )
 
 # --bench: also what bench/ measures beside rdmarpc (UCX) and with (callgrind,

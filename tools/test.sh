@@ -4,7 +4,8 @@
 # under the sanitizers: host tests with ASan+UBSan and TSan, RDMA tests with
 # ASan+UBSan and TSan (told what a SEND orders by
 # transport/rdma/sanitizer_sync.h; up to 20 minutes a test, as TSan in the
-# emulator runs the longest, rdma_transport_test, in ~5). Extra
+# emulator runs the longest, rdma_transport_test, in ~5); tests tagged
+# no_sanitizer build no C++ and run once. Extra
 # arguments go to every `bazel test`. RDMARPC_TEST_SANITIZERS=0 skips the
 # sanitizer rounds.
 # Ends with the tail of each failed test's log, one line naming each failed
@@ -43,7 +44,7 @@ run() {
     {
       echo "---- $target (bazel test $*): its failures, then the end of its log"
       if [ -f "$path" ]; then
-        grep -E 'Failure|FAILED|Sanitizer|Check failed|timed out' "$path" | head -n 20
+        grep -E 'Failure|FAILED|Sanitizer|Check failed|timed out|WATCHDOG: (still|process)' "$path" | head -n 20
         echo "...."
         tail -n 15 "$path"
       else
@@ -58,8 +59,8 @@ run //... --test_tag_filters=-rdma,-rdma_two_vms
 run //... --test_tag_filters=rdma --test_output=all --run_under=//tools/vm:run
 run //... --test_tag_filters=rdma_two_vms --test_output=all "--run_under=//tools/vm:run --vms 2"
 if [ "${RDMARPC_TEST_SANITIZERS:-1}" != 0 ]; then
-  run --config=asan --config=ubsan //... --test_tag_filters=-rdma,-rdma_two_vms
-  run --config=tsan //... --test_tag_filters=-rdma,-rdma_two_vms
+  run --config=asan --config=ubsan //... --test_tag_filters=-rdma,-rdma_two_vms,-no_sanitizer
+  run --config=tsan //... --test_tag_filters=-rdma,-rdma_two_vms,-no_sanitizer
   run --config=asan --config=ubsan //... --test_tag_filters=rdma --run_under=//tools/vm:run
   run --config=tsan //... --test_tag_filters=rdma --run_under=//tools/vm:run --test_timeout=1200
 fi

@@ -22,8 +22,14 @@
 #                      own writes go to a throw-away overlay and /tmp is its own)
 # In two-VM mode the same command runs in both VMs, joined by a virtual wire.
 #
-# Exit status: the command's (in two-VM mode the first non-zero of the two), or
-# 97 when the VM gave no status (did not boot, setup failed, or timed out).
+# A guest not booted within RDMARPC_VM_BOOT_TIMEOUT seconds (120) is booted
+# again, once. A command still running close to the time limit (--timeout, or
+# Bazel's TEST_TIMEOUT where smaller; RDMARPC_VM_WATCHDOG seconds of guest
+# uptime where set) has the stacks of its processes printed and is killed.
+#
+# Exit status: the command's (in two-VM mode the first non-zero of the two),
+# 124 when the watchdog killed it, or 97 when the VM gave no status (did not
+# boot, setup failed, or timed out).
 set -uo pipefail
 
 here=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
@@ -79,7 +85,74 @@ command -v qemu-system-x86_64 >/dev/null || infra_fail "qemu-system-x86_64 missi
 run=$(mktemp -d "${TMPDIR:-/tmp}/rdmavm.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$run"' EXIT
 
+# The guest's watchdog. A hung test would otherwise be killed from outside
+# (Bazel's TEST_TIMEOUT, or --timeout here) with nothing said about where it
+# hung. So, when the command still runs $1 seconds after the guest booted, the
+# guest prints the stack of every thread of every process it started (shell
+# scripts: their command line), kills them and ends with status 124. Both
+# functions run in the guest: write_cmd copies them into cmd.sh.
+guest_descendants() {  # $1 = pid: it and everything it started, parents first
+  local all=" $1 " grew=1 p stat
+  while [ "$grew" = 1 ]; do
+    grew=0
+    for p in /proc/[0-9]*; do
+      p=${p#/proc/}
+      case "$all" in *" $p "*) continue ;; esac
+      read -r stat < "/proc/$p/stat" 2>/dev/null || continue
+      # The parent is the second field after the ")" that ends the name.
+      set -- ${stat##*) }
+      case "$all" in *" $2 "*) all="$all$p "; grew=1 ;; esac
+    done
+  done
+  echo $all
+}
+guest_watchdog_run() {  # $1 = seconds of guest uptime it may run, rest = command
+  local limit=$1; shift
+  "$@" &
+  local pid=$!
+  (
+    up=$(cut -d. -f1 /proc/uptime)
+    sleep $(( limit > up ? limit - up : 0 ))
+    kill -0 "$pid" 2>/dev/null || exit 0
+    procs=$(guest_descendants "$pid")
+    echo "rdmavm-guest: WATCHDOG: still running after ${limit} s of guest uptime, close to its time limit; the stacks of its processes ($procs) follow, then they are killed"
+    for p in $procs; do
+      exe=$(readlink "/proc/$p/exe" 2>/dev/null) || continue
+      echo "rdmavm-guest: WATCHDOG: process $p: $(tr '\0' ' ' < "/proc/$p/cmdline")"
+      case "${exe##*/}" in bash|sh|dash) continue ;; esac
+      if command -v gdb >/dev/null; then
+        timeout 90 gdb -p "$p" -batch -nx -iex 'set debuginfod enabled off' \
+          -ex 'thread apply all bt' 2>&1 | grep -v '^\[New LWP'
+      else
+        echo "rdmavm-guest: WATCHDOG: no gdb (tools/deps.sh installs it); kernel stacks:"
+        for t in /proc/$p/task/*; do echo "thread ${t##*/}:"; cat "$t/stack"; done
+      fi
+    done
+    touch /tmp/rdmavm-watchdog-fired
+    kill -KILL $procs 2>/dev/null
+    echo "rdmavm-guest: WATCHDOG: killed $procs"
+  ) &
+  local guard=$!
+  wait "$pid"
+  local rc=$?
+  kill "$guard" 2>/dev/null
+  [ ! -e /tmp/rdmavm-watchdog-fired ] || rc=124
+  return "$rc"
+}
+
+# The time the whole run may take: --timeout, or less where Bazel's
+# TEST_TIMEOUT says so. The guest's watchdog fires a quarter of it (at least
+# 60 s) before the end, which leaves gdb time: under TCG it reads a large
+# binary's symbols slowly.
+limit_s=$timeout_s
+[ -z "${TEST_TIMEOUT:-}" ] || [ "$TEST_TIMEOUT" -ge "$limit_s" ] || limit_s=$TEST_TIMEOUT
+margin_s=$(( limit_s / 4 > 60 ? limit_s / 4 : 60 ))
+# A guest that has not reached its command this long after qemu started is
+# stuck in boot (it takes ~6 s, ~20 s with two busy VMs): it is booted again, once.
+boot_s=${RDMARPC_VM_BOOT_TIMEOUT:-120}
+
 # cmd.sh: the caller's environment, working directory and command, for bash.
+# It marks the guest as booted ("ready") and runs the command under the watchdog.
 write_cmd() {  # $1 = io dir, $2 = role, $3/$4 = self ip/ipv6, $5/$6 = peer ip/ipv6, rest = command
   local io=$1 role=$2 self=$3 self6=$4 peer=$5 peer6=$6; shift 6
   mkdir -p "$io/out"
@@ -92,8 +165,10 @@ write_cmd() {  # $1 = io dir, $2 = role, $3/$4 = self ip/ipv6, $5/$6 = peer ip/i
     printf 'export RDMARPC_VM_ROLE=%q RDMARPC_TEST_ADDR=%q RDMARPC_TEST_ADDR6=%q' "$role" "$self" "$self6"
     printf ' RDMARPC_PEER_ADDR=%q RDMARPC_PEER_ADDR6=%q RDMARPC_VM_OUT=%q\n' "$peer" "$peer6" "$io/out"
     [ -z "${XML_OUTPUT_FILE:-}" ] || printf 'export XML_OUTPUT_FILE=%q\n' "$io/test.xml"
+    printf ': > %q\n' "$io/ready"
     printf 'cd %q || exit 96\n' "$PWD"
-    printf 'exec'; printf ' %q' "$@"; printf '\n'
+    declare -f guest_descendants guest_watchdog_run
+    printf 'guest_watchdog_run %q' "$watchdog_s"; printf ' %q' "$@"; printf '\n'
   } > "$io/cmd.sh"
 }
 
@@ -107,6 +182,9 @@ write_cmd() {  # $1 = io dir, $2 = role, $3/$4 = self ip/ipv6, $5/$6 = peer ip/i
 # both run ~25 % faster at the same ratio (README, Benchmarks, has what it
 # did to latency). A NIC does this work in hardware; the guest is a
 # throwaway test machine.
+# The console goes through one unbuffered sed: when Bazel kills a test that
+# ran out of time, a pipe buffer (tr's was 4 KiB) would lose what the guest
+# printed last, which is what says where it stopped.
 boot() {  # $1 = io dir, $2 = prefix for output lines, rest = extra qemu args
   local io=$1 prefix=$2; shift 2
   timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
@@ -117,36 +195,72 @@ boot() {  # $1 = io dir, $2 = prefix for output lines, rest = extra qemu args
     -serial stdio \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$io,mount_tag=io,security_model=none" \
-    "$@" < /dev/null 2>&1 | tr -d '\r' | sed -u "s/^/$prefix/"
+    -pidfile "$io.pid" "$@" < /dev/null 2>&1 | sed -u "s/\r//g; s/^/$prefix/"
+}
+
+# Kills every VM whose guest has not reached its command within boot_s.
+watch_boot() {
+  local t io up
+  for (( t = 0; t < boot_s; t++ )); do
+    up=1
+    for io in "${ios[@]}"; do [ -e "$io/ready" ] || up=0; done
+    [ "$up" = 0 ] || return 0
+    sleep 1
+  done
+  : > "$run/boot_hung"
+  for io in "${ios[@]}"; do
+    [ -e "$io/ready" ] || echo "rdmavm: INFRA: guest $(basename "$io") not booted after ${boot_s} s (its console is above)" >&2
+    # qemu writes its pid file before the guest starts, but maybe after boot_s.
+    t=0
+    while [ ! -s "$io.pid" ] && [ "$t" -lt 50 ]; do sleep 0.2; t=$((t + 1)); done
+    kill "$(cat "$io.pid" 2>/dev/null)" 2>/dev/null
+  done
+}
+wire() { echo "-netdev dgram,id=n0,local.type=unix,local.path=$run/sock$1,remote.type=unix,remote.path=$run/sock$2 -device virtio-net-pci,netdev=n0,mac=52:54:00:77:00:0$1"; }
+
+# Writes each guest's files, boots the VMs and returns when they are all off.
+boot_all() {  # the command
+  local elapsed=$(( $(date +%s) - start )) i io role pids=()
+  watchdog_s=${RDMARPC_VM_WATCHDOG:-$(( limit_s - margin_s - elapsed > 1 ? limit_s - margin_s - elapsed : 1 ))}
+  rm -f "$run/boot_hung" "$run"/sock*
+  for (( i = 0; i < vms; i++ )); do
+    io=${ios[$i]}
+    rm -rf "$io"; mkdir -p "$io"
+    if [ "$vms" = 1 ]; then
+      printf 'NETDEV=dummy\nSELF_IP=10.77.0.1\nSELF_IP6=fd77::1\nMTU=%s\nIO_HOST_PATH=%s\n' "$mtu" "$io" > "$io/vm.env"
+      write_cmd "$io" single 10.77.0.1 fd77::1 "" "" "$@"
+      boot "$io" "" &
+    else
+      role=$([ "$i" = 0 ] && echo server || echo client)
+      printf 'NETDEV=virtio\nSELF_IP=10.77.0.%d\nSELF_IP6=fd77::%d\nMTU=%s\nIO_HOST_PATH=%s\n' \
+        $((i + 1)) $((i + 1)) "$mtu" "$io" > "$io/vm.env"
+      write_cmd "$io" "$role" "10.77.0.$((i + 1))" "fd77::$((i + 1))" "10.77.0.$((2 - i))" "fd77::$((2 - i))" "$@"
+      # shellcheck disable=SC2046
+      boot "$io" "[$role] " $(wire "$i" $((1 - i))) &
+    fi
+    pids+=($!)
+  done
+  watch_boot &
+  local watcher=$!
+  wait "${pids[@]}"
+  kill "$watcher" 2>/dev/null
+  wait "$watcher" 2>/dev/null
 }
 
 mtu=${RDMARPC_VM_MTU:-9000}
 start=$(date +%s)
-if [ "$vms" = 1 ]; then
-  io=$run/vm0; mkdir -p "$io"
-  printf 'NETDEV=dummy\nSELF_IP=10.77.0.1\nSELF_IP6=fd77::1\nMTU=%s\nIO_HOST_PATH=%s\n' "$mtu" "$io" > "$io/vm.env"
-  write_cmd "$io" single 10.77.0.1 fd77::1 "" "" "$@"
-  echo "rdmavm: booting Soft-RoCE VM (TCG) for: $*" >&2
-  boot "$io" ""
-  ios=("$io")
-elif [ "$vms" = 2 ]; then
-  ios=()
-  for i in 0 1; do
-    io=$run/vm$i; mkdir -p "$io"; ios+=("$io")
-    role=$([ $i = 0 ] && echo server || echo client)
-    printf 'NETDEV=virtio\nSELF_IP=10.77.0.%d\nSELF_IP6=fd77::%d\nMTU=%s\nIO_HOST_PATH=%s\n' \
-      $((i + 1)) $((i + 1)) "$mtu" "$io" > "$io/vm.env"
-    write_cmd "$io" "$role" "10.77.0.$((i + 1))" "fd77::$((i + 1))" "10.77.0.$((2 - i))" "fd77::$((2 - i))" "$@"
-  done
-  echo "rdmavm: booting two Soft-RoCE VMs (TCG) on a virtual wire for: $*" >&2
-  wire() { echo "-netdev dgram,id=n0,local.type=unix,local.path=$run/sock$1,remote.type=unix,remote.path=$run/sock$2 -device virtio-net-pci,netdev=n0,mac=52:54:00:77:00:0$1"; }
-  # shellcheck disable=SC2046
-  boot "${ios[0]}" "[server] " $(wire 0 1) &
-  # shellcheck disable=SC2046
-  boot "${ios[1]}" "[client] " $(wire 1 0) &
-  wait
-else
-  infra_fail "--vms must be 1 or 2"
+case "$vms" in
+  1) echo "rdmavm: booting Soft-RoCE VM (TCG) for: $*" >&2 ;;
+  2) echo "rdmavm: booting two Soft-RoCE VMs (TCG) on a virtual wire for: $*" >&2 ;;
+  *) infra_fail "--vms must be 1 or 2" ;;
+esac
+ios=()
+for (( i = 0; i < vms; i++ )); do ios+=("$run/vm$i"); done
+boot_all "$@"
+if [ -e "$run/boot_hung" ]; then
+  echo "rdmavm: INFRA: booting again, once" >&2
+  boot_all "$@"
+  [ ! -e "$run/boot_hung" ] || infra_fail "the VM did not boot twice in a row (consoles above)"
 fi
 
 rc=0

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The VM runner's promises (tools/vm/run.sh, header): the command's exit
+# status comes back; a command that hangs is shown (its processes' stacks)
+# and killed before the time limit, with status 124; a guest that does not
+# boot in time is booted again once, then the runner gives up with 97.
+# Boots three Soft-RoCE VMs; needs the image (make test prepares it).
+set -uo pipefail
+run=$1
+fail=0
+check() {  # what, got, expected
+  if [ "$2" != "$3" ]; then echo "FAIL: $1: got $2, expected $3"; fail=1; fi
+}
+has() {  # what, output, pattern
+  if ! grep -qE -- "$3" <<<"$2"; then echo "FAIL: $1: no line matching /$3/"; fail=1; fi
+}
+
+out=$("$run" --timeout 120 bash -c 'echo "in the guest as $RDMARPC_VM_ROLE"; exit 3' 2>&1)
+check "a command's exit status" $? 3
+has "the command's output" "$out" '^in the guest as single$'
+
+out=$(RDMARPC_VM_WATCHDOG=15 "$run" --timeout 240 bash -c 'sleep 1000; echo "sleep returned"' 2>&1)
+rc=$?
+echo "$out"
+check "a hung command's status" "$rc" 124
+has "the watchdog's announcement" "$out" 'WATCHDOG: still running after 15 s'
+has "the hung process named" "$out" 'WATCHDOG: process [0-9]+: sleep 1000'
+has "the hung process's stack" "$out" '^#[0-9]+ .*nanosleep'
+has "the kill" "$out" 'WATCHDOG: killed'
+if grep -qx "sleep returned" <<<"$out"; then echo "FAIL: the command went on after the watchdog"; fail=1; fi
+
+out=$(RDMARPC_VM_BOOT_TIMEOUT=1 "$run" --timeout 120 bash -c 'echo "ran"' 2>&1)
+rc=$?
+echo "$out"
+check "status when the guest never boots" "$rc" 97
+has "the second boot" "$out" 'booting again, once'
+has "giving up" "$out" 'did not boot twice in a row'
+
+[ "$fail" = 0 ] && echo "PASS: exit status kept, hang shown and killed, stuck boot retried once"
+exit "$fail"
