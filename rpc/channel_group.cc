@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "transport/factory.h"
 
 namespace rdmarpc {
 
@@ -26,12 +27,20 @@ StatusOr<std::shared_ptr<Channel>> ChannelGroup::NewChannel(const std::string& a
   shared.timers = timers_;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    std::shared_ptr<transport::Transport>& t = transports_[addr->scheme];
+    auto kind = kinds_.find(addr->scheme);
+    if (kind == kinds_.end()) {
+      transport::TransportOptions named;
+      named.name = "channel group";
+      auto resolved = transport::ResolveScheme(addr->scheme, named, options_.transport);
+      if (!resolved.ok()) return resolved.status();
+      kind = kinds_.emplace(addr->scheme, *std::move(resolved)).first;
+    }
+    std::shared_ptr<transport::Transport>& t = transports_[kind->second];
     if (!t) {
-      auto made = Channel::MakeTransport(options_, addr->scheme,
-                                         absl::StrCat("channel group (", addr->scheme, ")"));
+      auto made = Channel::MakeTransport(options_, kind->second,
+                                         absl::StrCat("channel group (", kind->second, ")"));
       if (!made.ok()) {
-        transports_.erase(addr->scheme);
+        transports_.erase(kind->second);
         return made.status();
       }
       t = std::move(*made);

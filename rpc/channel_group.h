@@ -16,8 +16,9 @@
 // completion queue, a poller thread and an rdma_cm thread, then a timer
 // thread and its callback threads. Right for one server; for a client of a
 // hundred servers it is a hundred SRQs and five hundred threads. The
-// channels of a group share one transport per address scheme (over RDMA one
-// SRQ, CQ and poller per device, as a server's connections share its own),
+// channels of a group share one transport per kind (auto:// addresses share
+// the one of the kind they resolve to; over RDMA one SRQ, CQ and poller per
+// device, as a server's connections share its own),
 // so receive memory and threads stay flat as servers are added.
 //
 // Per channel still: its connection (made on the first call, made again
@@ -53,12 +54,13 @@ class ChannelGroup {
  public:
   // INVALID_ARGUMENT for options no channel could use (negative
   // callback_threads). The group's threads start here; transports are made
-  // on the first channel of each scheme.
+  // on the first channel of each kind.
   static StatusOr<std::shared_ptr<ChannelGroup>> Create(ChannelOptions options = {});
 
   // A channel to `address` ("rdma://host:port", "tcp://...", "auto://...")
   // with the group's options. INVALID_ARGUMENT for an address that does not
-  // parse; the errors of MakeTransport for the first channel of a scheme.
+  // parse; the errors of ResolveScheme and MakeTransport for the first
+  // channel of a kind.
   StatusOr<std::shared_ptr<Channel>> NewChannel(const std::string& address);
 
   const ChannelOptions& options() const { return options_; }
@@ -70,7 +72,10 @@ class ChannelGroup {
   const std::shared_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline
   const std::shared_ptr<internal::TimerQueue> timers_;
   std::mutex mu_;
-  std::map<std::string, std::shared_ptr<transport::Transport>> transports_;  // by scheme; mu_
+  // auto:// resolves once, to the kind tcp:// or rdma:// makes, and shares
+  // that transport (ResolveScheme).
+  std::map<std::string, std::string> kinds_;                                 // scheme's kind; mu_
+  std::map<std::string, std::shared_ptr<transport::Transport>> transports_;  // by kind; mu_
 };
 
 }  // namespace rdmarpc

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/sanitizers.h"
 #include "rpc/channel_group.h"
 #include "tests/echo_service.h"
@@ -113,7 +114,8 @@ TEST_F(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
 
 // The channels of a group to many servers share one SRQ and its receive
 // slots: eight of them register about what one lone channel does, where
-// eight lone channels would register eight times that.
+// eight lone channels would register eight times that. Half of them are
+// auto:// addresses, which resolve to RDMA here and share the same transport.
 TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();
   ASSERT_FALSE(ip.empty());
@@ -161,7 +163,10 @@ TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
   ASSERT_TRUE(group.ok());
   std::vector<std::shared_ptr<Channel>> channels;
   for (auto& ts : servers) {
-    auto ch = (*group)->NewChannel(ts->address);
+    const std::string address =
+        channels.size() % 2 ? absl::StrCat("auto", ts->address.substr(ts->address.find(':')))
+                            : ts->address;
+    auto ch = (*group)->NewChannel(address);
     ASSERT_TRUE(ch.ok()) << ch.status();
     call(**ch);
     channels.push_back(*ch);

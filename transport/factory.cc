@@ -10,35 +10,38 @@
 
 namespace rdmarpc::transport {
 
+absl::StatusOr<std::string> ResolveScheme(const std::string& scheme,
+                                          const TransportOptions& options,
+                                          const TransportTunables& tunables) {
+  if (scheme == "tcp" || scheme == "rdma") return scheme;
+  if (scheme != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("no transport for scheme '", scheme, "'"));
+  }
+  if (rdma::RdmaUsable()) return std::string("rdma");
+  const char* no_fallback = std::getenv("RDMARPC_NO_TCP_FALLBACK");
+  const bool env_forbids = no_fallback && strcmp(no_fallback, "1") == 0;
+  const std::string devices = rdma::DescribeDevices();
+  if (env_forbids || !tunables.tcp_fallback) {
+    return absl::UnavailableError(absl::StrCat(
+        "auto:// found no usable RDMA device (", devices, ") and ",
+        env_forbids ? "RDMARPC_NO_TCP_FALLBACK=1" : "TransportTunables::tcp_fallback = false",
+        " forbids falling back to TCP"));
+  }
+  fprintf(stderr, "rdmarpc[%s]: no usable RDMA device (%s); auto:// falls back to TCP\n",
+          options.name.c_str(), devices.c_str());
+  return std::string("tcp");
+}
+
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& scheme,
                                                          const TransportOptions& options,
                                                          const TransportTunables& tunables) {
-  auto rdma = [&] {
+  absl::StatusOr<std::string> kind = ResolveScheme(scheme, options, tunables);
+  if (!kind.ok()) return kind.status();
+  if (*kind == "rdma") {
     return std::unique_ptr<Transport>(new rdma::RdmaTransport(
         options, rdma::RdmaOptionsFromEnv(tunables.rdma), options.listening));
-  };
-  auto tcp = [&] {
-    return std::unique_ptr<Transport>(
-        new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));
-  };
-  if (scheme == "tcp") return tcp();
-  if (scheme == "rdma") return rdma();
-  if (scheme == "auto") {
-    if (rdma::RdmaUsable()) return rdma();
-    const char* no_fallback = std::getenv("RDMARPC_NO_TCP_FALLBACK");
-    const bool env_forbids = no_fallback && strcmp(no_fallback, "1") == 0;
-    const std::string devices = rdma::DescribeDevices();
-    if (env_forbids || !tunables.tcp_fallback) {
-      return absl::UnavailableError(absl::StrCat(
-          "auto:// found no usable RDMA device (", devices, ") and ",
-          env_forbids ? "RDMARPC_NO_TCP_FALLBACK=1" : "TransportTunables::tcp_fallback = false",
-          " forbids falling back to TCP"));
-    }
-    fprintf(stderr, "rdmarpc[%s]: no usable RDMA device (%s); auto:// falls back to TCP\n",
-            options.name.c_str(), devices.c_str());
-    return tcp();
   }
-  return absl::InvalidArgumentError(absl::StrCat("no transport for scheme '", scheme, "'"));
+  return std::unique_ptr<Transport>(new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));
 }
 
 }  // namespace rdmarpc::transport
