@@ -198,7 +198,7 @@ boot() {  # $1 = io dir, $2 = prefix for output lines, rest = extra qemu args
     -pidfile "$io.pid" "$@" < /dev/null 2>&1 | sed -u "s/\r//g; s/^/$prefix/"
 }
 
-# Kills every VM whose guest has not reached its command within boot_s.
+# Kills the VMs unless every guest reaches its command within boot_s.
 watch_boot() {
   local t io up
   for (( t = 0; t < boot_s; t++ )); do
@@ -222,7 +222,7 @@ wire() { echo "-netdev dgram,id=n0,local.type=unix,local.path=$run/sock$1,remote
 boot_all() {  # the command
   local elapsed=$(( $(date +%s) - start )) i io role pids=()
   watchdog_s=${RDMARPC_VM_WATCHDOG:-$(( limit_s - margin_s - elapsed > 1 ? limit_s - margin_s - elapsed : 1 ))}
-  rm -f "$run/boot_hung" "$run"/sock*
+  rm -f "$run/boot_hung" "$run"/sock* "$run"/*.pid
   for (( i = 0; i < vms; i++ )); do
     io=${ios[$i]}
     rm -rf "$io"; mkdir -p "$io"
