@@ -148,7 +148,9 @@ limit_s=$timeout_s
 [ -z "${TEST_TIMEOUT:-}" ] || [ "$TEST_TIMEOUT" -ge "$limit_s" ] || limit_s=$TEST_TIMEOUT
 margin_s=$(( limit_s / 4 > 60 ? limit_s / 4 : 60 ))
 # A guest that has not reached its command this long after qemu started is
-# stuck in boot (it takes ~6 s, ~20 s with two busy VMs): it is booted again, once.
+# stuck in boot (it takes ~6 s, ~20 s with two busy VMs): it is booted again,
+# once. Seen here: 1 boot in ~160 printed nothing at all, and a CI run failed
+# on it as a test timeout.
 boot_s=${RDMARPC_VM_BOOT_TIMEOUT:-120}
 
 # cmd.sh: the caller's environment, working directory and command, for bash.
