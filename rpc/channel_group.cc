@@ -29,9 +29,7 @@ StatusOr<std::shared_ptr<Channel>> ChannelGroup::NewChannel(const std::string& a
     std::lock_guard<std::mutex> lock(mu_);
     auto kind = kinds_.find(addr->scheme);
     if (kind == kinds_.end()) {
-      transport::TransportOptions named;
-      named.name = "channel group";
-      auto resolved = transport::ResolveScheme(addr->scheme, named, options_.transport);
+      auto resolved = transport::ResolveScheme(addr->scheme, "channel group", options_.transport);
       if (!resolved.ok()) return resolved.status();
       kind = kinds_.emplace(addr->scheme, *std::move(resolved)).first;
     }

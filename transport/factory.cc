@@ -10,8 +10,7 @@
 
 namespace rdmarpc::transport {
 
-absl::StatusOr<std::string> ResolveScheme(const std::string& scheme,
-                                          const TransportOptions& options,
+absl::StatusOr<std::string> ResolveScheme(const std::string& scheme, const std::string& who,
                                           const TransportTunables& tunables) {
   if (scheme == "tcp" || scheme == "rdma") return scheme;
   if (scheme != "auto") {
@@ -28,14 +27,14 @@ absl::StatusOr<std::string> ResolveScheme(const std::string& scheme,
         " forbids falling back to TCP"));
   }
   fprintf(stderr, "rdmarpc[%s]: no usable RDMA device (%s); auto:// falls back to TCP\n",
-          options.name.c_str(), devices.c_str());
+          who.c_str(), devices.c_str());
   return std::string("tcp");
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& scheme,
                                                          const TransportOptions& options,
                                                          const TransportTunables& tunables) {
-  absl::StatusOr<std::string> kind = ResolveScheme(scheme, options, tunables);
+  absl::StatusOr<std::string> kind = ResolveScheme(scheme, options.name, tunables);
   if (!kind.ok()) return kind.status();
   if (*kind == "rdma") {
     return std::unique_ptr<Transport>(new rdma::RdmaTransport(

@@ -42,11 +42,10 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(
 
 // The kind of transport MakeTransport(scheme) makes on this machine: "tcp"
 // or "rdma". For "auto" that is "rdma" where a device is usable, else "tcp"
-// with the log line (named after options.name), or UNAVAILABLE naming the
-// devices found when the fallback is off. Transports of one kind serve each
-// other's addresses, so a ChannelGroup keys its transports by this.
-absl::StatusOr<std::string> ResolveScheme(const std::string& scheme,
-                                          const TransportOptions& options,
+// with the log line (naming `who`), or UNAVAILABLE naming the devices found
+// when the fallback is off. Transports of one kind serve each other's
+// addresses, so a ChannelGroup keys its transports by this.
+absl::StatusOr<std::string> ResolveScheme(const std::string& scheme, const std::string& who,
                                           const TransportTunables& tunables = TransportTunables());
 
 }  // namespace rdmarpc::transport
