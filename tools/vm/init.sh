@@ -10,16 +10,22 @@ export PATH=/bin
 
 say() { echo "rdmavm-guest: $*" > /dev/console; }
 die() { say "SETUP FAILED: $*"; poweroff -f; sleep 10; }
+# Progress goes into the kernel's log, which the runner keeps aside and shows
+# when a boot gets stuck: the last step logged says where it stopped.
+step() { echo "rdmavm-init: $*" > /dev/kmsg; }
 
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+step "proc, sys and dev mounted"
 
 while read -r name args; do
   insmod "/modules/$name" $args 2>/dev/null || die "insmod $name"
 done < /modules/order
+step "modules loaded"
 
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 io /io || die "mount io share"
+step "io share mounted"
 . /io/vm.env
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,ro,cache=loose hostroot /lower \
   || die "mount host root"
@@ -31,6 +37,7 @@ for d in proc sys dev; do mount --bind "/$d" "/newroot/$d" || die "bind /$d"; do
 mount -t tmpfs tmpfs /newroot/tmp
 mkdir -p "/newroot$IO_HOST_PATH"
 mount --bind /io "/newroot$IO_HOST_PATH" || die "bind io"
+step "host root mounted under the overlay"
 
 # Runs in the host's root, for the host's iproute2 `rdma` (busybox has none).
 # Busybox's chroot runs its own applets first, so `ip` is busybox's.
@@ -49,11 +56,14 @@ host ip addr add "$SELF_IP/24" dev "$dev" || die "ip addr on $dev"
 echo 0 > "/proc/sys/net/ipv6/conf/$dev/accept_dad"
 host ip -6 addr add "$SELF_IP6/64" dev "$dev" || die "ip -6 addr on $dev"
 host ip link set "$dev" up || die "link up $dev"
+step "$dev up"
 host rdma link add rxe0 type rxe netdev "$dev" || die "rdma link add rxe0 on $dev"
 say "rxe0 on $dev ($SELF_IP, $SELF_IP6, mtu $MTU) ready"
+step "running the command"
 
 chroot /newroot /bin/bash "$IO_HOST_PATH/cmd.sh" > /dev/console 2>&1
 echo $? > /io/status
+step "the command ended"
 sync
 umount "/newroot$IO_HOST_PATH" 2>/dev/null
 umount /io 2>/dev/null

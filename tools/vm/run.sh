@@ -22,10 +22,15 @@
 #                      own writes go to a throw-away overlay and /tmp is its own)
 # In two-VM mode the same command runs in both VMs, joined by a virtual wire.
 #
-# A guest not booted within RDMARPC_VM_BOOT_TIMEOUT seconds (120) is booted
-# again, once. A command still running close to the time limit (--timeout, or
-# Bazel's TEST_TIMEOUT where smaller; RDMARPC_VM_WATCHDOG seconds of guest
-# uptime where set) has the stacks of its processes printed and is killed.
+# A guest not booted within RDMARPC_VM_BOOT_TIMEOUT seconds (120) has its
+# kernel's log and stacks printed and is booted again, once
+# (RDMARPC_VM_FAKE_STUCK_BOOT=1 makes every boot stick, for run_test.sh).
+# A command still running close to the time limit (--timeout, or Bazel's
+# TEST_TIMEOUT where smaller; RDMARPC_VM_WATCHDOG seconds of guest uptime
+# where set) has the stacks of its processes printed and is killed.
+# The guest kernel's messages are kept out of the command's output; when the
+# command fails, those logged while it ran are printed after it, and when a
+# guest gives no status at all, its log from /init on.
 #
 # Exit status: the command's (in two-VM mode the first non-zero of the two),
 # 124 when the watchdog killed it, or 97 when the VM gave no status (did not
@@ -186,18 +191,51 @@ write_cmd() {  # $1 = io dir, $2 = role, $3/$4 = self ip/ipv6, $5/$6 = peer ip/i
 # throwaway test machine.
 # The console goes through one unbuffered sed: when Bazel kills a test that
 # ran out of time, a pipe buffer (tr's was 4 KiB) would lose what the guest
-# printed last, which is what says where it stopped.
+# printed last, which is what says where it stopped. The kernel logs
+# everything (loglevel=7) and sed moves its lines (they open with a
+# "[seconds]" stamp) into $io.kernel, so a stuck boot can show how far it got
+# without every test's log carrying ~350 lines of boot.
+# The monitor's pipe lets watch_boot press SysRq on the guest's keyboard.
 boot() {  # $1 = io dir, $2 = prefix for output lines, rest = extra qemu args
   local io=$1 prefix=$2; shift 2
+  mkfifo "$io.mon.in" "$io.mon.out"
   timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
     -nodefaults -no-user-config -display none -no-reboot \
     -accel tcg,thread=multi -cpu max -m "${RDMARPC_VM_MEM:-2G}" -smp 2 \
     -kernel "$vm_dir/vmlinuz" -initrd "$vm_dir/initrd.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet loglevel=0 rdinit=/init clocksource=tsc tsc=reliable init_on_alloc=0" \
+    -append "console=ttyS0 panic=-1 loglevel=7 sysrq_always_enabled rdinit=/init clocksource=tsc tsc=reliable init_on_alloc=0" \
     -serial stdio \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$io,mount_tag=io,security_model=none" \
-    -pidfile "$io.pid" "$@" < /dev/null 2>&1 | sed -u "s/\r//g; s/^/$prefix/"
+    -monitor "pipe:$io.mon" -pidfile "$io.pid" "$@" < /dev/null 2>&1 \
+    | sed -u -e 's/\r//g' -e "/^\[ *[0-9]*\.[0-9]*\] /{w $io.kernel" -e 'd}' -e "s/^/$prefix/"
+}
+
+# A guest's kernel log from its /init on (where it got that far), or its end;
+# init's steps are in it ("rdmavm-init: ...").
+show_kernel_log() {  # $1 = io dir, $2 = what happened to the guest
+  local name
+  name=$(basename "$1")
+  if [ ! -s "$1.kernel" ]; then
+    echo "rdmavm: INFRA: guest $name $2; its kernel printed nothing: stuck in qemu or the firmware" >&2
+  elif grep -q 'Run /init as init process' "$1.kernel"; then
+    echo "rdmavm: INFRA: guest $name $2; its kernel's log from /init on:" >&2
+    sed -n '/Run \/init as init process/,$p' "$1.kernel" | tail -n 200 | sed 's/^/rdmavm-kernel: /' >&2
+  else
+    echo "rdmavm: INFRA: guest $name $2; its kernel's log did not reach /init, its end:" >&2
+    tail -n 80 "$1.kernel" | sed 's/^/rdmavm-kernel: /' >&2
+  fi
+}
+
+# What the guest's kernel logged while the command ran. rxe warns that its
+# dummy netdev has no link speed at every port query: not news, left out.
+show_command_kernel_log() {  # $1 = io dir
+  local lines
+  lines=$(sed -n '/rdmavm-init: running the command/,/rdmavm-init: the command ended/p' "$1.kernel" 2>/dev/null \
+    | grep -v -e 'rdmavm-init: ' -e 'speed is unknown, defaulting to' | tail -n 100)
+  [ -n "$lines" ] || return 0
+  echo "rdmavm: guest $(basename "$1")'s kernel logged while the command ran:" >&2
+  sed 's/^/rdmavm-kernel: /' <<<"$lines" >&2
 }
 
 # Kills the VMs unless every guest reaches its command within boot_s.
@@ -210,8 +248,17 @@ watch_boot() {
     sleep 1
   done
   : > "$run/boot_hung"
+  local stuck=()
   for io in "${ios[@]}"; do
-    [ -e "$io/ready" ] || echo "rdmavm: INFRA: guest $(basename "$io") not booted after ${boot_s} s (its console is above)" >&2
+    [ -e "$io/ready" ] && continue
+    stuck+=("$io")
+    echo "rdmavm: INFRA: guest $(basename "$io") not booted after ${boot_s} s; asking its kernel for stacks (SysRq w, l)" >&2
+    # Opened read-write, a FIFO never blocks, even where qemu is gone.
+    printf 'sendkey alt-sysrq-8\nsendkey alt-sysrq-w\nsendkey alt-sysrq-l\n' 1<> "$io.mon.in"
+  done
+  sleep 10
+  for io in "${stuck[@]}"; do show_kernel_log "$io" "is stuck in boot"; done
+  for io in "${ios[@]}"; do
     # qemu writes its pid file before the guest starts, but maybe after boot_s.
     t=0
     while [ ! -s "$io.pid" ] && [ "$t" -lt 50 ]; do sleep 0.2; t=$((t + 1)); done
@@ -220,22 +267,28 @@ watch_boot() {
 }
 wire() { echo "-netdev dgram,id=n0,local.type=unix,local.path=$run/sock$1,remote.type=unix,remote.path=$run/sock$2 -device virtio-net-pci,netdev=n0,mac=52:54:00:77:00:0$1"; }
 
+# vm.env: what init needs for its setup. init sources it before that setup, so
+# a guest told to sleep there is stuck in boot as far as the runner can tell.
+write_env() {  # $1 = io dir, $2 = netdev kind, $3/$4 = self ip/ipv6
+  printf 'NETDEV=%s\nSELF_IP=%s\nSELF_IP6=%s\nMTU=%s\nIO_HOST_PATH=%s\n' "$2" "$3" "$4" "$mtu" "$1" > "$1/vm.env"
+  [ "${RDMARPC_VM_FAKE_STUCK_BOOT:-}" != 1 ] || echo 'sleep 100000' >> "$1/vm.env"
+}
+
 # Writes each guest's files, boots the VMs and returns when they are all off.
 boot_all() {  # the command
   local elapsed=$(( $(date +%s) - start )) i io role pids=()
   watchdog_s=${RDMARPC_VM_WATCHDOG:-$(( limit_s - margin_s - elapsed > 1 ? limit_s - margin_s - elapsed : 1 ))}
-  rm -f "$run/boot_hung" "$run"/sock* "$run"/*.pid
+  rm -f "$run/boot_hung" "$run"/sock* "$run"/*.pid "$run"/*.mon.* "$run"/*.kernel
   for (( i = 0; i < vms; i++ )); do
     io=${ios[$i]}
     rm -rf "$io"; mkdir -p "$io"
     if [ "$vms" = 1 ]; then
-      printf 'NETDEV=dummy\nSELF_IP=10.77.0.1\nSELF_IP6=fd77::1\nMTU=%s\nIO_HOST_PATH=%s\n' "$mtu" "$io" > "$io/vm.env"
+      write_env "$io" dummy 10.77.0.1 fd77::1
       write_cmd "$io" single 10.77.0.1 fd77::1 "" "" "$@"
       boot "$io" "" &
     else
       role=$([ "$i" = 0 ] && echo server || echo client)
-      printf 'NETDEV=virtio\nSELF_IP=10.77.0.%d\nSELF_IP6=fd77::%d\nMTU=%s\nIO_HOST_PATH=%s\n' \
-        $((i + 1)) $((i + 1)) "$mtu" "$io" > "$io/vm.env"
+      write_env "$io" virtio "10.77.0.$((i + 1))" "fd77::$((i + 1))"
       write_cmd "$io" "$role" "10.77.0.$((i + 1))" "fd77::$((i + 1))" "10.77.0.$((2 - i))" "fd77::$((2 - i))" "$@"
       # shellcheck disable=SC2046
       boot "$io" "[$role] " $(wire "$i" $((1 - i))) &
@@ -268,9 +321,11 @@ fi
 rc=0
 for io in "${ios[@]}"; do
   if [ ! -f "$io/status" ]; then
+    show_kernel_log "$io" "gave no status"
     infra_fail "no status from guest $(basename "$io") after $(( $(date +%s) - start )) s (VM did not boot, setup failed, or timed out at ${timeout_s}s)"
   fi
   s=$(cat "$io/status")
+  [ "$s" = 0 ] || show_command_kernel_log "$io"
   [ "$rc" != 0 ] || rc=$s
 done
 if [ -n "${XML_OUTPUT_FILE:-}" ] && [ -f "${ios[0]}/test.xml" ]; then

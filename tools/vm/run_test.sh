@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The VM runner's promises (tools/vm/run.sh, header): the command's exit
-# status comes back; a command that hangs is shown (its processes' stacks)
-# and killed before the time limit, with status 124; a guest that does not
-# boot in time is booted again once, then the runner gives up with 97.
+# status comes back, and when it fails, what the guest's kernel logged while
+# it ran (but not the boot's messages); a command that hangs is shown (its
+# processes' stacks) and killed before the time limit, with status 124; a
+# guest that does not boot in time has its kernel's log and stacks shown and
+# is booted again once, then the runner gives up with 97.
 # Boots three Soft-RoCE VMs; needs the image (make test prepares it).
 set -uo pipefail
 run=$1
@@ -14,9 +16,12 @@ has() {  # what, output, pattern
   if ! grep -qE -- "$3" <<<"$2"; then echo "FAIL: $1: no line matching /$3/"; fail=1; fi
 }
 
-out=$("$run" --timeout 120 bash -c 'echo "in the guest as $RDMARPC_VM_ROLE"; exit 3' 2>&1)
+out=$("$run" --timeout 120 bash -c 'echo "in the guest as $RDMARPC_VM_ROLE"
+  echo "run_test: logged by the kernel" > /dev/kmsg; exit 3' 2>&1)
 check "a command's exit status" $? 3
 has "the command's output" "$out" '^in the guest as single$'
+has "the kernel's message, after a failure" "$out" '^rdmavm-kernel: \[ *[0-9.]+\] run_test: logged by the kernel$'
+if grep -q 'Linux version' <<<"$out"; then echo "FAIL: the boot's kernel messages are in the output"; fail=1; fi
 
 out=$(RDMARPC_VM_WATCHDOG=15 "$run" --timeout 240 bash -c 'sleep 1000; echo "sleep returned"' 2>&1)
 rc=$?
@@ -28,12 +33,16 @@ has "the hung process's stack" "$out" '^#[0-9]+ .*nanosleep'
 has "the kill" "$out" 'WATCHDOG: killed'
 if grep -qx "sleep returned" <<<"$out"; then echo "FAIL: the command went on after the watchdog"; fail=1; fi
 
-out=$(RDMARPC_VM_BOOT_TIMEOUT=1 "$run" --timeout 120 bash -c 'echo "ran"' 2>&1)
+out=$(RDMARPC_VM_FAKE_STUCK_BOOT=1 RDMARPC_VM_BOOT_TIMEOUT=25 "$run" --timeout 200 bash -c 'echo "ran"' 2>&1)
 rc=$?
 echo "$out"
 check "status when the guest never boots" "$rc" 97
+has "the stuck boot's kernel log" "$out" 'guest vm0 is stuck in boot; its kernel.s log from /init on'
+has "init's last step in it" "$out" '^rdmavm-kernel: .*rdmavm-init: io share mounted$'
+has "the kernel's stacks" "$out" '^rdmavm-kernel: .*NMI backtrace for cpu'
 has "the second boot" "$out" 'booting again, once'
 has "giving up" "$out" 'did not boot twice in a row'
+if grep -q 'rdmavm-init: running the command' <<<"$out"; then echo "FAIL: a stuck guest ran its command"; fail=1; fi
 
-[ "$fail" = 0 ] && echo "PASS: exit status kept, hang shown and killed, stuck boot retried once"
+[ "$fail" = 0 ] && echo "PASS: exit status and kernel messages kept, hang shown and killed, stuck boot shown and retried once"
 exit "$fail"
