@@ -296,7 +296,7 @@ void DeviceEvents::Handle(ibv_context* verbs, const ibv_async_event& event) {
       const absl::Status why = absl::UnavailableError(absl::StrCat(
           device.name, " reported ", name,
           type == IBV_EVENT_CQ_ERR
-              ? ": the completion queue that all connections of this transport share failed "
+              ? ": a completion queue that connections of this transport share failed "
                 "(overrun or a device error), so they all end"
           : type == IBV_EVENT_SRQ_ERR
               ? ": the shared receive queue that all connections of this transport share "
@@ -307,7 +307,7 @@ void DeviceEvents::Handle(ibv_context* verbs, const ibv_async_event& event) {
       fprintf(stderr, "rdmarpc: %s\n", std::string(why.message()).c_str());
       for (Endpoint* ep : device.endpoints) {
         if (type == IBV_EVENT_DEVICE_FATAL ||
-            (type == IBV_EVENT_CQ_ERR && ep->cq() == event.element.cq) ||
+            (type == IBV_EVENT_CQ_ERR && ep->HasCq(event.element.cq)) ||
             (type == IBV_EVENT_SRQ_ERR && ep->srq() == event.element.srq)) {
           ep->FailAll(why);
         }

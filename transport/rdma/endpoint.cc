@@ -108,21 +108,20 @@ absl::Status Endpoint::Init() {
   fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
   const size_t device_max = static_cast<size_t>(std::max(device_attr_.max_cqe, 1));
   cq_bound_ = options_.max_cq_entries ? std::min(options_.max_cq_entries, device_max) : device_max;
-  const size_t srq_room = std::min<size_t>(target_, device_attr_.max_srq_wr);
-  if (srq_room > cq_bound_) {
+  srq_room_ = std::min<size_t>(target_, device_attr_.max_srq_wr);
+  if (srq_room_ > cq_bound_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the completion queue on ", device_name_, " may hold ", cq_bound_,
-        " entries, fewer than the ", srq_room,
+        " entries, fewer than the ", srq_room_,
         " receives kept posted: raise RdmaOptions::max_cq_entries or lower the receive slots"));
   }
-  const size_t initial = std::clamp(options_.cq_entries, srq_room, cq_bound_);
-  if (!(cq_ = ibv_create_cq(verbs_, static_cast<int>(initial), nullptr, channel_, 0))) {
-    return Errno("ibv_create_cq", device_name_);
+  cq_initial_ = std::clamp(options_.cq_entries, srq_room_, cq_bound_);
+  {
+    std::lock_guard<std::mutex> lock(cq_mu_);
+    if (absl::Status s = OpenCompletionQueue(cq_initial_); !s.ok()) return s;
   }
-  cq_entries_ = static_cast<size_t>(cq_->cqe);
-  cq_reserved_ = srq_room;
   ibv_srq_init_attr sa{};
-  sa.attr.max_wr = static_cast<uint32_t>(srq_room);
+  sa.attr.max_wr = static_cast<uint32_t>(srq_room_);
   sa.attr.max_sge = 1;
   if (!(srq_ = ibv_create_srq(pd_, &sa))) return Errno("ibv_create_srq", device_name_);
   const bool device_windows = device_attr_.device_cap_flags &
@@ -169,7 +168,7 @@ Endpoint::~Endpoint() {
   for (const BlockStock* stock : {&small_, &send_}) {
     for (size_t i = 0; i < stock->region_count.load(); ++i) FreeRegion(stock->regions[i]);
   }
-  if (cq_) ibv_destroy_cq(cq_);
+  for (size_t i = 0; i < cq_count_.load(); ++i) ibv_destroy_cq(cqs_[i].cq);
   if (channel_) ibv_destroy_comp_channel(channel_);
   if (pd_) ibv_dealloc_pd(pd_);
   if (wake_fd_ >= 0) close(wake_fd_);
@@ -177,45 +176,118 @@ Endpoint::~Endpoint() {
 
 size_t Endpoint::receive_bytes() const { return slot_count_.load() * options_.slot_size; }
 
-absl::Status Endpoint::ReserveCompletions(uint32_t entries) {
-  std::lock_guard<std::mutex> lock(cq_mu_);
-  if (!failed_.ok()) return failed_;
-  const size_t needed = cq_reserved_ + entries;
-  if (needed > cq_entries_) {
-    const auto full = [&](const std::string& why) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "completion queue on ", device_name_, " full: ", why,
-          "; lower RdmaOptions::send_slots or raise max_cq_entries, or spread connections over "
-          "more transports (",
-          cq_reserved_, " of ", cq_entries_, " entries reserved, ", entries, " more needed)"));
-    };
-    if (needed > cq_bound_) {
-      return full(absl::StrCat("its bound is ", cq_bound_,
-                               options_.max_cq_entries ? " (RdmaOptions::max_cq_entries)"
-                                                       : " (the device's max_cqe)"));
-    }
-    // Doubling, so that a server taking connections one by one resizes
-    // rarely; each resize copies the queue.
-    const size_t grown = std::min(cq_bound_, std::max(needed, 2 * cq_entries_));
-    if (ibv_resize_cq(cq_, static_cast<int>(grown)) != 0) {
-      return full(absl::StrCat("ibv_resize_cq to ", grown, " entries failed: ", strerror(errno)));
-    }
-    fprintf(stderr, "rdmarpc[%s]: completion queue on %s grown from %zu to %d entries\n",
-            owner_.c_str(), device_name_.c_str(), cq_entries_, cq_->cqe);
-    cq_entries_ = static_cast<size_t>(cq_->cqe);
-  }
-  cq_reserved_ = needed;
+absl::Status Endpoint::OpenCompletionQueue(size_t entries) {
+  const size_t i = cq_count_.load(std::memory_order_relaxed);
+  ibv_cq* cq = ibv_create_cq(verbs_, static_cast<int>(entries), nullptr, channel_, 0);
+  if (!cq) return Errno("ibv_create_cq", device_name_);
+  // Armed at once: the poller may be asleep on the channel, having armed
+  // only the CQs it knew of.
+  ibv_req_notify_cq(cq, 0);
+  cqs_[i].cq = cq;
+  cqs_[i].entries = static_cast<size_t>(cq->cqe);
+  cqs_[i].reserved = srq_room_;
+  cqs_[i].returning = 0;
+  cq_count_.store(i + 1, std::memory_order_release);
   return absl::OkStatus();
 }
 
-void Endpoint::ReturnCompletions(uint32_t entries) {
+Endpoint::CompletionQueue& Endpoint::QueueOf(const ibv_cq* cq) {
+  const size_t count = cq_count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < count; ++i) {
+    if (cqs_[i].cq == cq) return cqs_[i];
+  }
+  fprintf(stderr, "rdmarpc[%s]: room returned to a completion queue %s never opened\n",
+          owner_.c_str(), device_name_.c_str());
+  abort();
+}
+
+bool Endpoint::HasCq(const ibv_cq* cq) const {
+  const size_t count = cq_count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < count; ++i) {
+    if (cqs_[i].cq == cq) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<ibv_cq*> Endpoint::ReserveCompletions(uint32_t entries) {
   std::lock_guard<std::mutex> lock(cq_mu_);
-  cq_reserved_ -= entries;
+  if (!failed_.ok()) return failed_;
+  const size_t count = cq_count_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < count; ++i) {
+    if (cqs_[i].reserved + entries <= cqs_[i].entries) {
+      cqs_[i].reserved += entries;
+      return cqs_[i].cq;
+    }
+  }
+  const auto full = [&](const std::string& why) {
+    size_t reserved = 0, total = 0;
+    for (size_t i = 0; i < count; ++i) {
+      reserved += cqs_[i].reserved;
+      total += cqs_[i].entries;
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "completion queue on ", device_name_, " full: ", why,
+        "; lower RdmaOptions::send_slots, raise max_cq_entries or max_completion_queues, or "
+        "spread connections over more transports (",
+        reserved, " of ", total, " entries reserved on ", count, " completion queue",
+        count == 1 ? "" : "s", ", ", entries, " more needed)"));
+  };
+  for (size_t i = 0; i < count; ++i) {
+    CompletionQueue& q = cqs_[i];
+    const size_t needed = q.reserved + entries;
+    if (needed > cq_bound_) continue;
+    // Doubling, so that a server taking connections one by one resizes
+    // rarely; each resize copies the queue.
+    const size_t grown = std::min(cq_bound_, std::max(needed, 2 * q.entries));
+    if (ibv_resize_cq(q.cq, static_cast<int>(grown)) != 0) {
+      return full(absl::StrCat("ibv_resize_cq to ", grown, " entries failed: ", strerror(errno)));
+    }
+    fprintf(stderr, "rdmarpc[%s]: completion queue %zu on %s grown from %zu to %d entries\n",
+            owner_.c_str(), i + 1, device_name_.c_str(), q.entries, q.cq->cqe);
+    q.entries = static_cast<size_t>(q.cq->cqe);
+    q.reserved = needed;
+    return q.cq;
+  }
+  // The reason leads with the bounds: a client sees only the first ~130
+  // characters of it (rdma_cm's reject carries it in its private data).
+  const std::string bound = absl::StrCat(
+      cq_bound_, options_.max_cq_entries ? " (max_cq_entries)" : " (the device's max_cqe)");
+  if (srq_room_ + entries > cq_bound_) {
+    return full(absl::StrCat("its bound of ", bound, " is too small for one connection"));
+  }
+  if (count == options_.max_completion_queues) {
+    return full(absl::StrCat(count, " open (max_completion_queues), each at its bound of ", bound));
+  }
+  if (absl::Status s = OpenCompletionQueue(std::max(cq_initial_, srq_room_ + entries)); !s.ok()) {
+    return full(std::string(s.message()));
+  }
+  CompletionQueue& q = cqs_[count];
+  fprintf(stderr,
+          "rdmarpc[%s]: completion queue %zu opened on %s (%zu entries): the %zu before it are "
+          "at their bound of %s\n",
+          owner_.c_str(), count + 1, device_name_.c_str(), q.entries, count, bound.c_str());
+  q.reserved += entries;
+  return q.cq;
+}
+
+void Endpoint::ReturnCompletions(ibv_cq* cq, uint32_t entries) {
+  std::lock_guard<std::mutex> lock(cq_mu_);
+  QueueOf(cq).reserved -= entries;
+}
+
+void Endpoint::ReturnCompletionsAfterPoll(ibv_cq* cq, uint32_t entries) {
+  QueueOf(cq).returning += entries;
 }
 
 Endpoint::CompletionQueueUse Endpoint::completion_queue_use() const {
   std::lock_guard<std::mutex> lock(cq_mu_);
-  return {cq_entries_, cq_reserved_};
+  CompletionQueueUse use;
+  use.queues = cq_count_.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < use.queues; ++i) {
+    use.entries += cqs_[i].entries;
+    use.reserved += cqs_[i].reserved;
+  }
+  return use;
 }
 
 absl::StatusOr<Endpoint::Region> Endpoint::NewRegion(size_t bytes, int access,
@@ -554,13 +626,19 @@ void Endpoint::ReleaseIo() { io_thread_.store(std::thread::id(), std::memory_ord
 bool Endpoint::PollOnce(int* completions) {
   RDMARPC_STAGE(kPoll);
   ibv_wc wcs[kPollBatch];
-  const int n = ibv_poll_cq(cq_, kPollBatch, wcs);
-  if (completions != nullptr) *completions = std::max(n, 0);
-  for (int i = 0; i < n; ++i) HandleCompletion(wcs[i]);
-  if (completions_returning_ != 0 && n < kPollBatch) {
-    ReturnCompletions(static_cast<uint32_t>(completions_returning_));
-    completions_returning_ = 0;
+  int found = 0;
+  const size_t queues = cq_count_.load(std::memory_order_acquire);
+  for (size_t q = 0; q < queues; ++q) {
+    CompletionQueue& cq = cqs_[q];
+    const int n = ibv_poll_cq(cq.cq, kPollBatch, wcs);
+    for (int i = 0; i < n; ++i) HandleCompletion(wcs[i]);
+    found += std::max(n, 0);
+    if (cq.returning != 0 && n < kPollBatch) {
+      ReturnCompletions(cq.cq, static_cast<uint32_t>(cq.returning));
+      cq.returning = 0;
+    }
   }
+  if (completions != nullptr) *completions = found;
   std::vector<std::function<void()>> tasks;
   if (has_tasks_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(tasks_mu_);
@@ -580,7 +658,7 @@ bool Endpoint::PollOnce(int* completions) {
       ++i;
     }
   }
-  return n > 0 || !tasks.empty();
+  return found > 0 || !tasks.empty();
 }
 
 void Endpoint::SweepIfDue() {
@@ -696,7 +774,8 @@ void Endpoint::PollLoop() {
     }
     // Sleep: arm, re-poll to close the race, then wait for an event or a wake.
     if (!TryOwnIo()) continue;
-    ibv_req_notify_cq(cq_, 0);
+    const size_t queues = cq_count_.load(std::memory_order_acquire);
+    for (size_t q = 0; q < queues; ++q) ibv_req_notify_cq(cqs_[q].cq, 0);
     const bool raced = PollOnce();
     SweepIfDue();
     ReleaseIo();

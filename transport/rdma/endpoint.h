@@ -1,5 +1,5 @@
 // Endpoint: what one RdmaTransport shares across all its connections on one
-// device: the protection domain, one completion queue, one Shared Receive
+// device: the protection domain, its completion queues, one Shared Receive
 // Queue with its receive slots, the registered payload pool, and the poller
 // thread that drives them.
 //
@@ -43,18 +43,22 @@
 // the poller; the last loan frees the verbs resources, on whichever thread
 // releases it.
 //
-// Completion-queue capacity: the one CQ takes the completions of the SRQ and
-// of every QP's send queue. A CQ that overflows goes into error on hardware,
-// and every connection of the endpoint with it (rxe reports the CQ in error
-// and drops the completion), so room is reserved before it can be needed:
-// the receives the SRQ keeps posted, and per QP its send queue's depth (a
-// work request completes at most once; a flushed one always does, signaled
-// or not).
-// When a new QP does not fit, the CQ grows (ibv_resize_cq) up to
-// RdmaOptions::max_cq_entries or the device's max_cqe; past that the QP is
-// refused with RESOURCE_EXHAUSTED, and the connection with it, while the
-// others go on. A destroyed QP's room comes back only once a poll has found
-// the CQ empty: its last completions may still be queued behind others.
+// Completion-queue capacity: a CQ takes the completions of its QPs' send
+// queues and of the SRQ receives that arrive through them. A CQ that
+// overflows goes into error on hardware, and every connection of the
+// endpoint with it (rxe reports the CQ in error and drops the completion),
+// so room is reserved before it can be needed: the receives the SRQ keeps
+// posted (any of them may complete on any CQ), and per QP its send queue's
+// depth (a work request completes at most once; a flushed one always does,
+// signaled or not).
+// A new QP goes to the first CQ with room. When none has any, one grows
+// (ibv_resize_cq) up to RdmaOptions::max_cq_entries or the device's max_cqe;
+// when none can grow, a new CQ is opened, up to max_completion_queues; past
+// that the QP is refused with RESOURCE_EXHAUSTED, and the connection with
+// it, while the others go on. Most endpoints never open a second CQ: on a
+// NIC the first holds millions of entries. A destroyed QP's room comes back
+// only once a poll has found its CQ empty: its last completions may still
+// be queued behind others.
 //
 // Work-request ids: RECV wr_id is the slot index; every other wr_id is
 // (connection serial << 32 | per-connection index), looked up in a map, so a
@@ -64,6 +68,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -115,7 +120,9 @@ class Endpoint {
 
   ibv_context* verbs() const { return verbs_; }
   ibv_pd* pd() const { return pd_; }
-  ibv_cq* cq() const { return cq_; }
+  // The first completion queue; connections may be on others (HasCq).
+  ibv_cq* cq() const { return cqs_[0].cq; }
+  bool HasCq(const ibv_cq* cq) const;
   ibv_srq* srq() const { return srq_; }
   RegisteredPool& pool() { return *pool_; }
   const RdmaOptions& options() const { return options_; }
@@ -125,20 +132,22 @@ class Endpoint {
   // Bytes registered for receive slots: flat in the number of connections.
   size_t receive_bytes() const;
 
-  // Room on the CQ for `entries` more completions (a QP's send queue depth),
-  // growing the CQ if it must; RESOURCE_EXHAUSTED naming the device, the
-  // bound and what to try when it cannot, and FailAll's status once that ran.
+  // Room for `entries` more completions (a QP's send queue depth) on a CQ,
+  // which the QP is then created on: the first with room, grown or newly
+  // opened if it must be; RESOURCE_EXHAUSTED naming the device, the bounds
+  // and what to try when none can be, and FailAll's status once that ran.
   // Any thread.
-  absl::Status ReserveCompletions(uint32_t entries);
-  // Gives room back at once: its QP is gone and never had work posted. Any
-  // thread.
-  void ReturnCompletions(uint32_t entries);
-  // Gives room back after the next poll that empties the CQ: its QP is gone,
-  // and completions of it may still be queued. I/O context only.
-  void ReturnCompletionsAfterPoll(uint32_t entries) { completions_returning_ += entries; }
+  absl::StatusOr<ibv_cq*> ReserveCompletions(uint32_t entries);
+  // Gives room on `cq` back at once: its QP is gone and never had work
+  // posted. Any thread.
+  void ReturnCompletions(ibv_cq* cq, uint32_t entries);
+  // Gives room on `cq` back after the next poll that empties it: its QP is
+  // gone, and completions of it may still be queued. I/O context only.
+  void ReturnCompletionsAfterPoll(ibv_cq* cq, uint32_t entries);
   struct CompletionQueueUse {
-    size_t entries = 0;   // the CQ's size, as the device made it
-    size_t reserved = 0;  // room promised to the SRQ and the QPs
+    size_t queues = 0;    // CQs open
+    size_t entries = 0;   // their sizes, as the device made them, summed
+    size_t reserved = 0;  // room promised to the SRQ (on each) and the QPs
   };
   CompletionQueueUse completion_queue_use() const;
 
@@ -243,14 +252,24 @@ class Endpoint {
   ibv_device_attr device_attr_{};
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* channel_ = nullptr;
-  ibv_cq* cq_ = nullptr;
-  // cq_'s entries and the room reserved on it; resizing holds cq_mu_.
+  struct CompletionQueue {
+    ibv_cq* cq = nullptr;
+    size_t entries = 0;    // cq_mu_
+    size_t reserved = 0;   // cq_mu_
+    size_t returning = 0;  // poller only: given back at the next poll that empties it
+  };
+  // Opens cqs_[cq_count_] with `entries` and publishes it. Holds cq_mu_.
+  absl::Status OpenCompletionQueue(size_t entries);
+  CompletionQueue& QueueOf(const ibv_cq* cq);
+  // Written under cq_mu_, a slot before cq_count_ (release) counts it, so
+  // the poller reads cqs_[0, cq_count_) without the lock.
+  std::array<CompletionQueue, kMaxCompletionQueues> cqs_;
+  std::atomic<size_t> cq_count_{0};
   mutable std::mutex cq_mu_;
-  size_t cq_entries_ = 0;
-  size_t cq_reserved_ = 0;
-  size_t cq_bound_ = 0;               // max_cq_entries, or the device's max_cqe
-  size_t completions_returning_ = 0;  // poller: given back at the next empty poll
-  absl::Status failed_;               // cq_mu_; FailAll's reason
+  size_t cq_bound_ = 0;    // max_cq_entries, or the device's max_cqe
+  size_t cq_initial_ = 0;  // what each CQ begins with
+  size_t srq_room_ = 0;    // reserved on each CQ for the SRQ's receives
+  absl::Status failed_;    // cq_mu_; FailAll's reason
   ibv_srq* srq_ = nullptr;
   std::unique_ptr<RegisteredPool> pool_;
   int wake_fd_ = -1;

@@ -75,9 +75,9 @@ void RdmaConnection::DestroyQp(bool used) {
   if (!id_ || !id_->qp) return;
   rdma_destroy_qp(id_);
   if (used) {
-    endpoint_->ReturnCompletionsAfterPoll(sq_depth_);
+    endpoint_->ReturnCompletionsAfterPoll(cq_, sq_depth_);
   } else {
-    endpoint_->ReturnCompletions(sq_depth_);
+    endpoint_->ReturnCompletions(cq_, sq_depth_);
   }
 }
 
@@ -107,20 +107,22 @@ absl::Status RdmaConnection::CreateQp() {
   const RdmaOptions& o = endpoint_->options();
   const int max_wr = endpoint_->device_attr().max_qp_wr;
   sq_depth_ = std::min<uint32_t>(SendQueueDepth(o, rd_atom_), max_wr);
+  // Every work request the send queue holds may complete (when flushed, even
+  // an unsignaled one), so that much room on a shared CQ comes first.
+  absl::StatusOr<ibv_cq*> cq = endpoint_->ReserveCompletions(sq_depth_);
+  if (!cq.ok()) return cq.status();
+  cq_ = *cq;
   ibv_qp_init_attr a{};
-  a.send_cq = endpoint_->cq();
-  a.recv_cq = endpoint_->cq();
+  a.send_cq = cq_;
+  a.recv_cq = cq_;
   a.srq = endpoint_->srq();
   a.qp_type = IBV_QPT_RC;
   a.sq_sig_all = 0;
   a.cap.max_send_wr = sq_depth_;
   a.cap.max_send_sge = 2;  // header, payload
   a.cap.max_inline_data = 256;
-  // Every work request the send queue holds may complete (when flushed, even
-  // an unsignaled one), so that much room on the shared CQ comes first.
-  if (absl::Status s = endpoint_->ReserveCompletions(sq_depth_); !s.ok()) return s;
   const auto failed = [&](int err) {
-    endpoint_->ReturnCompletions(sq_depth_);
+    endpoint_->ReturnCompletions(cq_, sq_depth_);
     return absl::ErrnoToStatus(
         err, absl::StrCat("rdma_create_qp on ", endpoint_->device_name(), " for ", peer_));
   };

@@ -431,6 +431,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t sq_used_ = 0;               // guarded by mu_
   uint32_t signaled_outstanding_ = 0;  // guarded by mu_
   uint32_t sq_depth_ = 0;
+  // The endpoint's CQ this QP is on; its room there is sq_depth_.
+  ibv_cq* cq_ = nullptr;
   uint64_t next_token_ = 1;                               // guarded by mu_
   const absl::Duration release_timeout_;                  // ours; zero: none
   absl::Time next_release_due_ = absl::InfiniteFuture();  // earliest release_by; mu_

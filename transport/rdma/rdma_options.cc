@@ -81,6 +81,10 @@ absl::Status CheckRdmaOptions(const RdmaOptions& o) {
   if (o.credits == 0) {
     return bad("credits", " (RDMARPC_RDMA_CREDITS)", 0, "a peer could never send anything");
   }
+  if (o.max_completion_queues == 0 || o.max_completion_queues > kMaxCompletionQueues) {
+    return bad("max_completion_queues", "", o.max_completion_queues,
+               absl::StrCat("it must be from 1 to ", kMaxCompletionQueues, " (default 8)"));
+  }
   if (o.gid_index < -1) {
     return bad("gid_index", " (RDMARPC_RDMA_GID_INDEX)", o.gid_index,
                "a GID table index is from 0, and -1 lets rdma_cm choose");

@@ -66,19 +66,26 @@ struct RdmaOptions {
   // slots target + max_held_slots, small payload blocks and send slots
   // Endpoint::kMaxSmallBlocks and kMaxSendBlocks.
   size_t max_registered_bytes = size_t{1} << 30;
-  // Entries of the transport's completion queue (one per device, shared by
-  // the SRQ's receives and every connection's send queue) to begin with, and
-  // their bound (0: the device's max_cqe). Each connection holds room for
-  // its whole send queue (SendQueueDepth); the CQ grows as they need, and a
-  // connection past the bound is refused (endpoint.h, "Completion-queue
-  // capacity"). cq_entries 0 sizes it by role (InitialCqEntries): a
-  // listening transport, which expects many peers, begins at
-  // kListeningCqEntries; a connecting one at room for its receives and two
-  // connections. The kernel keeps the entries: devices round the size up to
-  // a power of two, and Soft-RoCE takes 128 bytes an entry, so 16384 asked
-  // is 4 MiB (32 KiB per 256).
+  // Entries of a completion queue of the transport (shared by the SRQ's
+  // receives and the send queues of the connections on it) to begin with,
+  // and their bound (0: the device's max_cqe). Each connection holds room
+  // for its whole send queue (SendQueueDepth); a CQ grows as they need, a
+  // connection that no CQ can grow to fit gets a new CQ, up to
+  // max_completion_queues, and past those it is refused (endpoint.h,
+  // "Completion-queue capacity"). cq_entries 0 sizes it by role
+  // (InitialCqEntries): a listening transport, which expects many peers,
+  // begins at kListeningCqEntries; a connecting one at room for its receives
+  // and two connections. The kernel keeps the entries: devices round the
+  // size up to a power of two, and Soft-RoCE takes 128 bytes an entry, so
+  // 16384 asked is 4 MiB (32 KiB per 256).
   size_t cq_entries = 0;
   size_t max_cq_entries = 0;
+  // Completion queues one device's endpoint may open, from 1 to
+  // kMaxCompletionQueues. A further one is opened only when the others are
+  // at max_cq_entries: on Soft-RoCE (max_cqe 32767) one holds ~335
+  // connections with the default send queue; on a NIC with millions of
+  // entries one is all there is. The poller polls each in turn.
+  uint32_t max_completion_queues = 8;
   // How long a response payload stays exposed to the client's READ (from the
   // moment its SEND is queued) when the client sends no release: then the
   // memory window is revoked and the block reused, and a READ after that
@@ -158,6 +165,10 @@ inline constexpr uint64_t kSlowestReadBytesPerSecond = uint64_t{4} << 20;
 // Where a listening transport's completion queue begins (cq_entries 0).
 inline constexpr size_t kListeningCqEntries = 16384;
 
+// The most completion queues an endpoint may open (max_completion_queues):
+// their handles sit in a fixed array that the poller reads without a lock.
+inline constexpr uint32_t kMaxCompletionQueues = 64;
+
 // Send-queue entries of one connection taking `reads` READs in flight,
 // before the device's max_qp_wr caps them: one per send slot and per READ,
 // and 16 more.
@@ -184,8 +195,9 @@ inline constexpr size_t kMinSlotSize = kHeaderSize + 64;
 
 // OK, or INVALID_ARGUMENT naming the first option (and its environment
 // variable) that cannot work: a slot below kMinSlotSize or beyond what the
-// handshake can carry, no receive or send slots, no credits, a GID index
-// below -1. Listen and Connect check this first, device or not.
+// handshake can carry, no receive or send slots, no credits, no completion
+// queue or more than kMaxCompletionQueues, a GID index below -1. Listen and
+// Connect check this first, device or not.
 absl::Status CheckRdmaOptions(const RdmaOptions& options);
 
 // The QP ACK timeout exponent (4.096 us x 2^e per try) that keeps

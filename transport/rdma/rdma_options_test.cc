@@ -82,6 +82,10 @@ TEST(CheckRdmaOptions, AcceptsTheDefaultsAndTheSmallestSlot) {
   RdmaOptions o;
   o.slot_size = kMinSlotSize;
   EXPECT_TRUE(CheckRdmaOptions(o).ok());
+  for (uint32_t queues : {1u, kMaxCompletionQueues}) {
+    o.max_completion_queues = queues;
+    EXPECT_TRUE(CheckRdmaOptions(o).ok()) << queues << " completion queues";
+  }
 }
 
 TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
@@ -99,6 +103,9 @@ TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
        "max_held_slots"},
       {[](RdmaOptions& o) { o.send_slots = 0; }, "send_slots"},
       {[](RdmaOptions& o) { o.credits = 0; }, "credits"},
+      {[](RdmaOptions& o) { o.max_completion_queues = 0; }, "max_completion_queues"},
+      {[](RdmaOptions& o) { o.max_completion_queues = kMaxCompletionQueues + 1; },
+       "max_completion_queues"},
       {[](RdmaOptions& o) { o.gid_index = -2; }, "gid_index"},
   };
   for (const Case& c : cases) {

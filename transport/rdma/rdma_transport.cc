@@ -137,6 +137,7 @@ Endpoint::CompletionQueueUse RdmaTransport::completion_queue_use() const {
   Endpoint::CompletionQueueUse total;
   for (const auto& [ctx, ep] : endpoints_) {
     const Endpoint::CompletionQueueUse use = ep->completion_queue_use();
+    total.queues += use.queues;
     total.entries += use.entries;
     total.reserved += use.reserved;
   }

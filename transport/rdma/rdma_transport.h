@@ -53,8 +53,8 @@ class RdmaTransport : public Transport {
   // Receive memory registered by this transport (all devices): stays flat as
   // connections come and go.
   size_t receive_bytes() const;
-  // Its completion queues (all devices): their entries, and the room reserved
-  // on them for receives and connections' send queues.
+  // Its completion queues (all devices): how many, their entries, and the
+  // room reserved on them for receives and connections' send queues.
   Endpoint::CompletionQueueUse completion_queue_use() const;
 
  private:

@@ -518,21 +518,14 @@ TEST(RdmaTransport, TwoHundredConnectionsShareOneSrq) {
   for (auto& c : conns) c->Close();
 }
 
-// On hardware a completion queue that overflows goes into error, and every
-// connection of its endpoint with it. So a connection is admitted only with
-// room for its whole send queue (a flushed work request completes even
-// unsignaled); past RdmaOptions::max_cq_entries one more is refused, naming
-// the bound, the others are served on, and a closed connection's room comes
-// back.
-TEST(RdmaTransport, ConnectionsPastTheCompletionQueueBoundAreRefused) {
-  Fixture fx;
-  RdmaOptions bounded;
-  bounded.server_receive_slots = 64;
-  bounded.max_cq_entries = 512;
-  ASSERT_TRUE(fx.Start(bounded));
+// Connections to a Fixture's server, each with its waiter, admitted only
+// once a call on it was answered.
+struct AnsweringConnections {
+  Fixture& fx;
   std::vector<std::shared_ptr<Connection>> conns;
   std::vector<Waiter*> waiters;
-  auto connect = [&]() -> absl::Status {
+
+  absl::Status Add() {
     Waiter& waiter = fx.NewWaiter();
     auto c = fx.Connect(&waiter);
     if (!c.ok()) return c.status();
@@ -541,10 +534,59 @@ TEST(RdmaTransport, ConnectionsPastTheCompletionQueueBoundAreRefused) {
     conns.push_back(*c);
     waiters.push_back(&waiter);
     return absl::OkStatus();
-  };
-  ASSERT_TRUE(connect().ok());
+  }
+  // Each connection answers call `id` of 1000 bytes.
+  void CallEach(uint64_t id) {
+    for (size_t i = 0; i < conns.size(); ++i) {
+      auto r = Call(*conns[i], *waiters[i], id, Filled(*conns[i], 1000, i));
+      ASSERT_TRUE(r.ok()) << "connection " << i << ", call " << id << ": " << r.status();
+      EXPECT_TRUE(Matches(r->payload, 1000, i));
+    }
+  }
+  // Closes the newest connection, and returns once the server's CQs hold
+  // `per_connection` less in reserve (a closed QP's room comes back once
+  // the poller has emptied its CQ).
+  void CloseNewest(size_t per_connection) {
+    const size_t before = fx.server->completion_queue_use().reserved;
+    conns.back()->Close();
+    conns.pop_back();
+    waiters.pop_back();
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (fx.server->completion_queue_use().reserved > before - per_connection &&
+           absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(fx.server->completion_queue_use().reserved, before - per_connection)
+        << "a closed connection kept its room on the CQ";
+  }
+  void CloseAll() {
+    for (auto& c : conns) c->Close();
+  }
+};
+
+// A server whose CQs hold ~9 connections each (on rxe), `queues` of them.
+RdmaOptions SmallCompletionQueues(uint32_t queues) {
+  RdmaOptions o;
+  o.server_receive_slots = 64;
+  o.max_cq_entries = 512;
+  o.max_completion_queues = queues;
+  return o;
+}
+
+// On hardware a completion queue that overflows goes into error, and every
+// connection of its endpoint with it. So a connection is admitted only with
+// room for its whole send queue (a flushed work request completes even
+// unsignaled); past RdmaOptions::max_cq_entries, with one CQ allowed, one
+// more is refused, naming the bound, the others are served on, and a closed
+// connection's room comes back.
+TEST(RdmaTransport, ConnectionsPastTheCompletionQueueBoundAreRefused) {
+  Fixture fx;
+  const RdmaOptions bounded = SmallCompletionQueues(1);
+  ASSERT_TRUE(fx.Start(bounded));
+  AnsweringConnections conns{fx};
+  ASSERT_TRUE(conns.Add().ok());
   const Endpoint::CompletionQueueUse one = fx.server->completion_queue_use();
-  ASSERT_TRUE(connect().ok());
+  ASSERT_TRUE(conns.Add().ok());
   const Endpoint::CompletionQueueUse two = fx.server->completion_queue_use();
   const size_t per_connection = two.reserved - one.reserved;
   const size_t base = one.reserved - per_connection;
@@ -558,11 +600,11 @@ TEST(RdmaTransport, ConnectionsPastTheCompletionQueueBoundAreRefused) {
          two.entries, base, per_connection, fit);
   ASSERT_GE(fit, 3u);
   ASSERT_LT(fit, 40u) << "the bound did not bound";
-  while (conns.size() < fit) {
-    absl::Status s = connect();
-    ASSERT_TRUE(s.ok()) << "connection " << conns.size() << " of " << fit << ": " << s;
+  while (conns.conns.size() < fit) {
+    absl::Status s = conns.Add();
+    ASSERT_TRUE(s.ok()) << "connection " << conns.conns.size() << " of " << fit << ": " << s;
   }
-  absl::Status refused = connect();
+  absl::Status refused = conns.Add();
   ASSERT_FALSE(refused.ok()) << "a connection past the CQ's room was admitted";
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
   for (const char* part : {"refused", "completion queue on rxe", "full", "max_cq_entries"}) {
@@ -570,28 +612,65 @@ TEST(RdmaTransport, ConnectionsPastTheCompletionQueueBoundAreRefused) {
         << "\"" << part << "\" not in: " << refused;
   }
   const Endpoint::CompletionQueueUse full = fx.server->completion_queue_use();
+  EXPECT_EQ(full.queues, 1u);
   EXPECT_EQ(full.entries, two.entries) << "the CQ grew past its bound";
   EXPECT_EQ(full.reserved, base + fit * per_connection);
-  for (size_t i = 0; i < conns.size(); ++i) {
-    auto r = Call(*conns[i], *waiters[i], 2, Filled(*conns[i], 1000, i));
-    ASSERT_TRUE(r.ok()) << "connection " << i << " after the refusal: " << r.status();
-    EXPECT_TRUE(Matches(r->payload, 1000, i));
-  }
-  // A closed connection's room comes back once its QP is gone and the
-  // poller has emptied the CQ; then another connection fits.
-  conns.back()->Close();
-  conns.pop_back();
-  waiters.pop_back();
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (fx.server->completion_queue_use().reserved > full.reserved - per_connection &&
-         absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_EQ(fx.server->completion_queue_use().reserved, full.reserved - per_connection)
-      << "a closed connection kept its room on the CQ";
-  absl::Status again = connect();
+  conns.CallEach(2);
+  conns.CloseNewest(per_connection);
+  absl::Status again = conns.Add();
   EXPECT_TRUE(again.ok()) << "no room after a connection closed: " << again;
-  for (auto& c : conns) c->Close();
+  conns.CloseAll();
+}
+
+// A connection that no completion queue can grow to fit gets a new CQ, up to
+// RdmaOptions::max_completion_queues, and the poller serves them all: the
+// connections on the second CQ are answered (the server polls in event mode,
+// so it sleeps between calls and wakes for either CQ). Past the last CQ's
+// room one more connection is refused, naming the option; a closed
+// connection's room on the second CQ comes back.
+TEST(RdmaTransport, ConnectionsPastOneCompletionQueueOpenAnother) {
+  Fixture fx;
+  RdmaOptions bounded = SmallCompletionQueues(2);
+  bounded.poll_mode = PollMode::kEvent;
+  ASSERT_TRUE(fx.Start(bounded));
+  AnsweringConnections conns{fx};
+  ASSERT_TRUE(conns.Add().ok());
+  const Endpoint::CompletionQueueUse one = fx.server->completion_queue_use();
+  ASSERT_EQ(one.queues, 1u);
+  while (fx.server->completion_queue_use().queues == 1) {
+    ASSERT_LT(conns.conns.size(), 40u) << "no second completion queue";
+    absl::Status s = conns.Add();
+    ASSERT_TRUE(s.ok()) << "connection " << conns.conns.size() << ": " << s;
+  }
+  const size_t first_fit = conns.conns.size() - 1;
+  const Endpoint::CompletionQueueUse opened = fx.server->completion_queue_use();
+  const size_t per_connection = (one.reserved - bounded.server_receive_slots);
+  printf("a second CQ opened at connection %zu: %zu entries on 2 queues, %zu reserved\n",
+         first_fit + 1, opened.entries, opened.reserved);
+  ASSERT_GE(first_fit, 3u);
+  EXPECT_EQ(opened.reserved, 2 * bounded.server_receive_slots + (first_fit + 1) * per_connection)
+      << "the new CQ holds no room for the SRQ's receives, or the connection's";
+  conns.CallEach(2);
+  absl::Status refused;
+  while ((refused = conns.Add()).ok()) {
+    ASSERT_LT(conns.conns.size(), 4 * first_fit) << "the second CQ did not bound";
+  }
+  // Both CQs were opened alike, at the same size.
+  EXPECT_EQ(conns.conns.size(), 2 * first_fit) << refused;
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  for (const char* part : {"refused", "full", "max_completion_queues"}) {
+    EXPECT_NE(refused.message().find(part), absl::string_view::npos)
+        << "\"" << part << "\" not in: " << refused;
+  }
+  const Endpoint::CompletionQueueUse full = fx.server->completion_queue_use();
+  EXPECT_EQ(full.queues, 2u);
+  EXPECT_LE(full.reserved, full.entries);
+  conns.CallEach(3);
+  conns.CloseNewest(per_connection);
+  absl::Status again = conns.Add();
+  EXPECT_TRUE(again.ok()) << "no room after a connection on the second CQ closed: " << again;
+  conns.CallEach(4);
+  conns.CloseAll();
 }
 
 // A completion queue that starts small grows (ibv_resize_cq) as connections
