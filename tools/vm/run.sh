@@ -211,6 +211,9 @@ boot() {  # $1 = io dir, $2 = prefix for output lines, rest = extra qemu args
     | sed -u -e 's/\r//g' -e "/^\[ *[0-9]*\.[0-9]*\] /{w $io.kernel" -e 'd}' -e "s/^/$prefix/"
 }
 
+# Kernel lines on stderr, marked as the guest kernel's.
+as_kernel_lines() { sed 's/^/rdmavm-kernel: /' >&2; }
+
 # A guest's kernel log from its /init on (where it got that far), or its end;
 # init's steps are in it ("rdmavm-init: ...").
 show_kernel_log() {  # $1 = io dir, $2 = what happened to the guest
@@ -220,10 +223,10 @@ show_kernel_log() {  # $1 = io dir, $2 = what happened to the guest
     echo "rdmavm: INFRA: guest $name $2; its kernel printed nothing: stuck in qemu or the firmware" >&2
   elif grep -q 'Run /init as init process' "$1.kernel"; then
     echo "rdmavm: INFRA: guest $name $2; its kernel's log from /init on:" >&2
-    sed -n '/Run \/init as init process/,$p' "$1.kernel" | tail -n 200 | sed 's/^/rdmavm-kernel: /' >&2
+    sed -n '/Run \/init as init process/,$p' "$1.kernel" | tail -n 200 | as_kernel_lines
   else
     echo "rdmavm: INFRA: guest $name $2; its kernel's log did not reach /init, its end:" >&2
-    tail -n 80 "$1.kernel" | sed 's/^/rdmavm-kernel: /' >&2
+    tail -n 80 "$1.kernel" | as_kernel_lines
   fi
 }
 
@@ -235,7 +238,7 @@ show_command_kernel_log() {  # $1 = io dir
     | grep -v -e 'rdmavm-init: ' -e 'speed is unknown, defaulting to' | tail -n 100)
   [ -n "$lines" ] || return 0
   echo "rdmavm: guest $(basename "$1")'s kernel logged while the command ran:" >&2
-  sed 's/^/rdmavm-kernel: /' <<<"$lines" >&2
+  as_kernel_lines <<<"$lines"
 }
 
 # Kills the VMs unless every guest reaches its command within boot_s.
