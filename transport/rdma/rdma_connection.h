@@ -32,7 +32,9 @@
 // find no credit (or no send slot, or a full send queue) wait in a backlog, in
 // order (counted as credit_stalls). RNR retry (rnr_retry_count 7) is only the
 // safety net when the shared SRQ runs short (credits are per connection, the
-// SRQ is not); the device counts those NAKs (ReadDeviceRnrNaks).
+// SRQ is not); the device counts those NAKs (ReadDeviceRnrNaks), and the
+// sender waits RdmaOptions::rnr_wait_us before each retry, not rdma_cm's
+// 655 ms (RdmaTransport::SetRnrWait).
 //
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
@@ -442,6 +444,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   absl::Duration unacked_limit_;
   int ack_timeout_exp_ = -1;                               // the QP's, once learnt; mu_
   int retries_ = -1;                                       // the QP's retry count, once learnt; mu_
+  uint8_t rnr_timer_ = 0;  // the RNR NAK timer code our QP advertises, once learnt; mu_
   std::unordered_map<uint64_t, Advertised> advertised_;    // token -> payload, mu_
   std::vector<Window> free_mws_;                           // mu_
   std::deque<Advertised> to_invalidate_;                   // released, window still bound; mu_

@@ -30,12 +30,14 @@ void RdmaConnection::LearnRetryPolicy() {
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
   if (id_ == nullptr || id_->qp == nullptr ||
-      ibv_query_qp(id_->qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &init) != 0) {
+      ibv_query_qp(id_->qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_MIN_RNR_TIMER,
+                   &init) != 0) {
     return;
   }
   std::lock_guard<InlineMutex> lock(mu_);
   ack_timeout_exp_ = attr.timeout;
   retries_ = attr.retry_cnt;
+  rnr_timer_ = attr.min_rnr_timer;
   // Timeout 0 means the device waits for ever: keep what was asked for, for
   // the keepalive's own bound.
   if (attr.timeout != 0) {
@@ -49,7 +51,9 @@ std::string RdmaConnection::DescribeRetryPolicy() {
   if (ack_timeout_exp_ < 0) return "the QP's retry policy could not be read";
   return absl::StrCat("ACK timeout 4.096 us x 2^", ack_timeout_exp_, ", ", retries_ + 1,
                       " tries: a peer that stops answering fails after ~", Rounded(unacked_limit_),
-                      ", keepalive after ", Rounded(keepalive_), " of silence");
+                      ", keepalive after ", Rounded(keepalive_),
+                      " of silence; a SEND that finds our SRQ empty is retried after ",
+                      RnrTimerMicros(rnr_timer_), " us");
 }
 
 bool RdmaConnection::TimeoutsDue(absl::Time now) {

@@ -40,6 +40,7 @@ RdmaOptions RdmaOptionsFromEnv(RdmaOptions o) {
   OverrideFromEnv("RDMARPC_RDMA_READ_THRESHOLD", &o.read_threshold);
   OverrideFromEnv("RDMARPC_RDMA_RELEASE_TIMEOUT_MS", &o.release_timeout_ms);
   OverrideFromEnv("RDMARPC_RDMA_PEER_TIMEOUT_MS", &o.peer_timeout_ms);
+  OverrideFromEnv("RDMARPC_RDMA_RNR_WAIT_US", &o.rnr_wait_us);
   OverrideFromEnv("RDMARPC_RDMA_KEEPALIVE_MS", &o.keepalive_ms);
   if (uint32_t trace = 0; OverrideFromEnv("RDMARPC_RDMA_TRACE", &trace)) o.trace = trace != 0;
   return o;
@@ -89,8 +90,33 @@ absl::Status CheckRdmaOptions(const RdmaOptions& o) {
     return bad("gid_index", " (RDMARPC_RDMA_GID_INDEX)", o.gid_index,
                "a GID table index is from 0, and -1 lets rdma_cm choose");
   }
+  if (o.rnr_wait_us == 0 || o.rnr_wait_us > kLongestRnrWaitUs) {
+    return bad(
+        "rnr_wait_us", " (RDMARPC_RDMA_RNR_WAIT_US)", o.rnr_wait_us,
+        absl::StrCat("the RNR NAK timer runs from 1 to ", kLongestRnrWaitUs, " us (default 640)"));
+  }
   return absl::OkStatus();
 }
+
+namespace {
+
+// IBA's RNR NAK timer table (volume 1, table 45): code i waits
+// kRnrWaits[i] us; code 0 is 655.36 ms, out of order, and never chosen.
+constexpr uint32_t kRnrWaits[32] = {655360, 10,    20,    30,     40,     60,     80,     120,
+                                    160,    240,   320,   480,    640,    960,    1280,   1920,
+                                    2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+                                    40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+static_assert(kRnrWaits[31] == kLongestRnrWaitUs);
+
+}  // namespace
+
+uint8_t RnrTimerCode(uint32_t wait_us) {
+  uint8_t code = 1;
+  while (code < 31 && kRnrWaits[code] < wait_us) ++code;
+  return code;
+}
+
+uint32_t RnrTimerMicros(uint8_t code) { return kRnrWaits[code & 31]; }
 
 int AckTimeoutExponent(uint32_t peer_timeout_ms) {
   if (peer_timeout_ms == 0) return -1;

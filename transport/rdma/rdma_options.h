@@ -124,6 +124,14 @@ struct RdmaOptions {
   // it down to a power of two, and a real NIC may impose a minimum). 0 keeps
   // rdma_cm's own, ~17 s on RoCE.
   uint32_t peer_timeout_ms = 2000;
+  // How long a peer whose SEND finds our SRQ empty waits before it sends
+  // again: the RNR NAK timer our queue pairs advertise (IBA min_rnr_timer,
+  // rounded up to its table, 10 us to 491.52 ms). Credits make this rare;
+  // it is the safety net's delay, so a few SRQ refills long is right.
+  // rdma_cm sets code 0, which means 655 ms: one empty SRQ stalled each
+  // sender caught by it that long. Soft-RoCE waits at least one kernel
+  // tick (4 ms at HZ=250) whatever it is told.
+  uint32_t rnr_wait_us = 640;
   // A connection that has heard nothing from its peer for this long sends
   // it a keepalive: a zero-byte RDMA WRITE, which the peer's device
   // acknowledges without its software, spending none of its receive slots,
@@ -196,22 +204,32 @@ inline constexpr size_t kMinSlotSize = kHeaderSize + 64;
 // OK, or INVALID_ARGUMENT naming the first option (and its environment
 // variable) that cannot work: a slot below kMinSlotSize or beyond what the
 // handshake can carry, no receive or send slots, no credits, no completion
-// queue or more than kMaxCompletionQueues, a GID index below -1. Listen and
-// Connect check this first, device or not.
+// queue or more than kMaxCompletionQueues, a GID index below -1, an RNR
+// wait outside the table's 1 to kLongestRnrWaitUs. Listen and Connect check
+// this first, device or not.
 absl::Status CheckRdmaOptions(const RdmaOptions& options);
 
 // The QP ACK timeout exponent (4.096 us x 2^e per try) that keeps
 // kTransportRetries + 1 tries within peer_timeout_ms; -1 when it is 0.
 int AckTimeoutExponent(uint32_t peer_timeout_ms);
 
+// The longest RNR NAK timer the IBA table has (code 31).
+inline constexpr uint32_t kLongestRnrWaitUs = 491520;
+
+// The IBA min_rnr_timer code (1 to 31) of the shortest wait of at least
+// `wait_us` (1 to kLongestRnrWaitUs), and how long a code waits, in us.
+uint8_t RnrTimerCode(uint32_t wait_us);
+uint32_t RnrTimerMicros(uint8_t code);
+
 // `options` with what the environment sets: RDMARPC_RDMA_POLL
 // (adaptive|busy|event), RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE,
 // RDMARPC_RDMA_PORT, RDMARPC_RDMA_GID_INDEX, RDMARPC_RDMA_SLOT_SIZE,
 // RDMARPC_RDMA_CREDITS, RDMARPC_RDMA_READ_THRESHOLD,
 // RDMARPC_RDMA_RELEASE_TIMEOUT_MS, RDMARPC_RDMA_PEER_TIMEOUT_MS,
-// RDMARPC_RDMA_KEEPALIVE_MS, RDMARPC_RDMA_TRACE. A value that does not parse
-// is reported on stderr and leaves the option as it was. MakeTransport
-// applies this to every RDMA transport it makes, over the options from code.
+// RDMARPC_RDMA_RNR_WAIT_US, RDMARPC_RDMA_KEEPALIVE_MS, RDMARPC_RDMA_TRACE.
+// A value that does not parse is reported on stderr and leaves the option
+// as it was. MakeTransport applies this to every RDMA transport it makes,
+// over the options from code.
 RdmaOptions RdmaOptionsFromEnv(RdmaOptions options = {});
 
 }  // namespace rdmarpc::transport::rdma

@@ -27,8 +27,10 @@ TEST(RdmaOptionsFromEnv, ReadsWellFormedValues) {
   EnvVar gid("RDMARPC_RDMA_GID_INDEX", "3");
   EnvVar keepalive("RDMARPC_RDMA_KEEPALIVE_MS", "0");
   EnvVar trace("RDMARPC_RDMA_TRACE", "1");
+  EnvVar rnr("RDMARPC_RDMA_RNR_WAIT_US", "100");
   const RdmaOptions o = RdmaOptionsFromEnv();
   EXPECT_TRUE(o.trace);
+  EXPECT_EQ(o.rnr_wait_us, 100u);
   EXPECT_EQ(o.poll_mode, PollMode::kBusy);
   EXPECT_EQ(o.slot_size, 4096u);
   EXPECT_EQ(o.gid_index, 3);
@@ -86,6 +88,32 @@ TEST(CheckRdmaOptions, AcceptsTheDefaultsAndTheSmallestSlot) {
     o.max_completion_queues = queues;
     EXPECT_TRUE(CheckRdmaOptions(o).ok()) << queues << " completion queues";
   }
+  for (uint32_t wait : {1u, kLongestRnrWaitUs}) {
+    o.rnr_wait_us = wait;
+    EXPECT_TRUE(CheckRdmaOptions(o).ok()) << wait << " us RNR wait";
+  }
+}
+
+// The wait asked for is rounded up to IBA's table, never down (a shorter
+// wait than asked would retry into an SRQ the receiver meant to have time
+// to refill), and never to code 0, which waits 655 ms.
+TEST(RnrTimerCode, RoundsUpToTheTable) {
+  EXPECT_EQ(RnrTimerCode(1), 1);
+  EXPECT_EQ(RnrTimerCode(10), 1);
+  EXPECT_EQ(RnrTimerCode(11), 2);
+  EXPECT_EQ(RnrTimerCode(50), 5);
+  EXPECT_EQ(RnrTimerCode(640), 12);
+  EXPECT_EQ(RnrTimerCode(641), 13);
+  EXPECT_EQ(RnrTimerCode(kLongestRnrWaitUs), 31);
+  for (uint32_t us = 1; us <= kLongestRnrWaitUs; us += 997) {
+    const uint8_t code = RnrTimerCode(us);
+    ASSERT_GE(code, 1) << us;
+    ASSERT_GE(RnrTimerMicros(code), us) << "rounded down";
+    if (code > 1) {
+      ASSERT_LT(RnrTimerMicros(code - 1), us) << "not the shortest that waits " << us;
+    }
+  }
+  EXPECT_EQ(RnrTimerMicros(0), 655360u);
 }
 
 TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
@@ -107,6 +135,8 @@ TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
       {[](RdmaOptions& o) { o.max_completion_queues = kMaxCompletionQueues + 1; },
        "max_completion_queues"},
       {[](RdmaOptions& o) { o.gid_index = -2; }, "gid_index"},
+      {[](RdmaOptions& o) { o.rnr_wait_us = 0; }, "rnr_wait_us"},
+      {[](RdmaOptions& o) { o.rnr_wait_us = kLongestRnrWaitUs + 1; }, "rnr_wait_us"},
   };
   for (const Case& c : cases) {
     RdmaOptions o;

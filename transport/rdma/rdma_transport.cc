@@ -263,6 +263,25 @@ void RdmaTransport::SetAckTimeout(rdma_cm_id* id) {
   }
 }
 
+void RdmaTransport::SetRnrWait(rdma_cm_id* id) {
+  // rdma_cm moves the QP through RTR with min_rnr_timer 0 (655 ms) and has
+  // no option for it, but RTS to RTS may change it. On the passive side
+  // this runs right after rdma_accept, which sent the REP: a SEND of the
+  // peer's that beat it and found the SRQ empty would wait 655 ms once. The
+  // active side runs it on ESTABLISHED, before the server can have had
+  // anything to answer.
+  ibv_qp_attr attr{};
+  attr.min_rnr_timer = RnrTimerCode(rdma_.rnr_wait_us);
+  if (ibv_modify_qp(id->qp, &attr, IBV_QP_MIN_RNR_TIMER) == 0 || rnr_wait_warned_) return;
+  rnr_wait_warned_ = true;
+  fprintf(stderr,
+          "rdmarpc[%s]: cannot set the RNR NAK timer on %s (ibv_modify_qp: %s): "
+          "RdmaOptions::rnr_wait_us is not applied, so a peer whose SEND finds our receive "
+          "queue empty waits what rdma_cm set (655 ms); raise server_receive_slots or "
+          "client_receive_slots to make that rarer\n",
+          options_.name.c_str(), DescribeChoice(id).c_str(), strerror(errno));
+}
+
 void RdmaTransport::Track(const std::shared_ptr<RdmaConnection>& conn) {
   Count(&RdmaCounters::connections_opened);
   conn->set_on_freed([this](RdmaConnection* c, rdma_cm_id* id) {
@@ -584,6 +603,7 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         break;
       }
       auto conn = at->conn;
+      SetRnrWait(id);
       conn->LearnRetryPolicy();
       conn->MarkEstablished();
       DescribeOnce(conn->endpoint(), id, *conn);
@@ -703,6 +723,7 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
     (*ep)->RunOnPoller([conn, s] { conn->Teardown(s); });
     return;
   }
+  SetRnrWait(child);
   conn->LearnRetryPolicy();
   DescribeOnce(*ep, child, *conn);
   if (rdma_.trace) {

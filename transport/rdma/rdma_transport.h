@@ -90,6 +90,8 @@ class RdmaTransport : public Transport {
   // Asks for the QP ACK timeout that RdmaOptions::peer_timeout_ms implies,
   // before the QP is connected.
   void SetAckTimeout(rdma_cm_id* id);
+  // Sets RdmaOptions::rnr_wait_us as the RNR NAK timer of the connected QP.
+  void SetRnrWait(rdma_cm_id* id);
   void Track(const std::shared_ptr<RdmaConnection>& conn);
   std::string PeerOf(rdma_cm_id* id) const;
   uint32_t LocalCredits() const;
@@ -116,6 +118,7 @@ class RdmaTransport : public Transport {
   bool cm_events_stopped_ = false;                        // CM thread; set by Shutdown
   std::set<const Endpoint*> described_;                    // CM thread
   bool ack_timeout_warned_ = false;                        // CM thread
+  bool rnr_wait_warned_ = false;                           // CM thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

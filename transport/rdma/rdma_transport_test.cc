@@ -1356,6 +1356,24 @@ TEST(RdmaTransport, Ipv6AddressIsReachedOverItsOwnGid) {
   (*conn)->Close();
 }
 
+// Both ends of one connection, after a call on it was answered (so the
+// server has accepted it); the server's end is null if something failed.
+struct BothEnds {
+  std::shared_ptr<Connection> client, server;
+};
+BothEnds ConnectAndCall(Fixture& fx) {
+  BothEnds ends;
+  Waiter& waiter = fx.NewWaiter();
+  auto conn = fx.Connect(&waiter);
+  EXPECT_TRUE(conn.ok()) << conn.status();
+  if (!conn.ok()) return ends;
+  ends.client = *conn;
+  auto r = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (r.ok()) ends.server = fx.LastAccepted();
+  return ends;
+}
+
 // READ limits are set as rdma_accept(3) reads a connect request: a side
 // keeps at most as many READs in flight as the other side's QP serves, and
 // the server sets aside responder resources for as many READs as the client
@@ -1364,14 +1382,9 @@ TEST(RdmaTransport, ReadsInFlightAreNegotiatedBothWays) {
   RdmaOptions client_options;
   client_options.max_reads_in_flight = 4;
   Fixture fx;
-  Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start(RdmaOptions(), client_options));
-  auto conn = fx.Connect(&waiter);
-  ASSERT_TRUE(conn.ok()) << conn.status();
-  auto r = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
-  ASSERT_TRUE(r.ok()) << r.status();
-  std::shared_ptr<Connection> server_conn = fx.LastAccepted();
-  ASSERT_NE(server_conn, nullptr);
+  const BothEnds ends = ConnectAndCall(fx);
+  ASSERT_NE(ends.server, nullptr);
   struct Limits {
     int initiator = -1;  // max_rd_atomic: READs this QP has in flight
     int responder = -1;  // max_dest_rd_atomic: the peer's READs it serves
@@ -1387,15 +1400,39 @@ TEST(RdmaTransport, ReadsInFlightAreNegotiatedBothWays) {
     }
     return l;
   };
-  const Limits client = limits(**conn);
-  const Limits server = limits(*server_conn);
+  const Limits client = limits(*ends.client);
+  const Limits server = limits(*ends.server);
   EXPECT_EQ(client.initiator, 4) << "the client's own max_reads_in_flight";
   EXPECT_EQ(server.responder, 4) << "the server serves more READs than the client takes";
   EXPECT_LE(server.initiator, client.responder)
       << "the server has more READs in flight than the client's QP serves";
   EXPECT_EQ(server.initiator, std::min<int>(RdmaOptions().max_reads_in_flight, client.responder))
       << "the server took the client's own READ limit for its own";
-  (*conn)->Close();
+  ends.client->Close();
+}
+
+// A SEND that finds the SRQ empty is retried after the receiver's RNR NAK
+// timer, which rdma_cm leaves at code 0: 655 ms. Each side sets its own
+// from rnr_wait_us, rounded up to IBA's table (120 us for 100 asked).
+TEST(RdmaTransport, EachSideAdvertisesItsOwnRnrWait) {
+  RdmaOptions server_options;
+  server_options.rnr_wait_us = 100;
+  Fixture fx;
+  ASSERT_TRUE(fx.Start(server_options, RdmaOptions()));
+  const BothEnds ends = ConnectAndCall(fx);
+  ASSERT_NE(ends.server, nullptr);
+  const auto rnr_timer = [](Connection& c) {
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    return ibv_query_qp(static_cast<RdmaConnection&>(c).id()->qp, &attr, IBV_QP_MIN_RNR_TIMER,
+                        &init) == 0
+               ? int{attr.min_rnr_timer}
+               : -1;
+  };
+  EXPECT_EQ(rnr_timer(*ends.server), 7) << "120 us, the shortest wait of at least 100";
+  EXPECT_EQ(rnr_timer(*ends.client), RnrTimerCode(RdmaOptions().rnr_wait_us))
+      << "the default, 640 us";
+  ends.client->Close();
 }
 
 // The lines RdmaOptions::trace wrote for `who` ("test-client"), in order.
