@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -175,19 +176,33 @@ absl::StatusOr<std::optional<sockaddr_storage>> NamedGidAddress(const RdmaOption
   return ss;
 }
 
+namespace {
+
+// The global route of id's QP, once it has one: only from RTR on, since
+// before rdma_connect a QP's vector is unset (rxe then reports a global one
+// with index 0).
+std::optional<ibv_global_route> ConnectedRoute(rdma_cm_id* id) {
+  if (id->qp == nullptr) return std::nullopt;
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (ibv_query_qp(id->qp, &attr, IBV_QP_AV | IBV_QP_STATE, &init) == 0 &&
+      attr.qp_state != IBV_QPS_RESET && attr.qp_state != IBV_QPS_INIT && attr.ah_attr.is_global) {
+    return attr.ah_attr.grh;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int TrafficClass(rdma_cm_id* id) {
+  const std::optional<ibv_global_route> grh = ConnectedRoute(id);
+  return grh ? grh->traffic_class : -1;
+}
+
 int ChosenGidIndex(rdma_cm_id* id) {
   // The QP's address vector holds the index rdma_cm used: a table search by
   // value could find a RoCE v1 entry that has the same GID as the v2 one.
-  // Only from RTR on: before rdma_connect a QP's vector is unset, and rxe
-  // then reports a global one with index 0.
-  if (id->qp != nullptr) {
-    ibv_qp_attr attr{};
-    ibv_qp_init_attr init{};
-    if (ibv_query_qp(id->qp, &attr, IBV_QP_AV | IBV_QP_STATE, &init) == 0 &&
-        attr.qp_state != IBV_QPS_RESET && attr.qp_state != IBV_QPS_INIT && attr.ah_attr.is_global) {
-      return attr.ah_attr.grh.sgid_index;
-    }
-  }
+  if (const std::optional<ibv_global_route> grh = ConnectedRoute(id)) return grh->sgid_index;
   // Before a connection, only the route's GID value is known. Where a RoCE
   // v1 and a v2 entry share it, rdma_cm takes the port's default RoCE mode,
   // v2 unless changed in configfs (see CheckGidIndex).
@@ -215,8 +230,10 @@ std::string DescribeChoice(rdma_cm_id* id) {
   }
   ibv_port_attr pa{};
   ibv_query_port(id->verbs, id->port_num, &pa);
+  const int traffic_class = TrafficClass(id);
   return absl::StrCat("device ", ibv_get_device_name(id->verbs->device), " port ", id->port_num,
-                      " gid_index ", index, " (", gid, ") active_mtu ", 128 << pa.active_mtu);
+                      " gid_index ", index, " (", gid, ") active_mtu ", 128 << pa.active_mtu,
+                      traffic_class > 0 ? absl::StrCat(" type_of_service ", traffic_class) : "");
 }
 
 absl::StatusOr<Route> ResolveRoute(const sockaddr* to, const RdmaOptions& o) {

@@ -54,7 +54,12 @@ absl::StatusOr<std::optional<sockaddr_storage>> NamedGidAddress(const RdmaOption
 // The index in id's port GID table of the GID rdma_cm chose for id, or -1.
 int ChosenGidIndex(rdma_cm_id* id);
 
-// "device rxe0 port 1 gid_index 1 (::ffff:10.0.0.1, RoCE v2)" for id.
+// The traffic class (on RoCE v2 the IP type of service) of id's connected
+// QP, or -1 before it is connected.
+int TrafficClass(rdma_cm_id* id);
+
+// "device rxe0 port 1 gid_index 1 (::ffff:10.0.0.1, RoCE v2) active_mtu
+// 4096" for id, and " type_of_service 104" once connected with one.
 std::string DescribeChoice(rdma_cm_id* id);
 
 // What a connection to `to` would use, found as one finds it: rdma_cm

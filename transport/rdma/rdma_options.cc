@@ -34,6 +34,7 @@ RdmaOptions RdmaOptionsFromEnv(RdmaOptions o) {
   if (const char* dev = std::getenv("RDMARPC_RDMA_DEVICE")) o.device = dev;
   OverrideFromEnv("RDMARPC_RDMA_PORT", &o.device_port);
   OverrideFromEnv("RDMARPC_RDMA_GID_INDEX", &o.gid_index);
+  OverrideFromEnv("RDMARPC_RDMA_TOS", &o.type_of_service);
   OverrideFromEnv("RDMARPC_RDMA_SPIN_US", &o.spin_us);
   OverrideFromEnv("RDMARPC_RDMA_SLOT_SIZE", &o.slot_size);
   OverrideFromEnv("RDMARPC_RDMA_CREDITS", &o.credits);
@@ -89,6 +90,11 @@ absl::Status CheckRdmaOptions(const RdmaOptions& o) {
   if (o.gid_index < -1) {
     return bad("gid_index", " (RDMARPC_RDMA_GID_INDEX)", o.gid_index,
                "a GID table index is from 0, and -1 lets rdma_cm choose");
+  }
+  if (o.type_of_service < -1 || o.type_of_service > 255) {
+    return bad("type_of_service", " (RDMARPC_RDMA_TOS)", o.type_of_service,
+               "it is one byte, 0 to 255 (DSCP << 2 | ECN on RoCE v2), or -1 for rdma_cm's "
+               "default");
   }
   if (o.rnr_wait_us == 0 || o.rnr_wait_us > kLongestRnrWaitUs) {
     return bad(

@@ -115,6 +115,15 @@ struct RdmaOptions {
   std::string device;
   uint32_t device_port = 0;
   int gid_index = -1;
+  // The type of service of the connections this transport makes, 0 to 255:
+  // on RoCE v2 the IP header's byte (DSCP << 2 | ECN), so 104 puts them in
+  // DSCP 26, where many lossless (PFC) fabrics carry RDMA; on InfiniBand the
+  // traffic class, which the subnet manager maps to a service level. -1
+  // leaves rdma_cm's default (the port's default_roce_tos in configfs, 0
+  // unless an administrator set it). A server's connections take the class
+  // of their client's connect request, as rdma_cm builds an accepted
+  // connection's path from it, so it is the clients that choose.
+  int type_of_service = -1;
   uint32_t connect_timeout_ms = 10000;
   // Dead peers. A peer whose machine, device or link dies sends no
   // disconnect: only an operation of ours that its device never acknowledges
@@ -204,8 +213,9 @@ inline constexpr size_t kMinSlotSize = kHeaderSize + 64;
 // OK, or INVALID_ARGUMENT naming the first option (and its environment
 // variable) that cannot work: a slot below kMinSlotSize or beyond what the
 // handshake can carry, no receive or send slots, no credits, no completion
-// queue or more than kMaxCompletionQueues, a GID index below -1, an RNR
-// wait outside the table's 1 to kLongestRnrWaitUs. Listen and Connect check
+// queue or more than kMaxCompletionQueues, a GID index below -1, a type of
+// service outside -1 to 255, an RNR wait outside the table's 1 to
+// kLongestRnrWaitUs. Listen and Connect check
 // this first, device or not.
 absl::Status CheckRdmaOptions(const RdmaOptions& options);
 
@@ -223,7 +233,8 @@ uint32_t RnrTimerMicros(uint8_t code);
 
 // `options` with what the environment sets: RDMARPC_RDMA_POLL
 // (adaptive|busy|event), RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE,
-// RDMARPC_RDMA_PORT, RDMARPC_RDMA_GID_INDEX, RDMARPC_RDMA_SLOT_SIZE,
+// RDMARPC_RDMA_PORT, RDMARPC_RDMA_GID_INDEX, RDMARPC_RDMA_TOS,
+// RDMARPC_RDMA_SLOT_SIZE,
 // RDMARPC_RDMA_CREDITS, RDMARPC_RDMA_READ_THRESHOLD,
 // RDMARPC_RDMA_RELEASE_TIMEOUT_MS, RDMARPC_RDMA_PEER_TIMEOUT_MS,
 // RDMARPC_RDMA_RNR_WAIT_US, RDMARPC_RDMA_KEEPALIVE_MS, RDMARPC_RDMA_TRACE.

@@ -28,8 +28,10 @@ TEST(RdmaOptionsFromEnv, ReadsWellFormedValues) {
   EnvVar keepalive("RDMARPC_RDMA_KEEPALIVE_MS", "0");
   EnvVar trace("RDMARPC_RDMA_TRACE", "1");
   EnvVar rnr("RDMARPC_RDMA_RNR_WAIT_US", "100");
+  EnvVar tos("RDMARPC_RDMA_TOS", "104");
   const RdmaOptions o = RdmaOptionsFromEnv();
   EXPECT_TRUE(o.trace);
+  EXPECT_EQ(o.type_of_service, 104);
   EXPECT_EQ(o.rnr_wait_us, 100u);
   EXPECT_EQ(o.poll_mode, PollMode::kBusy);
   EXPECT_EQ(o.slot_size, 4096u);
@@ -88,6 +90,10 @@ TEST(CheckRdmaOptions, AcceptsTheDefaultsAndTheSmallestSlot) {
     o.max_completion_queues = queues;
     EXPECT_TRUE(CheckRdmaOptions(o).ok()) << queues << " completion queues";
   }
+  for (int tos : {-1, 0, 255}) {
+    o.type_of_service = tos;
+    EXPECT_TRUE(CheckRdmaOptions(o).ok()) << "type of service " << tos;
+  }
   for (uint32_t wait : {1u, kLongestRnrWaitUs}) {
     o.rnr_wait_us = wait;
     EXPECT_TRUE(CheckRdmaOptions(o).ok()) << wait << " us RNR wait";
@@ -135,6 +141,8 @@ TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
       {[](RdmaOptions& o) { o.max_completion_queues = kMaxCompletionQueues + 1; },
        "max_completion_queues"},
       {[](RdmaOptions& o) { o.gid_index = -2; }, "gid_index"},
+      {[](RdmaOptions& o) { o.type_of_service = -2; }, "type_of_service"},
+      {[](RdmaOptions& o) { o.type_of_service = 256; }, "type_of_service"},
       {[](RdmaOptions& o) { o.rnr_wait_us = 0; }, "rnr_wait_us"},
       {[](RdmaOptions& o) { o.rnr_wait_us = kLongestRnrWaitUs + 1; }, "rnr_wait_us"},
   };

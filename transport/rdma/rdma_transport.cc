@@ -354,6 +354,20 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
     if (rdma_create_id(channel_, &at->id, nullptr, RDMA_PS_TCP) != 0) {
       return at->Finish(absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno))));
     }
+    // Before the route is resolved: rdma_cm puts the class into the path
+    // (and the connect request, whose path the server's QP takes).
+    if (rdma_.type_of_service >= 0) {
+      uint8_t tos = static_cast<uint8_t>(rdma_.type_of_service);
+      if (rdma_set_option(at->id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos) != 0) {
+        const int err = errno;
+        rdma_destroy_id(at->id);
+        return at->Finish(absl::UnavailableError(
+            absl::StrCat("connect to ", at->target, ": rdma_set_option(RDMA_OPTION_ID_TOS, ",
+                         rdma_.type_of_service, "): ", strerror(err),
+                         "; set RdmaOptions::type_of_service (RDMARPC_RDMA_TOS) to -1 to use "
+                         "rdma_cm's default")));
+      }
+    }
     cm_targets_[at->id] = CmTarget{at, nullptr, {}};
     sockaddr* from = src->has_value() ? reinterpret_cast<sockaddr*>(&**src) : nullptr;
     if (rdma_.trace) {

@@ -32,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/device_selection.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/fault_injection.h"
 #include "transport/rdma/testing/rdma_test_env.h"
@@ -1433,6 +1434,35 @@ TEST(RdmaTransport, EachSideAdvertisesItsOwnRnrWait) {
   EXPECT_EQ(rnr_timer(*ends.client), RnrTimerCode(RdmaOptions().rnr_wait_us))
       << "the default, 640 us";
   ends.client->Close();
+}
+
+// A client's type_of_service goes into its QP's path and, through the
+// connect request, into the server's: a lossless RoCE class (here DSCP 26)
+// holds both ways. Without it both keep rdma_cm's default, the same on
+// each side. The one log line says the class.
+TEST(RdmaTransport, TheClientsTypeOfServiceHoldsBothWays) {
+  RdmaOptions client_options;
+  client_options.type_of_service = 26 << 2;
+  Fixture fx;
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_options));
+  const BothEnds ends = ConnectAndCall(fx);
+  ASSERT_NE(ends.server, nullptr);
+  const auto id = [](const std::shared_ptr<Connection>& c) {
+    return static_cast<RdmaConnection&>(*c).id();
+  };
+  EXPECT_EQ(TrafficClass(id(ends.client)), 104);
+  EXPECT_EQ(TrafficClass(id(ends.server)), 104) << "the server's QP does not answer in its class";
+  EXPECT_TRUE(absl::StrContains(DescribeChoice(id(ends.client)), "type_of_service 104"))
+      << DescribeChoice(id(ends.client));
+  ends.client->Close();
+
+  Fixture plain;
+  ASSERT_TRUE(plain.Start());
+  const BothEnds defaults = ConnectAndCall(plain);
+  ASSERT_NE(defaults.server, nullptr);
+  EXPECT_GE(TrafficClass(id(defaults.client)), 0);
+  EXPECT_EQ(TrafficClass(id(defaults.client)), TrafficClass(id(defaults.server)));
+  defaults.client->Close();
 }
 
 // The lines RdmaOptions::trace wrote for `who` ("test-client"), in order.
