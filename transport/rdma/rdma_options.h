@@ -137,8 +137,8 @@ struct RdmaOptions {
   // again: the RNR NAK timer our queue pairs advertise (IBA min_rnr_timer,
   // rounded up to its table, 10 us to 491.52 ms). Credits make this rare;
   // it is the safety net's delay, so a few SRQ refills long is right.
-  // rdma_cm sets code 0, which means 655 ms: one empty SRQ stalled each
-  // sender caught by it that long. Soft-RoCE waits at least one kernel
+  // rdma_cm sets code 0, which means 655 ms: one empty SRQ would stall
+  // each sender caught by it that long. Soft-RoCE waits at least one kernel
   // tick (4 ms at HZ=250) whatever it is told.
   uint32_t rnr_wait_us = 640;
   // A connection that has heard nothing from its peer for this long sends
