@@ -215,8 +215,7 @@ inline constexpr size_t kMinSlotSize = kHeaderSize + 64;
 // handshake can carry, no receive or send slots, no credits, no completion
 // queue or more than kMaxCompletionQueues, a GID index below -1, a type of
 // service outside -1 to 255, an RNR wait outside the table's 1 to
-// kLongestRnrWaitUs. Listen and Connect check
-// this first, device or not.
+// kLongestRnrWaitUs. Listen and Connect check this first, device or not.
 absl::Status CheckRdmaOptions(const RdmaOptions& options);
 
 // The QP ACK timeout exponent (4.096 us x 2^e per try) that keeps

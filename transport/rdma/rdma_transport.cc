@@ -273,13 +273,14 @@ void RdmaTransport::SetRnrWait(rdma_cm_id* id) {
   ibv_qp_attr attr{};
   attr.min_rnr_timer = RnrTimerCode(rdma_.rnr_wait_us);
   if (ibv_modify_qp(id->qp, &attr, IBV_QP_MIN_RNR_TIMER) == 0 || rnr_wait_warned_) return;
+  const int err = errno;
   rnr_wait_warned_ = true;
   fprintf(stderr,
           "rdmarpc[%s]: cannot set the RNR NAK timer on %s (ibv_modify_qp: %s): "
           "RdmaOptions::rnr_wait_us is not applied, so a peer whose SEND finds our receive "
           "queue empty waits what rdma_cm set (655 ms); raise server_receive_slots or "
           "client_receive_slots to make that rarer\n",
-          options_.name.c_str(), DescribeChoice(id).c_str(), strerror(errno));
+          options_.name.c_str(), DescribeChoice(id).c_str(), strerror(err));
 }
 
 void RdmaTransport::Track(const std::shared_ptr<RdmaConnection>& conn) {

@@ -226,6 +226,37 @@ absl::StatusOr<InboundMessage> Call(Connection& conn, Waiter& w, uint64_t id, Bu
   return r;
 }
 
+// Both ends of one connection, after a call on it was answered (so the
+// server has accepted it); the server's end is null if something failed.
+struct BothEnds {
+  std::shared_ptr<Connection> client, server;
+};
+BothEnds ConnectAndCall(Fixture& fx) {
+  BothEnds ends;
+  Waiter& waiter = fx.NewWaiter();
+  auto conn = fx.Connect(&waiter);
+  EXPECT_TRUE(conn.ok()) << conn.status();
+  if (!conn.ok()) return ends;
+  ends.client = *conn;
+  auto r = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (r.ok()) ends.server = fx.LastAccepted();
+  return ends;
+}
+
+// What `read` returns for c's rdma_cm id, read on c's poller, the thread
+// that tears c down and clears the id (so read in any other thread, it
+// races with a teardown); `gone` once c is torn down.
+template <typename T>
+T OnPoller(Connection& c, T gone, std::function<T(rdma_cm_id*)> read) {
+  auto& conn = static_cast<RdmaConnection&>(c);
+  T value = gone;
+  conn.endpoint()->RunOnPollerAndWait([&] {
+    if (conn.id() != nullptr) value = read(conn.id());
+  });
+  return value;
+}
+
 // Waits (up to 20 s) until every connection opened since the counters read
 // `opened` and `closed` has closed again, at both ends; false if one stays.
 bool EveryConnectionClosedSince(uint64_t opened, uint64_t closed) {
@@ -1349,30 +1380,14 @@ TEST(RdmaTransport, Ipv6AddressIsReachedOverItsOwnGid) {
   std::shared_ptr<Connection> server_conn = fx.LastAccepted();
   ASSERT_NE(server_conn, nullptr);
   for (Connection* c : {conn->get(), server_conn.get()}) {
-    rdma_cm_id* id = static_cast<RdmaConnection*>(c)->id();
-    EXPECT_EQ(ibv_get_device_name(id->verbs->device), place.device);
-    EXPECT_EQ(id->port_num, place.port);
-    EXPECT_EQ(ChosenGidIndex(id), place.index) << "not the GID of " << ip6;
+    const GidPlace p = OnPoller<GidPlace>(*c, GidPlace{}, [](rdma_cm_id* id) {
+      return GidPlace{ibv_get_device_name(id->verbs->device), id->port_num, ChosenGidIndex(id)};
+    });
+    EXPECT_EQ(p.device, place.device);
+    EXPECT_EQ(p.port, place.port);
+    EXPECT_EQ(p.index, place.index) << "not the GID of " << ip6;
   }
   (*conn)->Close();
-}
-
-// Both ends of one connection, after a call on it was answered (so the
-// server has accepted it); the server's end is null if something failed.
-struct BothEnds {
-  std::shared_ptr<Connection> client, server;
-};
-BothEnds ConnectAndCall(Fixture& fx) {
-  BothEnds ends;
-  Waiter& waiter = fx.NewWaiter();
-  auto conn = fx.Connect(&waiter);
-  EXPECT_TRUE(conn.ok()) << conn.status();
-  if (!conn.ok()) return ends;
-  ends.client = *conn;
-  auto r = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
-  EXPECT_TRUE(r.ok()) << r.status();
-  if (r.ok()) ends.server = fx.LastAccepted();
-  return ends;
 }
 
 // READ limits are set as rdma_accept(3) reads a connect request: a side
@@ -1391,15 +1406,17 @@ TEST(RdmaTransport, ReadsInFlightAreNegotiatedBothWays) {
     int responder = -1;  // max_dest_rd_atomic: the peer's READs it serves
   };
   const auto limits = [](Connection& c) {
-    Limits l;
-    ibv_qp_attr attr{};
-    ibv_qp_init_attr init{};
-    if (ibv_query_qp(static_cast<RdmaConnection&>(c).id()->qp, &attr,
-                     IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &init) == 0) {
-      l.initiator = attr.max_rd_atomic;
-      l.responder = attr.max_dest_rd_atomic;
-    }
-    return l;
+    return OnPoller<Limits>(c, Limits{}, [](rdma_cm_id* id) {
+      Limits l;
+      ibv_qp_attr attr{};
+      ibv_qp_init_attr init{};
+      if (ibv_query_qp(id->qp, &attr, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &init) ==
+          0) {
+        l.initiator = attr.max_rd_atomic;
+        l.responder = attr.max_dest_rd_atomic;
+      }
+      return l;
+    });
   };
   const Limits client = limits(*ends.client);
   const Limits server = limits(*ends.server);
@@ -1423,12 +1440,12 @@ TEST(RdmaTransport, EachSideAdvertisesItsOwnRnrWait) {
   const BothEnds ends = ConnectAndCall(fx);
   ASSERT_NE(ends.server, nullptr);
   const auto rnr_timer = [](Connection& c) {
-    ibv_qp_attr attr{};
-    ibv_qp_init_attr init{};
-    return ibv_query_qp(static_cast<RdmaConnection&>(c).id()->qp, &attr, IBV_QP_MIN_RNR_TIMER,
-                        &init) == 0
-               ? int{attr.min_rnr_timer}
-               : -1;
+    return OnPoller<int>(c, -1, [](rdma_cm_id* id) {
+      ibv_qp_attr attr{};
+      ibv_qp_init_attr init{};
+      return ibv_query_qp(id->qp, &attr, IBV_QP_MIN_RNR_TIMER, &init) == 0 ? int{attr.min_rnr_timer}
+                                                                           : -1;
+    });
   };
   EXPECT_EQ(rnr_timer(*ends.server), 7) << "120 us, the shortest wait of at least 100";
   EXPECT_EQ(rnr_timer(*ends.client), RnrTimerCode(RdmaOptions().rnr_wait_us))
@@ -1447,21 +1464,21 @@ TEST(RdmaTransport, TheClientsTypeOfServiceHoldsBothWays) {
   ASSERT_TRUE(fx.Start(RdmaOptions(), client_options));
   const BothEnds ends = ConnectAndCall(fx);
   ASSERT_NE(ends.server, nullptr);
-  const auto id = [](const std::shared_ptr<Connection>& c) {
-    return static_cast<RdmaConnection&>(*c).id();
+  const auto traffic_class = [](const std::shared_ptr<Connection>& c) {
+    return OnPoller<int>(*c, -1, TrafficClass);
   };
-  EXPECT_EQ(TrafficClass(id(ends.client)), 104);
-  EXPECT_EQ(TrafficClass(id(ends.server)), 104) << "the server's QP does not answer in its class";
-  EXPECT_TRUE(absl::StrContains(DescribeChoice(id(ends.client)), "type_of_service 104"))
-      << DescribeChoice(id(ends.client));
+  EXPECT_EQ(traffic_class(ends.client), 104);
+  EXPECT_EQ(traffic_class(ends.server), 104) << "the server's QP does not answer in its class";
+  const std::string described = OnPoller<std::string>(*ends.client, "gone", DescribeChoice);
+  EXPECT_TRUE(absl::StrContains(described, "type_of_service 104")) << described;
   ends.client->Close();
 
   Fixture plain;
   ASSERT_TRUE(plain.Start());
   const BothEnds defaults = ConnectAndCall(plain);
   ASSERT_NE(defaults.server, nullptr);
-  EXPECT_GE(TrafficClass(id(defaults.client)), 0);
-  EXPECT_EQ(TrafficClass(id(defaults.client)), TrafficClass(id(defaults.server)));
+  EXPECT_GE(traffic_class(defaults.client), 0);
+  EXPECT_EQ(traffic_class(defaults.client), traffic_class(defaults.server));
   defaults.client->Close();
 }
 
