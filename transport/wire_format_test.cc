@@ -1,6 +1,7 @@
 #include "transport/wire_format.h"
 
 #include <cstring>
+#include <random>
 
 #include "gtest/gtest.h"
 
@@ -129,6 +130,81 @@ TEST(WireFormat, MetadataRoundTripsAndRejectsGarbage) {
   EXPECT_FALSE(ValidateMetadata({{"", "x"}}).ok());
   EXPECT_EQ(ValidateMetadata({{"big", std::string(kMaxMetadataBytes, 'x')}}).code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// A receiver takes a frame's header and metadata from its peer's bytes, so
+// decoding must accept exactly what an encoder writes: every mutation of a
+// valid encoding (bytes replaced, bits flipped, cut short, grown) either
+// fails with a message or decodes to fields that encode back to the same
+// bytes. Run under the sanitizers in `make test`, it also checks that no
+// input reads out of bounds.
+TEST(WireFormat, MutatedFramesDecodeToWhatEncodesThemOrToAnError) {
+  std::mt19937 rng(20261127);
+  auto pick = [&](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+  auto mutate = [&](std::string bytes) {
+    for (size_t k = 1 + pick(3); k > 0; --k) {
+      switch (pick(bytes.empty() ? 1 : 4)) {
+        case 0:
+          bytes.insert(pick(bytes.size() + 1), 1, static_cast<char>(pick(256)));
+          break;
+        case 1:
+          bytes[pick(bytes.size())] = static_cast<char>(pick(256));
+          break;
+        case 2:
+          bytes[pick(bytes.size())] ^= static_cast<char>(1 << pick(8));
+          break;
+        default:
+          bytes.resize(pick(bytes.size()));
+          break;
+      }
+    }
+    return bytes;
+  };
+
+  Header local = Sample();
+  local.flags = 0;
+  local.remote = {};
+  int accepted = 0, refused = 0;
+  for (const Header& valid : {Sample(), local}) {
+    std::string good(kHeaderSize, '\0');
+    EncodeHeader(valid, good.data());
+    for (int i = 0; i < 100000; ++i) {
+      const std::string bytes = mutate(good);
+      Header h;
+      const absl::Status s = DecodeHeader(bytes.data(), bytes.size(), &h);
+      if (!s.ok()) {
+        ++refused;
+        EXPECT_FALSE(s.message().empty());
+        continue;
+      }
+      ++accepted;
+      ASSERT_GE(bytes.size(), kHeaderSize);
+      std::string again(kHeaderSize, '\0');
+      EncodeHeader(h, again.data());
+      ASSERT_EQ(again, bytes.substr(0, kHeaderSize)) << "mutation " << i;
+    }
+  }
+  // Both outcomes must have been reached, or the mutations tested nothing.
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(refused, 1000);
+
+  const std::string good =
+      EncodeMetadata({{"user-id", "42"}, {"trace.span", std::string("\0\x01\xff", 3)}, {"k", ""}});
+  accepted = refused = 0;
+  for (int i = 0; i < 100000; ++i) {
+    const std::string bytes = mutate(good);
+    auto md = DecodeMetadata(bytes);
+    if (!md.ok()) {
+      ++refused;
+      EXPECT_FALSE(md.status().message().empty());
+      continue;
+    }
+    ++accepted;
+    ASSERT_TRUE(ValidateMetadata(*md).ok()) << "mutation " << i << ": " << ValidateMetadata(*md);
+    ASSERT_EQ(EncodeMetadata(*md), bytes) << "mutation " << i;
+  }
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(refused, 1000);
 }
 
 }  // namespace

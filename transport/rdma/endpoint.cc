@@ -80,19 +80,23 @@ std::chrono::nanoseconds SweepInterval(const RdmaOptions& o) {
 absl::StatusOr<std::shared_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
                                                            const RdmaOptions& options,
                                                            size_t receive_slots,
+                                                           const char* receive_slots_option,
                                                            const std::string& owner) {
   PrepareForFork();
-  std::shared_ptr<Endpoint> ep(new Endpoint(verbs, options, receive_slots, owner),
-                               [](Endpoint* e) { e->EndLoan(); });
+  std::shared_ptr<Endpoint> ep(
+      new Endpoint(verbs, options, receive_slots, receive_slots_option, owner),
+      [](Endpoint* e) { e->EndLoan(); });
   if (absl::Status s = ep->Init(); !s.ok()) return s;
   return ep;
 }
 
-Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target, std::string owner)
+Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target,
+                   const char* receive_slots_option, std::string owner)
     : verbs_(verbs),
       options_(options),
       target_(target),
       refill_below_(target + 1 - std::clamp<size_t>(target / 8, 1, kSrqRefillBatch)),
+      receive_slots_option_(receive_slots_option),
       owner_(std::move(owner)),
       spare_(static_cast<uint32_t>(target + options.max_held_slots)),
       sweep_interval_(SweepInterval(options)) {}
@@ -567,14 +571,31 @@ void Endpoint::FailAll(absl::Status why) {
 void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   by_serial_[conn->serial() & 0x07ffffff] = conn.get();
   last_receiver_ = nullptr;
-  by_qp_[conn->qp_num()] = std::move(conn);
+  std::shared_ptr<RdmaConnection>& entry = by_qp_[conn->qp_num()];
+  if (entry) granted_credits_ -= entry->credit_window();
+  granted_credits_ += conn->credit_window();
+  entry = std::move(conn);
+  if (granted_credits_ <= target_ || told_overcommitted_) return;
+  told_overcommitted_ = true;
+  fprintf(stderr,
+          "rdmarpc[%s]: %s: the %zu connections' peers may now send %zu frames at once into "
+          "%zu receive slots (credits are per connection, the SRQ is shared). A burst from all "
+          "of them would find the SRQ empty, and their devices retry each frame after %u us "
+          "(RNR NAK; device_rnr_naks_sent in the counters). If such bursts are expected, raise "
+          "RdmaOptions::%s to %zu or more, or lower RdmaOptions::credits to %zu. Said once.\n",
+          owner_.c_str(), device_name_.c_str(), by_qp_.size(), granted_credits_, target_,
+          RnrTimerMicros(RnrTimerCode(options_.rnr_wait_us)), receive_slots_option_,
+          granted_credits_, std::max<size_t>(1, target_ / by_qp_.size()));
 }
 
 void Endpoint::RemoveConnection(RdmaConnection* conn) {
   by_serial_.erase(conn->serial() & 0x07ffffff);
   last_receiver_ = nullptr;
   auto it = by_qp_.find(conn->qp_num());
-  if (it != by_qp_.end() && it->second.get() == conn) by_qp_.erase(it);
+  if (it != by_qp_.end() && it->second.get() == conn) {
+    granted_credits_ -= conn->credit_window();
+    by_qp_.erase(it);
+  }
 }
 
 RdmaConnection* Endpoint::ReceiverOf(uint32_t qp_num) {

@@ -110,9 +110,12 @@ class Endpoint {
   // Send slots registered at most, for all connections together.
   static constexpr uint32_t kMaxSendBlocks = kBlocksPerRegion * kMaxSendRegions;
 
+  // `receive_slots_option` names the RdmaOptions field `receive_slots` came
+  // from, for what the endpoint tells its user to try.
   static absl::StatusOr<std::shared_ptr<Endpoint>> Create(ibv_context* verbs,
                                                           const RdmaOptions& options,
                                                           size_t receive_slots,
+                                                          const char* receive_slots_option,
                                                           const std::string& owner);
   // Stops the poller thread (joins it); connections must be gone. Idempotent;
   // never from the poller thread itself.
@@ -171,7 +174,8 @@ class Endpoint {
   // thread, never by itself blocking.
   bool Drive(absl::FunctionRef<bool()> done);
 
-  // Poller thread only.
+  // Poller thread only. The first connection that takes the credits granted
+  // past the SRQ's slots is told on stderr (see "Overcommitted credits").
   void AddConnection(std::shared_ptr<RdmaConnection> conn);
   void RemoveConnection(RdmaConnection* conn);
   // A torn-down connection waiting for its queue pair to drain; the poller
@@ -207,7 +211,8 @@ class Endpoint {
   }
 
  private:
-  Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target, std::string owner);
+  Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target,
+           const char* receive_slots_option, std::string owner);
   ~Endpoint();  // through EndLoan only
   void Lend() { loans_.fetch_add(1, std::memory_order_relaxed); }
   void EndLoan();
@@ -247,6 +252,7 @@ class Endpoint {
   const RdmaOptions options_;
   const size_t target_;        // slots kept posted
   const size_t refill_below_;  // RefillSrq once posted_ is below it
+  const char* const receive_slots_option_;
   const std::string owner_;
   std::string device_name_;
   ibv_device_attr device_attr_{};
@@ -340,6 +346,13 @@ class Endpoint {
   std::atomic<bool> has_tasks_{false};
   std::unordered_map<uint32_t, std::shared_ptr<RdmaConnection>> by_qp_;  // poller thread
   std::unordered_map<uint32_t, RdmaConnection*> by_serial_;              // poller thread
+  // Overcommitted credits: the credit windows granted to the connections in
+  // by_qp_ add up to this, and may exceed target_ (credits are per
+  // connection, the SRQ is shared). Then a burst from all of them at once
+  // can find the SRQ empty, which the senders' devices retry (RNR); said
+  // once, the first time, with what to change if such bursts are expected.
+  size_t granted_credits_ = 0;       // poller thread
+  bool told_overcommitted_ = false;  // poller thread
   // by_qp_'s entry for the last receive: frames come in runs from one
   // connection, and a hash lookup per frame is ~40 instructions. Reset
   // whenever by_qp_ changes; poller thread.

@@ -202,6 +202,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void ReleaseId();
   uint32_t qp_num() const { return qp_num_; }
   rdma_cm_id* id() const { return id_; }
+  // Frames the peer may have in flight to us: what we granted it.
+  uint32_t credit_window() const { return credit_window_; }
 
   // I/O context (endpoint.h).
   void OnRecv(uint32_t slot, const char* data, uint32_t length);

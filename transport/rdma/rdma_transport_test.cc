@@ -1921,11 +1921,30 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
   server_opts.server_receive_slots = 16;
   server_opts.credits = kFrames;
   ASSERT_TRUE(fx.Start(server_opts));
+  // Two windows of 8 fill the 16 slots; the third connection overcommits
+  // them, which the server says once, with what to change.
+  const std::string overcommitted = "peers may now send";
   std::vector<std::shared_ptr<Connection>> conns;
   for (int i = 0; i < kConns; ++i) {
+    ::testing::internal::CaptureStderr();
     auto c = fx.Connect(&fx.NewWaiter());
+    const std::string said = ::testing::internal::GetCapturedStderr();
     ASSERT_TRUE(c.ok()) << c.status();
     conns.push_back(*c);
+    const std::string device =
+        std::static_pointer_cast<RdmaConnection>(*c)->endpoint()->device_name();
+    if (i != 2) {
+      EXPECT_EQ(said.find(overcommitted), std::string::npos) << "connection " << i + 1 << said;
+      continue;
+    }
+    for (const std::string& part :
+         {absl::StrCat("test-server]: ", device, ": the 3 connections' ", overcommitted,
+                       " 24 frames at once into 16 receive slots"),
+          std::string("retry each frame after 640 us"),
+          std::string("raise RdmaOptions::server_receive_slots to 24 or more, or lower "
+                      "RdmaOptions::credits to 5")}) {
+      EXPECT_NE(said.find(part), std::string::npos) << part << " not in: " << said;
+    }
   }
   const DeviceRnrNaks before = ReadDeviceRnrNaks();
   std::vector<std::future<InboundMessage>> responses;
