@@ -34,7 +34,8 @@
 // safety net when the shared SRQ runs short (credits are per connection, the
 // SRQ is not); the device counts those NAKs (ReadDeviceRnrNaks), and the
 // sender waits RdmaOptions::rnr_wait_us before each retry, not rdma_cm's
-// 655 ms (RdmaTransport::SetRnrWait).
+// 655 ms (RdmaTransport::SetRnrWait). An endpoint warns once when the
+// windows it granted first add up past its SRQ's slots (AddConnection).
 //
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
