@@ -328,7 +328,13 @@ absl::StatusOr<std::unique_ptr<BarePingPong>> BarePingPong::Start(
     if (absl::Status s = m.clients[c].Setup(id, message_size, shapes[c], ipv4_address); !s.ok()) {
       return s;
     }
+    // Retried as rping's and rdmarpc's queue pairs are: with rdma_cm's
+    // default of none, one ACK late past its timeout (a slow spell of the
+    // emulator, under TSan) ended the ping-pong, "transport retry counter
+    // exceeded". 6, not 7: Soft-RoCE takes 7 as "for ever" (rdma_options.h).
     rdma_conn_param param{};
+    param.retry_count = 6;
+    param.rnr_retry_count = 7;
     if (rdma_connect(id, &param) != 0) return fail("rdma_connect");
     // The request reaches the listener; accepted on this thread, then the
     // client's side completes.
