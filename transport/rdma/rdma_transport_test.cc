@@ -1931,12 +1931,12 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
     const std::string said = ::testing::internal::GetCapturedStderr();
     ASSERT_TRUE(c.ok()) << c.status();
     conns.push_back(*c);
-    const std::string device =
-        std::static_pointer_cast<RdmaConnection>(*c)->endpoint()->device_name();
     if (i != 2) {
       EXPECT_EQ(said.find(overcommitted), std::string::npos) << "connection " << i + 1 << said;
       continue;
     }
+    const std::string device =
+        std::static_pointer_cast<RdmaConnection>(*c)->endpoint()->device_name();
     for (const std::string& part :
          {absl::StrCat("test-server]: ", device, ": the 3 connections' ", overcommitted,
                        " 24 frames at once into 16 receive slots"),
