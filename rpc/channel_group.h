@@ -29,6 +29,9 @@
 // What not to rely on:
 // - The shared SRQ's receive slots (RdmaOptions::client_receive_slots) serve
 //   every channel's responses: a group of many busy channels may want more.
+//   With RdmaOptions::strict_credits, a channel whose connection finds no
+//   slots left to grant fails its calls UNAVAILABLE, saying so (the default
+//   64 hold two channels' windows).
 // - A blocking call that drives its connection (run-to-completion) picks up
 //   other channels' completions as well, and with callback_threads = 0 runs
 //   their callbacks; the transport's I/O thread runs them too.

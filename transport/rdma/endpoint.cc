@@ -575,6 +575,7 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   if (entry) granted_credits_ -= entry->credit_window();
   granted_credits_ += conn->credit_window();
   entry = std::move(conn);
+  PublishCommitted();
   if (granted_credits_ <= target_ || told_overcommitted_) return;
   told_overcommitted_ = true;
   fprintf(stderr,
@@ -582,7 +583,8 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
           "%zu receive slots (credits are per connection, the SRQ is shared). A burst from all "
           "of them would find the SRQ empty, and their devices retry each frame after %u us "
           "(RNR NAK; device_rnr_naks_sent in the counters). If such bursts are expected, raise "
-          "RdmaOptions::%s to %zu or more, or lower RdmaOptions::credits to %zu. Said once.\n",
+          "RdmaOptions::%s to %zu or more, or lower RdmaOptions::credits to %zu, or set "
+          "RdmaOptions::strict_credits to grant only what the slots hold. Said once.\n",
           owner_.c_str(), device_name_.c_str(), by_qp_.size(), granted_credits_, target_,
           RnrTimerMicros(RnrTimerCode(options_.rnr_wait_us)), receive_slots_option_,
           granted_credits_, std::max<size_t>(1, target_ / by_qp_.size()));
@@ -595,7 +597,34 @@ void Endpoint::RemoveConnection(RdmaConnection* conn) {
   if (it != by_qp_.end() && it->second.get() == conn) {
     granted_credits_ -= conn->credit_window();
     by_qp_.erase(it);
+    PublishCommitted();
   }
+}
+
+void Endpoint::PublishCommitted() {
+  // One store for both, so that StrictWindow never sees a connection's
+  // window gone and its two slots still there (or the reverse): a grant
+  // that depended on when it looked would be a flaky one.
+  const size_t slots = granted_credits_ + kCreditFramesPerWindow * by_qp_.size();
+  committed_.store(Committed{static_cast<uint32_t>(std::min<size_t>(slots, UINT32_MAX)),
+                             static_cast<uint32_t>(by_qp_.size())},
+                   std::memory_order_relaxed);
+}
+
+size_t Endpoint::StrictUnpostedSlots() const { return target_ + 1 - refill_below_; }
+
+uint32_t Endpoint::StrictWindow(uint32_t wanted) const {
+  return StrictCreditWindow(wanted, target_, StrictUnpostedSlots(),
+                            committed_.load(std::memory_order_relaxed).slots);
+}
+
+std::string Endpoint::DescribeStrictRefusal() const {
+  // Short enough for a REJ's private data (kMaxRefusalBytes), where a
+  // client reads it.
+  const Committed committed = committed_.load(std::memory_order_relaxed);
+  return absl::StrCat("strict_credits: no receive slots left to grant (", committed.connections,
+                      " connections hold ", committed.slots, " of ", target_, ", ",
+                      StrictUnpostedSlots(), " cover refills); raise ", receive_slots_option_);
 }
 
 RdmaConnection* Endpoint::ReceiverOf(uint32_t qp_num) {
@@ -652,7 +681,14 @@ bool Endpoint::PollOnce(int* completions) {
   for (size_t q = 0; q < queues; ++q) {
     CompletionQueue& cq = cqs_[q];
     const int n = ibv_poll_cq(cq.cq, kPollBatch, wcs);
-    for (int i = 0; i < n; ++i) HandleCompletion(wcs[i]);
+    for (int i = 0; i < n; ++i) {
+      HandleCompletion(wcs[i]);
+      // After each completion, not each batch: a frame's credit may go back
+      // to its peer while it is handled, and the slot it took must be
+      // posted again before more than refill_below_ allows are missing
+      // (StrictUnpostedSlots). One compare; the refill itself is batched.
+      if (posted_ < refill_below_) RefillSrq();
+    }
     found += std::max(n, 0);
     if (cq.returning != 0 && n < kPollBatch) {
       ReturnCompletions(cq.cq, static_cast<uint32_t>(cq.returning));

@@ -178,6 +178,14 @@ class Endpoint {
   // past the SRQ's slots is told on stderr (see "Overcommitted credits").
   void AddConnection(std::shared_ptr<RdmaConnection> conn);
   void RemoveConnection(RdmaConnection* conn);
+  // RdmaOptions::strict_credits: the window a new connection may be granted,
+  // at most `wanted`, 0 when the slots not spoken for hold not one frame
+  // (StrictCreditWindow); and why such a connection is refused. On the
+  // transport's rdma_cm thread, the only one that adds connections, so that
+  // what is spoken for can only shrink (connections leaving) between this
+  // and the new connection's AddConnection.
+  uint32_t StrictWindow(uint32_t wanted) const;
+  std::string DescribeStrictRefusal() const;
   // A torn-down connection waiting for its queue pair to drain; the poller
   // retries it every loop until RdmaConnection::FinishTeardown says done.
   void AddDraining(RdmaConnection* conn) { draining_.push_back(conn); }
@@ -353,6 +361,19 @@ class Endpoint {
   // once, the first time, with what to change if such bursts are expected.
   size_t granted_credits_ = 0;       // poller thread
   bool told_overcommitted_ = false;  // poller thread
+  // Strict credits: the slots the connections in by_qp_ hold (their windows
+  // and kCreditFramesPerWindow each), published by the poller thread for
+  // StrictWindow on the rdma_cm thread; and the slots that may be consumed,
+  // with their credit back at the peer, before a refill posts them again
+  // (PollOnce refills as soon as posted_ falls below refill_below_).
+  struct Committed {
+    uint32_t slots = 0;
+    uint32_t connections = 0;
+  };
+  static_assert(std::atomic<Committed>::is_always_lock_free);
+  std::atomic<Committed> committed_{Committed{}};
+  void PublishCommitted();
+  size_t StrictUnpostedSlots() const;
   // by_qp_'s entry for the last receive: frames come in runs from one
   // connection, and a hash lookup per frame is ~40 instructions. Reset
   // whenever by_qp_ changes; poller thread.

@@ -35,7 +35,9 @@
 // SRQ is not); the device counts those NAKs (ReadDeviceRnrNaks), and the
 // sender waits RdmaOptions::rnr_wait_us before each retry, not rdma_cm's
 // 655 ms (RdmaTransport::SetRnrWait). An endpoint warns once when the
-// windows it granted first add up past its SRQ's slots (AddConnection).
+// windows it granted first add up past its SRQ's slots (AddConnection);
+// with RdmaOptions::strict_credits they never do: a connection is granted
+// what the slots not spoken for hold (Endpoint::StrictWindow), or refused.
 //
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this

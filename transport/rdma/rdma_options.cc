@@ -43,6 +43,9 @@ RdmaOptions RdmaOptionsFromEnv(RdmaOptions o) {
   OverrideFromEnv("RDMARPC_RDMA_PEER_TIMEOUT_MS", &o.peer_timeout_ms);
   OverrideFromEnv("RDMARPC_RDMA_RNR_WAIT_US", &o.rnr_wait_us);
   OverrideFromEnv("RDMARPC_RDMA_KEEPALIVE_MS", &o.keepalive_ms);
+  if (uint32_t strict = 0; OverrideFromEnv("RDMARPC_RDMA_STRICT_CREDITS", &strict)) {
+    o.strict_credits = strict != 0;
+  }
   if (uint32_t trace = 0; OverrideFromEnv("RDMARPC_RDMA_TRACE", &trace)) o.trace = trace != 0;
   return o;
 }

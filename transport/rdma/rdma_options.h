@@ -16,6 +16,7 @@
 #ifndef RDMARPC_TRANSPORT_RDMA_RDMA_OPTIONS_H_
 #define RDMARPC_TRANSPORT_RDMA_RDMA_OPTIONS_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -46,6 +47,19 @@ struct RdmaOptions {
   size_t max_held_slots = 4096;
   // Frames a peer may send us on one connection before we return credit.
   uint32_t credits = 32;
+  // Whether the credit windows one transport grants on a device must fit
+  // its SRQ together. Off (the default), every connection gets `credits`
+  // (at most half the slots): the windows may add up past the slots, a
+  // burst from all peers at once then meets an empty SRQ and waits on RNR
+  // retry, and the transport says so once on stderr when that becomes
+  // possible. On, a connection is granted only what the slots not yet
+  // spoken for still hold (StrictCreditWindow), so no SEND finds the SRQ
+  // empty while the runtime gives its slots back; one that would get none
+  // is refused, naming the slots and what holds them: a server rejects the
+  // connect request, a client's Connect fails RESOURCE_EXHAUSTED. What is
+  // granted is never taken back, so idle connections keep their share; it
+  // comes back when they close. RDMARPC_RDMA_STRICT_CREDITS=1.
+  bool strict_credits = false;
   // Most send slots one connection holds, for SENDs too large to go inline:
   // slot-sized blocks taken from the transport's shared stock as the frames
   // in flight need them, and given back (but one) as their SENDs complete;
@@ -206,6 +220,25 @@ size_t InitialCqEntries(const RdmaOptions& options, bool listening);
 // connection).
 inline constexpr size_t kSrqRefillBatch = 16;
 
+// Strict credits (RdmaOptions::strict_credits). A peer that owes us credit
+// may send kCredit frames, which need no credit, while its window is full:
+// at most two for one window (it sends one once half a window is owed),
+// so each connection also holds this many slots.
+inline constexpr size_t kCreditFramesPerWindow = 2;
+// The window a new connection gets when the SRQ keeps `target` slots
+// posted, up to `unposted` of them may be consumed and not yet posted again
+// while their credit is already back with the peer (Endpoint's refill lag),
+// and the connections already there hold `committed` (their windows plus
+// kCreditFramesPerWindow each): at most `wanted`, 0 when not even one frame
+// fits.
+inline uint32_t StrictCreditWindow(uint32_t wanted, size_t target, size_t unposted,
+                                   size_t committed) {
+  const size_t usable = target > unposted ? target - unposted : 0;
+  const size_t spoken_for = committed + kCreditFramesPerWindow;
+  if (usable <= spoken_for) return 0;
+  return static_cast<uint32_t>(std::min<size_t>(wanted, usable - spoken_for));
+}
+
 // The smallest slot: the header and a little metadata. A peer that offers
 // less is refused at connection time.
 inline constexpr size_t kMinSlotSize = kHeaderSize + 64;
@@ -236,7 +269,8 @@ uint32_t RnrTimerMicros(uint8_t code);
 // RDMARPC_RDMA_SLOT_SIZE,
 // RDMARPC_RDMA_CREDITS, RDMARPC_RDMA_READ_THRESHOLD,
 // RDMARPC_RDMA_RELEASE_TIMEOUT_MS, RDMARPC_RDMA_PEER_TIMEOUT_MS,
-// RDMARPC_RDMA_RNR_WAIT_US, RDMARPC_RDMA_KEEPALIVE_MS, RDMARPC_RDMA_TRACE.
+// RDMARPC_RDMA_RNR_WAIT_US, RDMARPC_RDMA_KEEPALIVE_MS,
+// RDMARPC_RDMA_STRICT_CREDITS, RDMARPC_RDMA_TRACE.
 // A value that does not parse is reported on stderr and leaves the option
 // as it was. MakeTransport applies this to every RDMA transport it makes,
 // over the options from code.

@@ -29,8 +29,10 @@ TEST(RdmaOptionsFromEnv, ReadsWellFormedValues) {
   EnvVar trace("RDMARPC_RDMA_TRACE", "1");
   EnvVar rnr("RDMARPC_RDMA_RNR_WAIT_US", "100");
   EnvVar tos("RDMARPC_RDMA_TOS", "104");
+  EnvVar strict("RDMARPC_RDMA_STRICT_CREDITS", "1");
   const RdmaOptions o = RdmaOptionsFromEnv();
   EXPECT_TRUE(o.trace);
+  EXPECT_TRUE(o.strict_credits);
   EXPECT_EQ(o.type_of_service, 104);
   EXPECT_EQ(o.rnr_wait_us, 100u);
   EXPECT_EQ(o.poll_mode, PollMode::kBusy);
@@ -70,8 +72,10 @@ TEST(RdmaOptionsFromEnv, MalformedValuesChangeNothing) {
     EnvVar credits("RDMARPC_RDMA_CREDITS", bad);
     EnvVar poll("RDMARPC_RDMA_POLL", bad);
     EnvVar trace("RDMARPC_RDMA_TRACE", bad);
+    EnvVar strict("RDMARPC_RDMA_STRICT_CREDITS", bad);
     const RdmaOptions o = RdmaOptionsFromEnv();
     EXPECT_EQ(o.trace, defaults.trace) << bad;
+    EXPECT_EQ(o.strict_credits, defaults.strict_credits) << bad;
     EXPECT_EQ(o.keepalive_ms, defaults.keepalive_ms) << bad;
     EXPECT_EQ(o.slot_size, defaults.slot_size) << bad;
     EXPECT_EQ(o.credits, defaults.credits) << bad;
@@ -153,6 +157,28 @@ TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.named;
     EXPECT_NE(s.message().find(absl::StrCat("RdmaOptions::", c.named)), std::string::npos)
         << s.message();
+  }
+}
+
+// Strict credits: each connection holds its window and two slots for the
+// peer's kCredit frames; the refill's lag is held back from all.
+TEST(StrictCreditWindow, GrantsWhatTheSlotsNotSpokenForHoldAndNothingBeyond) {
+  // 64 slots, 8 of them refill lag: 56 to grant.
+  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 0), 8u);
+  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 40), 8u);
+  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 50), 4u);   // 56 - 50 - 2
+  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 53), 1u);   // one frame still fits
+  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 54), 0u);   // its kCredit frames would not
+  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 100), 0u);  // more spoken for than there is
+  EXPECT_EQ(StrictCreditWindow(8, 8, 8, 0), 0u);     // the lag is the whole SRQ
+  EXPECT_EQ(StrictCreditWindow(8, 10, 8, 0), 0u);
+  EXPECT_EQ(StrictCreditWindow(8, 11, 8, 0), 1u);
+  // What is granted and what it holds never exceed the usable slots.
+  for (size_t committed = 0; committed < 60; ++committed) {
+    const uint32_t w = StrictCreditWindow(32, 64, 8, committed);
+    if (w > 0) {
+      EXPECT_LE(committed + w + kCreditFramesPerWindow, 64u - 8u) << committed;
+    }
   }
 }
 

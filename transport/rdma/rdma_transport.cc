@@ -302,14 +302,16 @@ void RdmaTransport::Track(const std::shared_ptr<RdmaConnection>& conn) {
   conns_[conn.get()] = conn;
 }
 
-uint32_t RdmaTransport::LocalCredits() const {
+uint32_t RdmaTransport::LocalCredits(const Endpoint& ep) const {
   const size_t slots = server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots;
-  return static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(rdma_.credits, slots / 2)));
+  const auto credits =
+      static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(rdma_.credits, slots / 2)));
+  return rdma_.strict_credits ? ep.StrictWindow(credits) : credits;
 }
 
-Handshake RdmaTransport::LocalHandshake() const {
+Handshake RdmaTransport::LocalHandshake(uint32_t credits) const {
   Handshake hs;
-  hs.credits = LocalCredits();
+  hs.credits = credits;
   hs.slot_size = static_cast<uint32_t>(rdma_.slot_size);
   hs.release_timeout_ms = rdma_.release_timeout_ms;
   return hs;
@@ -562,10 +564,18 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         break;
       }
       const ibv_device_attr& dev = (*ep)->device_attr();
+      const uint32_t credits = LocalCredits(**ep);
+      if (credits == 0) {
+        AbandonAttempt(at);
+        at->Finish(absl::ResourceExhaustedError(
+            absl::StrCat("cannot connect to ", at->target, " on ", (*ep)->device_name(), ": ",
+                         (*ep)->DescribeStrictRefusal(), " or close a connection")));
+        break;
+      }
       const uint32_t rd_atom = std::max(
           1, std::min<int>(static_cast<int>(rdma_.max_reads_in_flight), dev.max_qp_init_rd_atom));
       auto conn = std::make_shared<RdmaConnection>(*ep, id, at->target, next_serial_++, options_,
-                                                   Handshake{}, LocalCredits(), rd_atom);
+                                                   Handshake{}, credits, rd_atom);
       if (absl::Status s = conn->CreateQp(); !s.ok()) {
         // Never opened, so not torn down: the id stays the attempt's, and is
         // given up with it on this thread.
@@ -577,7 +587,7 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       conn->set_observer(at->observer);
       Track(conn);
       (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });
-      const Handshake hs = LocalHandshake();
+      const Handshake hs = LocalHandshake(credits);
       rdma_conn_param param{};
       param.private_data = &hs;
       param.private_data_len = sizeof hs;
@@ -693,8 +703,10 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   const uint32_t rd_atom = std::max(
       1, std::min({static_cast<int>(rdma_.max_reads_in_flight),
                    static_cast<int>(ev->param.conn.initiator_depth), dev.max_qp_init_rd_atom}));
+  const uint32_t credits = LocalCredits(**ep);
+  if (credits == 0) return refuse((*ep)->DescribeStrictRefusal());
   auto conn = std::make_shared<RdmaConnection>(*ep, child, peer, next_serial_++, options_, hs,
-                                               LocalCredits(), rd_atom);
+                                               credits, rd_atom);
   if (absl::Status s = conn->CreateQp(); !s.ok()) {
     conn->ReleaseId();  // the id goes after the ack instead
     // EINVAL: the kernel's CM no longer holds the request as pending, and
@@ -714,7 +726,7 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });
   Track(conn);
   cm_targets_[child] = CmTarget{nullptr, nullptr, conn};
-  const Handshake ours = LocalHandshake();
+  const Handshake ours = LocalHandshake(credits);
   rdma_conn_param param{};
   param.private_data = &ours;
   param.private_data_len = sizeof ours;

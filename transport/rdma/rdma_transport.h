@@ -94,8 +94,11 @@ class RdmaTransport : public Transport {
   void SetRnrWait(rdma_cm_id* id);
   void Track(const std::shared_ptr<RdmaConnection>& conn);
   std::string PeerOf(rdma_cm_id* id) const;
-  uint32_t LocalCredits() const;
-  Handshake LocalHandshake() const;
+  // The window a new connection on `ep` gets: RdmaOptions::credits, at most
+  // half the receive slots, and with strict_credits at most what the slots
+  // not spoken for hold (0: none; the connection is refused).
+  uint32_t LocalCredits(const Endpoint& ep) const;
+  Handshake LocalHandshake(uint32_t credits) const;
 
   const TransportOptions options_;
   const RdmaOptions rdma_;

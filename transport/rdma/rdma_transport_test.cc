@@ -1942,7 +1942,7 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
                        " 24 frames at once into 16 receive slots"),
           std::string("retry each frame after 640 us"),
           std::string("raise RdmaOptions::server_receive_slots to 24 or more, or lower "
-                      "RdmaOptions::credits to 5")}) {
+                      "RdmaOptions::credits to 5, or set RdmaOptions::strict_credits")}) {
       EXPECT_NE(said.find(part), std::string::npos) << part << " not in: " << said;
     }
   }
@@ -1986,6 +1986,155 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
     printf("this device exposes no count of RNR NAKs received; delivery was checked\n");
   }
   EXPECT_EQ(Counters().rnr_retry_exhausted, 0u);
+  for (auto& c : conns) c->Close();
+}
+
+// The window the server granted on the connection it accepted last.
+uint32_t ServerWindowOfLastAccepted(Fixture& fx) {
+  return std::static_pointer_cast<RdmaConnection>(fx.LastAccepted())->credit_window();
+}
+
+// strict_credits on a server: windows that fit the SRQ together, a connect
+// request refused (saying why) when none fits, and the room back once a
+// connection closes. With 32 slots, 4 of them refill lag
+// (Endpoint::StrictUnpostedSlots), and windows of 16, each taking two more
+// slots for kCredit frames: 16, 8, then nothing; without the option the
+// third would connect too, and a burst from the three would overrun the
+// SRQ. A burst from the two, with the server's poller held, finds a posted
+// slot for every frame: no RNR NAK, and every frame answered; and so do 40
+// bursts with the server answering as they come (the worst case of the
+// refill lag needs timing that this does not force).
+TEST(RdmaTransport, StrictCreditsGrantOnlyWhatTheSrqHoldsAndRefuseTheRest) {
+  HeldEcho held;
+  Fixture fx;
+  fx.server_observer = &held;
+  RdmaOptions server_opts;
+  server_opts.server_receive_slots = 32;
+  server_opts.credits = 16;
+  server_opts.strict_credits = true;
+  ASSERT_TRUE(fx.Start(server_opts));
+  std::vector<std::shared_ptr<Connection>> conns;
+  for (uint32_t expected : {16u, 8u}) {
+    auto c = fx.Connect(&fx.NewWaiter());
+    ASSERT_TRUE(c.ok()) << c.status();
+    conns.push_back(*c);
+    EXPECT_EQ(ServerWindowOfLastAccepted(fx), expected) << "connection " << conns.size();
+    // What the handshake told the client, before it sent anything.
+    const std::string terms = std::static_pointer_cast<RdmaConnection>(*c)->DescribeTerms();
+    EXPECT_NE(terms.find(absl::StrCat("the peer ", expected, ";")), std::string::npos) << terms;
+  }
+  ::testing::internal::CaptureStderr();
+  auto refused = fx.Connect(&fx.NewWaiter());
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_FALSE(refused.ok()) << "a third window was granted";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  const std::string why =
+      "strict_credits: no receive slots left to grant (2 connections hold 28 of 32, 4 cover "
+      "refills); raise server_receive_slots";
+  EXPECT_NE(
+      refused.status().message().find(absl::StrCat("the server refused the connection: ", why)),
+      std::string::npos)
+      << refused.status();
+  EXPECT_NE(said.find(absl::StrCat("test-server]: refusing connection from ")), std::string::npos)
+      << said;
+  EXPECT_NE(said.find(why), std::string::npos) << said;
+  // The client's transport may say its own windows overcommit; the server's
+  // never do.
+  const std::string device =
+      std::static_pointer_cast<RdmaConnection>(conns[0])->endpoint()->device_name();
+  EXPECT_EQ(said.find(absl::StrCat("test-server]: ", device, ": the")), std::string::npos) << said;
+
+  const DeviceRnrNaks before = ReadDeviceRnrNaks();
+  std::vector<std::future<InboundMessage>> responses;
+  for (size_t c = 0; c < conns.size(); ++c) {
+    for (uint64_t i = 1; i <= 16; ++i) {
+      const uint64_t id = c * 100 + i;
+      responses.push_back(fx.waiters[c].Expect(id));
+      ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
+    }
+  }
+  ASSERT_TRUE(held.WaitForFirst());
+  // Time for NAKs to show, had a frame found no slot (EmptySrqIsRetriedAndCounted
+  // sees them within this).
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  while (absl::Now() < until && ReadDeviceRnrNaks().received == before.received) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const DeviceRnrNaks during = ReadDeviceRnrNaks();
+  held.Open();
+  for (auto& r : responses) {
+    ASSERT_EQ(r.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    InboundMessage m = r.get();
+    EXPECT_TRUE(m.payload_status.ok() && Matches(m.payload, 64, m.header.call_id));
+  }
+  EXPECT_EQ(during.received, before.received) << "a frame found the SRQ empty";
+  // Then as in normal operation, the server answering as frames come and
+  // each answer bringing its connection's next frames: still none.
+  uint64_t id = 1000;
+  for (int round = 0; round < 40; ++round) {
+    responses.clear();
+    for (size_t c = 0; c < conns.size(); ++c) {
+      for (int i = 0; i < 16; ++i, ++id) {
+        responses.push_back(fx.waiters[c].Expect(id));
+        ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
+      }
+    }
+    for (auto& r : responses) {
+      ASSERT_EQ(r.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    }
+  }
+  EXPECT_EQ(ReadDeviceRnrNaks().received, before.received) << "a frame found the SRQ empty";
+
+  // The first connection's window (and its two) come back once it is gone.
+  conns[0]->Close();
+  absl::StatusOr<std::shared_ptr<Connection>> again = absl::UnavailableError("not tried");
+  for (const absl::Time by = absl::Now() + absl::Seconds(20); !again.ok() && absl::Now() < by;) {
+    ::testing::internal::CaptureStderr();
+    again = fx.Connect(&fx.NewWaiter());
+    ::testing::internal::GetCapturedStderr();
+    if (!again.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(again.ok()) << "the closed connection's slots never came back: " << again.status();
+  EXPECT_EQ(ServerWindowOfLastAccepted(fx), 16u);
+  auto r = Call(**again, fx.waiters.back(), 1, Filled(**again, 64, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (auto& c : conns) c->Close();
+  (*again)->Close();
+}
+
+// strict_credits on a client: its SRQ (client_receive_slots) is shared by
+// its connections as a server's is, so a connect that would find no slots
+// left for its window fails RESOURCE_EXHAUSTED, naming the option to raise,
+// before the server hears of it.
+TEST(RdmaTransport, StrictCreditsOnAClientFailTheConnectThatFindsNoSlots) {
+  Fixture fx;
+  RdmaOptions client_opts;
+  client_opts.client_receive_slots = 32;
+  client_opts.credits = 16;
+  client_opts.strict_credits = true;
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_opts));
+  std::vector<std::shared_ptr<Connection>> conns;
+  for (uint32_t expected : {16u, 8u}) {
+    auto c = fx.Connect(&fx.NewWaiter());
+    ASSERT_TRUE(c.ok()) << c.status();
+    conns.push_back(*c);
+    EXPECT_EQ(std::static_pointer_cast<RdmaConnection>(*c)->credit_window(), expected);
+    const std::string terms =
+        std::static_pointer_cast<RdmaConnection>(fx.LastAccepted())->DescribeTerms();
+    EXPECT_NE(terms.find(absl::StrCat("the peer ", expected, ";")), std::string::npos) << terms;
+  }
+  auto refused = fx.Connect(&fx.NewWaiter());
+  ASSERT_FALSE(refused.ok()) << "a third window was granted";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "no receive slots left to grant (2 connections hold 28 of 32, 4 cover refills); "
+                "raise client_receive_slots or close a connection"),
+            std::string::npos)
+      << refused.status();
+  for (size_t c = 0; c < conns.size(); ++c) {
+    auto r = Call(*conns[c], fx.waiters[c], 1, Filled(*conns[c], 64, 1));
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
   for (auto& c : conns) c->Close();
 }
 
