@@ -181,6 +181,54 @@ TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
   EXPECT_LT(grouped, 2 * lone);
 }
 
+// A group whose transport has strict_credits lets in only the channels
+// whose credit windows its receive slots hold (the default 64: windows of
+// 32 and 20); the next channel's calls fail UNAVAILABLE, saying why and
+// what to raise, and succeed once a channel is gone and its slots are back.
+TEST(RdmaChannelGroup, StrictCreditsLetInOnlyTheChannelsItsSlotsHold) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  std::vector<std::unique_ptr<TestServer>> servers;
+  for (int i = 0; i < 3; ++i) {
+    servers.push_back(std::make_unique<TestServer>("rdma://" + ip + ":0"));
+    ASSERT_TRUE(servers.back()->server);
+  }
+  ChannelOptions options;
+  options.transport.rdma.strict_credits = true;
+  auto group = ChannelGroup::Create(options);
+  ASSERT_TRUE(group.ok());
+  const auto call = [](Channel& ch) {
+    ClientContext ctx;
+    EchoRequest req;
+    req.set_data("x");
+    EchoResponse resp;
+    return ch.Call(kEcho, &ctx, req, &resp);
+  };
+  std::vector<std::shared_ptr<Channel>> channels;
+  for (auto& ts : servers) {
+    auto ch = (*group)->NewChannel(ts->address);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    channels.push_back(*ch);
+  }
+  ASSERT_TRUE(call(*channels[0]).ok());
+  ASSERT_TRUE(call(*channels[1]).ok());
+  const Status refused = call(*channels[2]);
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused;
+  EXPECT_NE(refused.message().find("strict_credits: no receive slots left to grant (2 "
+                                   "connections hold 56 of 64, 8 cover refills); raise "
+                                   "client_receive_slots"),
+            std::string::npos)
+      << refused;
+  channels[0].reset();
+  Status later = refused;
+  for (const absl::Time by = absl::Now() + absl::Seconds(20); !later.ok() && absl::Now() < by;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    later = call(*channels[2]);
+  }
+  EXPECT_TRUE(later.ok()) << "the closed channel's slots never came back: " << later;
+  EXPECT_TRUE(call(*channels[1]).ok());
+}
+
 // The transport's tunables set in code reach both ends: a READ threshold
 // below the payload makes the side that has it advertise the payload, which
 // the other side READs, where the defaults would have sent it by SEND.
