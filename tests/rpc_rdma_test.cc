@@ -183,7 +183,7 @@ TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
 
 // A group whose transport has strict_credits lets in only the channels
 // whose credit windows its receive slots hold (the default 64: windows of
-// 32 and 20); the next channel's calls fail UNAVAILABLE, saying why and
+// 32 and 18); the next channel's calls fail UNAVAILABLE, saying why and
 // what to raise, and succeed once a channel is gone and its slots are back.
 TEST(RdmaChannelGroup, StrictCreditsLetInOnlyTheChannelsItsSlotsHold) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();

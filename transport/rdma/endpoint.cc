@@ -603,7 +603,7 @@ void Endpoint::RemoveConnection(RdmaConnection* conn) {
 
 void Endpoint::PublishCommitted() {
   // One store for both, so that StrictWindow never sees a connection's
-  // window gone and its two slots still there (or the reverse): a grant
+  // window gone and its kCredit slots still there (or the reverse): a grant
   // that depended on when it looked would be a flaky one.
   const size_t slots = granted_credits_ + kCreditFramesPerWindow * by_qp_.size();
   committed_.store(Committed{static_cast<uint32_t>(std::min<size_t>(slots, UINT32_MAX)),

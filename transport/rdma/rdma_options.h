@@ -220,11 +220,13 @@ size_t InitialCqEntries(const RdmaOptions& options, bool listening);
 // connection).
 inline constexpr size_t kSrqRefillBatch = 16;
 
-// Strict credits (RdmaOptions::strict_credits). A peer that owes us credit
-// may send kCredit frames, which need no credit, while its window is full:
-// at most two for one window (it sends one once half a window is owed),
-// so each connection also holds this many slots.
-inline constexpr size_t kCreditFramesPerWindow = 2;
+// Strict credits (RdmaOptions::strict_credits). A peer returns credit in a
+// kCredit frame, which costs none, once half the window it granted us (at
+// least one frame) is owed, and we send at most that window before we read
+// its credit: so at most three of its kCredit frames wait in our SRQ at
+// once (with a window of 3, one per frame; two with any other), and each
+// connection holds this many slots besides its window.
+inline constexpr size_t kCreditFramesPerWindow = 3;
 // The window a new connection gets when the SRQ keeps `target` slots
 // posted, up to `unposted` of them may be consumed and not yet posted again
 // while their credit is already back with the peer (Endpoint's refill lag),

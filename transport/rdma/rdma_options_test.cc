@@ -160,19 +160,19 @@ TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
   }
 }
 
-// Strict credits: each connection holds its window and two slots for the
+// Strict credits: each connection holds its window and three slots for the
 // peer's kCredit frames; the refill's lag is held back from all.
 TEST(StrictCreditWindow, GrantsWhatTheSlotsNotSpokenForHoldAndNothingBeyond) {
   // 64 slots, 8 of them refill lag: 56 to grant.
   EXPECT_EQ(StrictCreditWindow(8, 64, 8, 0), 8u);
   EXPECT_EQ(StrictCreditWindow(8, 64, 8, 40), 8u);
-  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 50), 4u);   // 56 - 50 - 2
-  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 53), 1u);   // one frame still fits
-  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 54), 0u);   // its kCredit frames would not
+  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 50), 3u);   // 56 - 50 - 3
+  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 52), 1u);   // one frame still fits
+  EXPECT_EQ(StrictCreditWindow(8, 64, 8, 53), 0u);   // its kCredit frames would not
   EXPECT_EQ(StrictCreditWindow(8, 64, 8, 100), 0u);  // more spoken for than there is
   EXPECT_EQ(StrictCreditWindow(8, 8, 8, 0), 0u);     // the lag is the whole SRQ
-  EXPECT_EQ(StrictCreditWindow(8, 10, 8, 0), 0u);
-  EXPECT_EQ(StrictCreditWindow(8, 11, 8, 0), 1u);
+  EXPECT_EQ(StrictCreditWindow(8, 11, 8, 0), 0u);
+  EXPECT_EQ(StrictCreditWindow(8, 12, 8, 0), 1u);
   // What is granted and what it holds never exceed the usable slots.
   for (size_t committed = 0; committed < 60; ++committed) {
     const uint32_t w = StrictCreditWindow(32, 64, 8, committed);

@@ -1997,8 +1997,8 @@ uint32_t ServerWindowOfLastAccepted(Fixture& fx) {
 // strict_credits on a server: windows that fit the SRQ together, a connect
 // request refused (saying why) when none fits, and the room back once a
 // connection closes. With 32 slots, 4 of them refill lag
-// (Endpoint::StrictUnpostedSlots), and windows of 16, each taking two more
-// slots for kCredit frames: 16, 8, then nothing; without the option the
+// (Endpoint::StrictUnpostedSlots), and windows of 16, each taking three
+// more slots for kCredit frames: 16, 6, then nothing; without the option the
 // third would connect too, and a burst from the three would overrun the
 // SRQ. A burst from the two, with the server's poller held, finds a posted
 // slot for every frame: no RNR NAK, and every frame answered; and so do 40
@@ -2014,7 +2014,7 @@ TEST(RdmaTransport, StrictCreditsGrantOnlyWhatTheSrqHoldsAndRefuseTheRest) {
   server_opts.strict_credits = true;
   ASSERT_TRUE(fx.Start(server_opts));
   std::vector<std::shared_ptr<Connection>> conns;
-  for (uint32_t expected : {16u, 8u}) {
+  for (uint32_t expected : {16u, 6u}) {
     auto c = fx.Connect(&fx.NewWaiter());
     ASSERT_TRUE(c.ok()) << c.status();
     conns.push_back(*c);
@@ -2085,7 +2085,7 @@ TEST(RdmaTransport, StrictCreditsGrantOnlyWhatTheSrqHoldsAndRefuseTheRest) {
   }
   EXPECT_EQ(ReadDeviceRnrNaks().received, before.received) << "a frame found the SRQ empty";
 
-  // The first connection's window (and its two) come back once it is gone.
+  // The first connection's window (and its three) come back once it is gone.
   conns[0]->Close();
   absl::StatusOr<std::shared_ptr<Connection>> again = absl::UnavailableError("not tried");
   for (const absl::Time by = absl::Now() + absl::Seconds(20); !again.ok() && absl::Now() < by;) {
@@ -2114,7 +2114,7 @@ TEST(RdmaTransport, StrictCreditsOnAClientFailTheConnectThatFindsNoSlots) {
   client_opts.strict_credits = true;
   ASSERT_TRUE(fx.Start(RdmaOptions(), client_opts));
   std::vector<std::shared_ptr<Connection>> conns;
-  for (uint32_t expected : {16u, 8u}) {
+  for (uint32_t expected : {16u, 6u}) {
     auto c = fx.Connect(&fx.NewWaiter());
     ASSERT_TRUE(c.ok()) << c.status();
     conns.push_back(*c);
