@@ -194,7 +194,10 @@ write_cmd() {  # $1 = io dir, $2 = role, $3/$4 = self ip/ipv6, $5/$6 = peer ip/i
 # printed last, which is what says where it stopped. The kernel logs
 # everything (loglevel=7) and sed moves its lines (they open with a
 # "[seconds]" stamp) into $io.kernel, so a stuck boot can show how far it got
-# without every test's log carrying ~350 lines of boot.
+# without every test's log carrying ~350 lines of boot. The kernel writes to
+# the serial port between the bytes of a line the command is still sending,
+# so a stamp (with its six decimals) can come mid-line: the line is cut
+# there, the command's part printed, the kernel's moved.
 # The monitor's pipe lets watch_boot press SysRq on the guest's keyboard.
 boot() {  # $1 = io dir, $2 = prefix for output lines, rest = extra qemu args
   local io=$1 prefix=$2; shift 2
@@ -208,7 +211,9 @@ boot() {  # $1 = io dir, $2 = prefix for output lines, rest = extra qemu args
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$io,mount_tag=io,security_model=none" \
     -monitor "pipe:$io.mon" -pidfile "$io.pid" "$@" < /dev/null 2>&1 \
-    | sed -u -e 's/\r//g' -e "/^\[ *[0-9]*\.[0-9]*\] /{w $io.kernel" -e 'd}' -e "s/^/$prefix/"
+    | sed -u -e 's/\r//g' -e 's/^\(..*\)\(\[ *[0-9]\+\.[0-9]\{6\}\] \)/\1\n\2/' \
+      -e "/\n/{h;s/\n.*//;s/^/$prefix/;p;g;s/^[^\n]*\n//}" \
+      -e "/^\[ *[0-9]*\.[0-9]*\] /{w $io.kernel" -e 'd}' -e "s/^/$prefix/"
 }
 
 # Kernel lines on stderr, marked as the guest kernel's.

@@ -16,10 +16,15 @@ has() {  # what, output, pattern
   if ! grep -qE -- "$3" <<<"$2"; then echo "FAIL: $1: no line matching /$3/"; fail=1; fi
 }
 
+# The kernel's message comes in the middle of a line of the command's (sent,
+# then half a second for the serial port to carry it): it is still moved to
+# the kernel's lines.
 out=$("$run" --timeout 120 bash -c 'echo "in the guest as $RDMARPC_VM_ROLE"
-  echo "run_test: logged by the kernel" > /dev/kmsg; exit 3' 2>&1)
+  printf "a line that the kernel cuts: "; sleep 0.5
+  echo "run_test: logged by the kernel" > /dev/kmsg; echo "its end"; exit 3' 2>&1)
 check "a command's exit status" $? 3
 has "the command's output" "$out" '^in the guest as single$'
+has "the command's line up to the kernel's" "$out" '^a line that the kernel cuts: $'
 has "the kernel's message, after a failure" "$out" '^rdmavm-kernel: \[ *[0-9.]+\] run_test: logged by the kernel$'
 if grep -q 'Linux version' <<<"$out"; then echo "FAIL: the boot's kernel messages are in the output"; fail=1; fi
 
