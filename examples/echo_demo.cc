@@ -2,6 +2,7 @@
 // talking over rdma:// (or the address given), with small calls going by SEND
 // into the server's SRQ and large ones by RDMA READ, as a protobuf bytes field
 // and as an attachment (rpc/attachment.h, which protobuf never copies).
+// Asks the server's health service first, as a load balancer would (rpc/health.h).
 // Prints the device used (the transport's log line), latencies and the
 // transport counters. The RDMA poll mode is set in code on both ends
 // (ChannelOptions::transport, ServerBuilder::SetTransportTunables).
@@ -19,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "proto/echo.rdmarpc.pb.h"
+#include "proto/health.rdmarpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "transport/rdma/counters.h"
@@ -91,6 +93,7 @@ int main(int argc, char** argv) {
                     .RegisterService(&service)
                     .SetWorkerThreads(absl::GetFlag(FLAGS_workers))
                     .SetTransportTunables(tunables)
+                    .EnableHealthService()
                     .BuildAndStart();
   if (!server.ok()) {
     fprintf(stderr, "server: %s\n", std::string(server.status().message()).c_str());
@@ -107,6 +110,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto stub = rdmarpc::examples::Echo::NewStub(*channel);
+  {
+    // What a load balancer asks first (rpc/health.h).
+    auto health = rdmarpc::health::v1::Health::NewStub(*channel);
+    rdmarpc::ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(30));
+    rdmarpc::health::v1::HealthCheckRequest req;
+    req.set_service("rdmarpc.examples.Echo");
+    rdmarpc::health::v1::HealthCheckResponse resp;
+    const rdmarpc::Status s = health->Check(&ctx, req, &resp);
+    if (!s.ok()) {
+      fprintf(stderr, "health check: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    printf("health of %s at %s: %s\n", req.service().c_str(), target.c_str(),
+           rdmarpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()).c_str());
+  }
 
   auto run = [&](int calls, size_t size, bool attach, const char* label) -> bool {
     rdmarpc::examples::EchoRequest req;

@@ -2,7 +2,7 @@
 # The main job (`make demo`, examples/echo_demo) run with small counts in the
 # Soft-RoCE VM: it must name the device each end uses, time every kind of
 # call, and its counters must show small calls by SEND into the SRQ and the
-# 1 MiB ones by READ. --poll reaches the transports through the runtime's
+# 1 MiB ones by READ; its health check must find the service SERVING. --poll reaches the transports through the runtime's
 # options: busy callers take their own completions, event ones never do.
 # Speed is not checked here (bench/run_bench.sh measures it).
 set -euo pipefail
@@ -53,6 +53,12 @@ expect "READs" "$(counter reads= "$busy")" -ge 16
 expect "bytes READ" "$(counter bytes_read= "$busy")" -ge $((16 << 20))
 expect "server calls of Say" \
   "$(echo "$busy" | sed -nE 's|^server calls: /rdmarpc.examples.Echo/Say ([0-9]+)$|\1|p')" -eq 208
+echo "$busy" | grep -qE "^health of rdmarpc.examples.Echo at rdma://[^ ]+: SERVING$" || {
+  echo "FAIL: no line saying the health service answered SERVING"
+  fail=1
+}
+expect "server calls of Health/Check" \
+  "$(echo "$busy" | sed -nE 's|^server calls: /rdmarpc.health.v1.Health/Check ([0-9]+)$|\1|p')" -eq 1
 expect "busy mode's caller completions" "$(counter caller_completions= "$busy")" -gt 0
 
 event=$(run event) || exit 1
@@ -66,5 +72,5 @@ elif ! echo "$bad" | grep -q "not adaptive, busy or event"; then
   echo "FAIL: --poll sometimes refused without saying why: $bad"
   fail=1
 fi
-[ "$fail" = 0 ] && echo "PASS: device named, every kind of call timed, small calls by SEND into the SRQ, large by READ, --poll obeyed"
+[ "$fail" = 0 ] && echo "PASS: device named, health SERVING, every kind of call timed, small calls by SEND into the SRQ, large by READ, --poll obeyed"
 exit $fail

@@ -302,6 +302,7 @@ void Server::OnClosed(Connection& conn, const absl::Status&) {
 }
 
 void Server::Shutdown(absl::Duration grace) {
+  if (health_) health_->Shutdown();
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (shutting_down_) {
@@ -364,12 +365,31 @@ ServerBuilder& ServerBuilder::SetTransportTunables(transport::TransportTunables 
   return *this;
 }
 
+ServerBuilder& ServerBuilder::EnableHealthService() {
+  health_ = true;
+  return *this;
+}
+
 StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   if (ports_.empty()) return Status(StatusCode::kInvalidArgument, "no listening port added");
   const int workers =
       workers_ >= 0 ? workers_ : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   std::unique_ptr<Server> server(new Server(workers, max_message_size_));
-  for (const Service* service : services_) {
+  std::vector<const Service*> services(services_.begin(), services_.end());
+  if (health_) {
+    server->health_ = std::make_unique<HealthService>();
+    for (const Service* service : services_) {
+      for (const Service::Method& m : service->methods()) {
+        // "/package.Service/Method" -> "package.Service"
+        const size_t end = m.full_name.rfind('/');
+        if (end != std::string::npos && end > 0) {
+          server->health_->SetServingStatus(m.full_name.substr(1, end - 1), true);
+        }
+      }
+    }
+    services.push_back(server->health_.get());
+  }
+  for (const Service* service : services) {
     for (const Service::Method& m : service->methods()) {
       auto [it, added] = server->methods_.emplace(
           m.id, Server::MethodEntry{&m, std::make_unique<std::atomic<uint64_t>>(0)});

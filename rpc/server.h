@@ -15,15 +15,19 @@
 // number of cores). Handlers run on workers; an asynchronous handler may
 // finish from any thread. SetWorkerThreads(0) runs handlers inline on the I/O
 // thread instead: the lowest latency (no thread hop), for handlers that never
-// block, since a blocked handler stalls every connection of that transport. A request whose deadline
-// passed while it waited in the queue is answered DEADLINE_EXCEEDED without
-// running its handler.
+// block, since a blocked handler stalls every connection of that transport. A request whose
+// deadline passed while it waited in the queue is answered DEADLINE_EXCEEDED without running its
+// handler.
 //
 // Shutdown(grace): stops accepting connections and answers new requests with
 // UNAVAILABLE; waits up to `grace` for in-flight calls to finish; then marks
 // the rest cancelled (ServerContext::IsCancelled) and answers them CANCELLED;
 // then closes every connection and joins the workers. Handlers must return
 // once cancelled: a handler that never returns blocks Shutdown.
+//
+// EnableHealthService() hosts the standard health service (rpc/health.h):
+// Server::health() sets what it answers, and Shutdown starts by marking
+// everything NOT_SERVING.
 //
 // Bad input never takes the server down: an unparsable frame closes only that
 // connection; an unknown method gets UNIMPLEMENTED, a request that does not
@@ -44,6 +48,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "rpc/health.h"
 #include "rpc/internal/thread_pool.h"
 #include "rpc/service.h"
 #include "rpc/status.h"
@@ -69,6 +74,9 @@ class Server : private transport::ConnectionObserver {
   // those answered with an error.
   std::map<std::string, uint64_t> MethodCallCounts() const;
 
+  // The health service, when the builder enabled it; null otherwise.
+  HealthService* health() const { return health_.get(); }
+
  private:
   friend class ServerBuilder;
   friend class ServerCallImpl;
@@ -92,6 +100,7 @@ class Server : private transport::ConnectionObserver {
 
   const size_t max_message_size_;
   const bool inline_handlers_;
+  std::unique_ptr<HealthService> health_;  // before methods_, which point into it
   struct MethodEntry {
     const Service::Method* method;
     std::unique_ptr<std::atomic<uint64_t>> calls;
@@ -126,6 +135,9 @@ class ServerBuilder {
   // (transport/factory.h), e.g. rdma.poll_mode, rdma.server_receive_slots,
   // tcp.peer_timeout_ms. RDMARPC_* environment variables override them.
   ServerBuilder& SetTransportTunables(transport::TransportTunables tunables);
+  // Hosts the standard health service (rpc/health.h) beside the registered
+  // ones, with "" and each of them SERVING.
+  ServerBuilder& EnableHealthService();
   // Fails (naming the cause) on an unusable address, a method registered
   // twice, or two methods whose ids collide.
   StatusOr<std::unique_ptr<Server>> BuildAndStart();
@@ -136,6 +148,7 @@ class ServerBuilder {
   int workers_ = -1;  // the number of cores
   size_t max_message_size_ = 64u << 20;
   transport::TransportTunables tunables_;
+  bool health_ = false;
 };
 
 }  // namespace rdmarpc

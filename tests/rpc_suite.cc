@@ -18,8 +18,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/echo.rdmarpc.pb.h"
+#include "proto/health.rdmarpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/channel_group.h"
+#include "rpc/health.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "tests/echo_service.h"
@@ -833,6 +835,134 @@ TEST_P(RpcSuite, GeneratedStubCallsGeneratedService) {
   ASSERT_TRUE(f3.ok()) << f3.status();
   EXPECT_EQ(f3->payload(), "generated");
   EXPECT_EQ(f3->server_calls(), 3u);
+}
+
+using health::v1::HealthCheckRequest;
+using health::v1::HealthCheckResponse;
+
+// Health::Check through the generated stub: what it answers (kept in the
+// response's status; an error Status for a name it does not know).
+StatusOr<HealthCheckResponse::ServingStatus> CheckHealth(health::v1::Health::Stub& stub,
+                                                         const std::string& service) {
+  ClientContext ctx;
+  ctx.set_timeout(absl::Seconds(10));
+  HealthCheckRequest req;
+  req.set_service(service);
+  HealthCheckResponse resp;
+  Status s = stub.Check(&ctx, req, &resp);
+  if (!s.ok()) return s;
+  return resp.status();
+}
+
+StatusOr<std::unique_ptr<Server>> BuildWithHealth(const std::string& address, Service* service) {
+  return ServerBuilder()
+      .AddListeningPort(address)
+      .RegisterService(service)
+      .EnableHealthService()
+      .BuildAndStart();
+}
+
+// The standard health service: the server ("") and each registered service
+// are SERVING from the start, an unknown name is NOT_FOUND, the program
+// changes and adds statuses, and HealthService::Shutdown marks everything
+// NOT_SERVING for good while ordinary calls still work; once the server
+// shuts down, Check is UNAVAILABLE like any other call.
+TEST_P(RpcSuite, HealthServiceSaysWhatServesUntilTheServerDrains) {
+  GeneratedEcho service;
+  auto built = BuildWithHealth(GetParam().listen_addr(), &service);
+  ASSERT_TRUE(built.ok()) << built.status();
+  HealthService* health = (*built)->health();
+  ASSERT_NE(health, nullptr);
+  auto ch = MakeChannel((*built)->addresses()[0]);
+  auto stub = health::v1::Health::NewStub(ch);
+  auto echo = examples::Echo::NewStub(ch);
+  const auto echo_works = [&] {
+    ClientContext ctx;
+    examples::EchoRequest req;
+    req.set_payload("still here");
+    examples::EchoResponse resp;
+    return echo->Say(&ctx, req, &resp).ok() && resp.payload() == "still here";
+  };
+  uint64_t checks = 0;
+  const auto status_of = [&](const std::string& name) {
+    ++checks;
+    auto s = CheckHealth(*stub, name);
+    EXPECT_TRUE(s.ok()) << name << ": " << s.status();
+    return s.ok() ? *s : HealthCheckResponse::UNKNOWN;
+  };
+  const std::string kEcho = "rdmarpc.examples.Echo";
+
+  EXPECT_EQ(status_of(""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(status_of(kEcho), HealthCheckResponse::SERVING);
+  auto unknown = CheckHealth(*stub, "rdmarpc.examples.Nope");
+  ++checks;
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("\"rdmarpc.examples.Nope\""), absl::string_view::npos)
+      << unknown.status();
+
+  health->SetServingStatus(kEcho, false);
+  EXPECT_EQ(status_of(kEcho), HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(status_of(""), HealthCheckResponse::SERVING);
+  health->SetServingStatus("storage", true);
+  EXPECT_EQ(status_of("storage"), HealthCheckResponse::SERVING);
+  health->SetServingStatus(false);
+  for (const std::string& name : {std::string(), kEcho, std::string("storage")}) {
+    EXPECT_EQ(status_of(name), HealthCheckResponse::NOT_SERVING) << name;
+  }
+  health->SetServingStatus(true);
+  EXPECT_EQ(status_of(kEcho), HealthCheckResponse::SERVING);
+
+  health->Shutdown();
+  health->SetServingStatus(true);
+  health->SetServingStatus("", true);
+  for (const std::string& name : {std::string(), kEcho, std::string("storage")}) {
+    EXPECT_EQ(status_of(name), HealthCheckResponse::NOT_SERVING) << name << " after Shutdown";
+  }
+  EXPECT_TRUE(echo_works()) << "HealthService::Shutdown stopped the server's calls";
+  EXPECT_EQ((*built)->MethodCallCounts()["/rdmarpc.health.v1.Health/Check"], checks);
+
+  (*built)->Shutdown();
+  EXPECT_EQ(CheckHealth(*stub, "").status().code(), StatusCode::kUnavailable);
+}
+
+// Server::Shutdown marks everything NOT_SERVING even when the program never
+// told the health service, so nothing in the process reports SERVING while
+// the server drains.
+TEST_P(RpcSuite, ServerShutdownMarksEverythingNotServing) {
+  GeneratedEcho service;
+  auto built = BuildWithHealth(GetParam().listen_addr(), &service);
+  ASSERT_TRUE(built.ok()) << built.status();
+  HealthService* health = (*built)->health();
+  ASSERT_TRUE(health->Check("rdmarpc.examples.Echo").ok());
+  EXPECT_EQ(*health->Check("rdmarpc.examples.Echo"), HealthCheckResponse::SERVING);
+  (*built)->Shutdown();
+  for (const char* name : {"", "rdmarpc.examples.Echo"}) {
+    auto s = health->Check(name);
+    ASSERT_TRUE(s.ok()) << name << ": " << s.status();
+    EXPECT_EQ(*s, HealthCheckResponse::NOT_SERVING) << name;
+  }
+}
+
+// Without EnableHealthService there is none (UNIMPLEMENTED); a program that
+// registers its own health service and enables ours is refused at build.
+TEST_P(RpcSuite, HealthServiceOnlyWhenEnabledAndOnlyOnce) {
+  GeneratedEcho service;
+  auto plain = ServerBuilder()
+                   .AddListeningPort(GetParam().listen_addr())
+                   .RegisterService(&service)
+                   .BuildAndStart();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->health(), nullptr);
+  auto stub = health::v1::Health::NewStub(MakeChannel((*plain)->addresses()[0]));
+  EXPECT_EQ(CheckHealth(*stub, "").status().code(), StatusCode::kUnimplemented);
+
+  HealthService own;
+  auto twice = BuildWithHealth(GetParam().listen_addr(), &own);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), StatusCode::kAlreadyExists) << twice.status();
+  EXPECT_NE(twice.status().message().find("/rdmarpc.health.v1.Health/Check registered twice"),
+            absl::string_view::npos)
+      << twice.status();
 }
 
 // Clients keep calling while the server restarts on the same address: every
