@@ -116,6 +116,8 @@ TEST_F(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
 // slots: eight of them register about what one lone channel does, where
 // eight lone channels would register eight times that. Half of them are
 // auto:// addresses, which resolve to RDMA here and share the same transport.
+// Their credit windows overcommit the shared slots from the third on, which
+// the group's transport says once, in a client's terms.
 TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();
   ASSERT_FALSE(ip.empty());
@@ -162,6 +164,7 @@ TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
   auto group = ChannelGroup::Create();
   ASSERT_TRUE(group.ok());
   std::vector<std::shared_ptr<Channel>> channels;
+  ::testing::internal::CaptureStderr();
   for (auto& ts : servers) {
     const std::string address =
         channels.size() % 2 ? absl::StrCat("auto", ts->address.substr(ts->address.find(':')))
@@ -171,6 +174,21 @@ TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
     call(**ch);
     channels.push_back(*ch);
   }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  fputs(said.c_str(), stderr);
+  // The third channel's window overcommits the shared slots (3 x 32 > 64):
+  // said once, as a client's matter, whose servers send only responses.
+  const std::string overcommit =
+      "the 3 connections' servers may now send 96 frames at once into 64 receive slots";
+  const size_t at = said.find(overcommit);
+  EXPECT_NE(at, std::string::npos) << said;
+  EXPECT_EQ(said.find("servers may now send", at + overcommit.size()), std::string::npos) << said;
+  EXPECT_NE(said.find("only with about as many calls in flight at once as there are slots"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("raise RdmaOptions::client_receive_slots to the number in flight"),
+            std::string::npos)
+      << said;
   const int64_t grouped = registered() - base;
   printf(
       "registered by the servers' first calls %lld, by one lone channel %lld, by %d grouped "

@@ -78,27 +78,25 @@ std::chrono::nanoseconds SweepInterval(const RdmaOptions& o) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
-                                                           const RdmaOptions& options,
-                                                           size_t receive_slots,
-                                                           const char* receive_slots_option,
+                                                           const RdmaOptions& options, Side side,
                                                            const std::string& owner) {
   PrepareForFork();
-  std::shared_ptr<Endpoint> ep(
-      new Endpoint(verbs, options, receive_slots, receive_slots_option, owner),
-      [](Endpoint* e) { e->EndLoan(); });
+  std::shared_ptr<Endpoint> ep(new Endpoint(verbs, options, side, owner),
+                               [](Endpoint* e) { e->EndLoan(); });
   if (absl::Status s = ep->Init(); !s.ok()) return s;
   return ep;
 }
 
-Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target,
-                   const char* receive_slots_option, std::string owner)
+Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, std::string owner)
     : verbs_(verbs),
       options_(options),
-      target_(target),
-      refill_below_(target + 1 - std::clamp<size_t>(target / 8, 1, kSrqRefillBatch)),
-      receive_slots_option_(receive_slots_option),
+      side_(side),
+      target_(side == Side::kServer ? options.server_receive_slots : options.client_receive_slots),
+      refill_below_(target_ + 1 - std::clamp<size_t>(target_ / 8, 1, kSrqRefillBatch)),
+      receive_slots_option_(side == Side::kServer ? "server_receive_slots"
+                                                  : "client_receive_slots"),
       owner_(std::move(owner)),
-      spare_(static_cast<uint32_t>(target + options.max_held_slots)),
+      spare_(static_cast<uint32_t>(target_ + options.max_held_slots)),
       sweep_interval_(SweepInterval(options)) {}
 
 absl::Status Endpoint::Init() {
@@ -578,6 +576,22 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   PublishCommitted();
   if (granted_credits_ <= target_ || told_overcommitted_) return;
   told_overcommitted_ = true;
+  const unsigned retry_us = RnrTimerMicros(RnrTimerCode(options_.rnr_wait_us));
+  if (side_ == Side::kClient) {
+    // A server sends only responses to our calls, and credits; the calls in
+    // flight bound the burst more tightly than the windows do.
+    fprintf(stderr,
+            "rdmarpc[%s]: %s: the %zu connections' servers may now send %zu frames at once into "
+            "%zu receive slots (credits are per connection, the SRQ is shared). They send one "
+            "response per call (and a credit frame now and then), so only with about as many "
+            "calls in flight at once as there are slots can responses find the SRQ empty; their "
+            "devices retry each after %u us (RNR NAK; "
+            "device_rnr_naks_sent in the counters). If that many calls run at once, raise "
+            "RdmaOptions::client_receive_slots to the number in flight. Said once.\n",
+            owner_.c_str(), device_name_.c_str(), by_qp_.size(), granted_credits_, target_,
+            retry_us);
+    return;
+  }
   fprintf(stderr,
           "rdmarpc[%s]: %s: the %zu connections' peers may now send %zu frames at once into "
           "%zu receive slots (credits are per connection, the SRQ is shared). A burst from all "
@@ -585,9 +599,8 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
           "(RNR NAK; device_rnr_naks_sent in the counters). If such bursts are expected, raise "
           "RdmaOptions::%s to %zu or more, or lower RdmaOptions::credits to %zu, or set "
           "RdmaOptions::strict_credits to grant only what the slots hold. Said once.\n",
-          owner_.c_str(), device_name_.c_str(), by_qp_.size(), granted_credits_, target_,
-          RnrTimerMicros(RnrTimerCode(options_.rnr_wait_us)), receive_slots_option_,
-          granted_credits_, std::max<size_t>(1, target_ / by_qp_.size()));
+          owner_.c_str(), device_name_.c_str(), by_qp_.size(), granted_credits_, target_, retry_us,
+          receive_slots_option_, granted_credits_, std::max<size_t>(1, target_ / by_qp_.size()));
 }
 
 void Endpoint::RemoveConnection(RdmaConnection* conn) {

@@ -110,12 +110,12 @@ class Endpoint {
   // Send slots registered at most, for all connections together.
   static constexpr uint32_t kMaxSendBlocks = kBlocksPerRegion * kMaxSendRegions;
 
-  // `receive_slots_option` names the RdmaOptions field `receive_slots` came
-  // from, for what the endpoint tells its user to try.
+  // Whose connections the endpoint holds: a server's (the peers send calls)
+  // or a client's (the peers send responses to our calls). It decides which
+  // RdmaOptions field sizes the SRQ and what the endpoint tells its user to try.
+  enum class Side { kServer, kClient };
   static absl::StatusOr<std::shared_ptr<Endpoint>> Create(ibv_context* verbs,
-                                                          const RdmaOptions& options,
-                                                          size_t receive_slots,
-                                                          const char* receive_slots_option,
+                                                          const RdmaOptions& options, Side side,
                                                           const std::string& owner);
   // Stops the poller thread (joins it); connections must be gone. Idempotent;
   // never from the poller thread itself.
@@ -219,8 +219,7 @@ class Endpoint {
   }
 
  private:
-  Endpoint(ibv_context* verbs, const RdmaOptions& options, size_t target,
-           const char* receive_slots_option, std::string owner);
+  Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, std::string owner);
   ~Endpoint();  // through EndLoan only
   void Lend() { loans_.fetch_add(1, std::memory_order_relaxed); }
   void EndLoan();
@@ -258,9 +257,10 @@ class Endpoint {
 
   ibv_context* const verbs_;
   const RdmaOptions options_;
+  const Side side_;
   const size_t target_;        // slots kept posted
   const size_t refill_below_;  // RefillSrq once posted_ is below it
-  const char* const receive_slots_option_;
+  const char* const receive_slots_option_;  // the RdmaOptions field target_ comes from
   const std::string owner_;
   std::string device_name_;
   ibv_device_attr device_attr_{};
@@ -359,6 +359,8 @@ class Endpoint {
   // connection, the SRQ is shared). Then a burst from all of them at once
   // can find the SRQ empty, which the senders' devices retry (RNR); said
   // once, the first time, with what to change if such bursts are expected.
+  // On a client's endpoint the peers send responses, so calls in flight,
+  // not windows, bound such a burst, and the line says so.
   size_t granted_credits_ = 0;       // poller thread
   bool told_overcommitted_ = false;  // poller thread
   // Strict credits: the slots the connections in by_qp_ hold (their windows

@@ -228,9 +228,9 @@ absl::StatusOr<Endpoint*> RdmaTransport::EndpointFor(rdma_cm_id* id) {
   if (!ep) {
     RdmaOptions sized = rdma_;
     sized.cq_entries = InitialCqEntries(rdma_, server_);
-    auto made = Endpoint::Create(
-        id->verbs, sized, server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots,
-        server_ ? "server_receive_slots" : "client_receive_slots", options_.name);
+    auto made = Endpoint::Create(id->verbs, sized,
+                                 server_ ? Endpoint::Side::kServer : Endpoint::Side::kClient,
+                                 options_.name);
     if (!made.ok()) {
       endpoints_.erase(id->verbs);
       return made.status();
