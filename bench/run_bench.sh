@@ -147,7 +147,9 @@ $pull" | grep "^counters" || true; fi
   for f in ulat:"$ulat" lat_before:"$lat_before" lat_after:"$lat_after" ucp_get:"$ubw" \
            ib_read_bw_before:"$rbw_before" ib_read_bw_after:"$rbw_after" frame_rtt:"$trtt" \
            call_rtt:"$rtt" fresh_response_call_rtt:"$frtt" transport_pull:"$tbw" call_pull:"$bw" attachment_pull:"$abw" default_mode_attachment_pull:"$dabw"; do
-    case ${f#*:} in '' | none | -1*) missing="$missing ${f%%:*}" ;; esac
+    # Not a plain number: no figure came, or one that means none (perftest
+    # has printed "inf" for its latency; rpc_bench prints -1).
+    [[ ${f#*:} =~ ^[0-9]+(\.[0-9]+)?$ ]] || missing="$missing ${f%%:*}"
   done
   if [ -n "$missing" ]; then
     echo "round $round: skipped, no figure from:$missing"
