@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The main job (`make demo`, examples/echo_demo) run with small counts in the
-# Soft-RoCE VM: it must name the device each end uses, time every kind of
-# call, and its counters must show small calls by SEND into the SRQ and the
-# 1 MiB ones by READ; its health check must find the service SERVING. --poll reaches the transports through the runtime's
-# options: busy callers take their own completions, event ones never do.
+# Soft-RoCE VM: it must name the device each end uses, find the service
+# SERVING through the health service, time every kind of call, and its
+# counters must show small calls by SEND into the SRQ and the 1 MiB ones by
+# READ. --poll reaches the transports through the runtime's options: busy
+# callers take their own completions, event ones never do.
 # Speed is not checked here (bench/run_bench.sh measures it).
 set -euo pipefail
 demo=$1
