@@ -148,6 +148,9 @@ TEST(DeviceEvents, QueuePairErrorEndsItsConnectionNamingTheCause) {
                                 "or wrote memory this side never advertised"))
       << *why;
   EXPECT_TRUE(absl::StrContains(why->message(), (*hit)->peer())) << *why;
+  EXPECT_TRUE(absl::StrContains(why->message(),
+                                absl::StrCat("; our end: device ", ep->device_name(), " port ")))
+      << *why;
   EXPECT_EQ(Counters().device_events, events + 1);
   // Another connection of the same endpoint goes on.
   EXPECT_FALSE(fx.clients[1].Closed(absl::Milliseconds(100)).has_value());
@@ -226,7 +229,13 @@ TEST(DeviceEvents, PortDownIsNamedInTheStatusOfTheConnectionOverIt) {
   printf("with the link down: %s\n", why->ToString().c_str());
   EXPECT_NE(while_down, IBV_PORT_ACTIVE);
   EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
-  EXPECT_TRUE(absl::StrContains(why->message(), absl::StrCat(device, " port ", port))) << *why;
+  const std::string port_name = absl::StrCat("; ", device, " port ", port);
+  EXPECT_TRUE(absl::StrContains(why->message(), port_name + " is ") ||
+              absl::StrContains(why->message(), port_name + " went down"))
+      << "the port's state: " << *why;
+  EXPECT_TRUE(absl::StrContains(
+      why->message(), absl::StrCat("; our end: device ", device, " port ", port, " gid_index ")))
+      << *why;
   const absl::Time until = absl::Now() + absl::Seconds(30);
   while (port_state() != IBV_PORT_ACTIVE && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(20));

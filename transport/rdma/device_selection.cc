@@ -221,18 +221,22 @@ int ChosenGidIndex(rdma_cm_id* id) {
   return first;
 }
 
-std::string DescribeChoice(rdma_cm_id* id) {
+std::string DescribeLocalEnd(rdma_cm_id* id) {
   const int index = ChosenGidIndex(id);
   std::string gid = GidToString(id->route.addr.addr.ibaddr.sgid);
   ibv_gid_entry e{};
   if (index >= 0 && ibv_query_gid_ex(id->verbs, id->port_num, index, &e, 0) == 0) {
     gid = absl::StrCat(GidToString(e.gid), ", ", GidTypeName(e.gid_type));
   }
+  return absl::StrCat("device ", ibv_get_device_name(id->verbs->device), " port ", id->port_num,
+                      " gid_index ", index, " (", gid, ")");
+}
+
+std::string DescribeChoice(rdma_cm_id* id) {
   ibv_port_attr pa{};
   ibv_query_port(id->verbs, id->port_num, &pa);
   const int traffic_class = TrafficClass(id);
-  return absl::StrCat("device ", ibv_get_device_name(id->verbs->device), " port ", id->port_num,
-                      " gid_index ", index, " (", gid, ") active_mtu ", 128 << pa.active_mtu,
+  return absl::StrCat(DescribeLocalEnd(id), " active_mtu ", 128 << pa.active_mtu,
                       traffic_class > 0 ? absl::StrCat(" type_of_service ", traffic_class) : "");
 }
 

@@ -58,8 +58,13 @@ int ChosenGidIndex(rdma_cm_id* id);
 // QP, or -1 before it is connected.
 int TrafficClass(rdma_cm_id* id);
 
-// "device rxe0 port 1 gid_index 1 (::ffff:10.0.0.1, RoCE v2) active_mtu
-// 4096" for id, and " type_of_service 104" once connected with one.
+// "device rxe0 port 1 gid_index 1 (::ffff:10.0.0.1, RoCE v2)": where id's
+// end of a connection is, for error texts (-1 and the route's GID when the
+// table no longer has it).
+std::string DescribeLocalEnd(rdma_cm_id* id);
+
+// DescribeLocalEnd and " active_mtu 4096", and " type_of_service 104" once
+// connected with one.
 std::string DescribeChoice(rdma_cm_id* id);
 
 // What a connection to `to` would use, found as one finds it: rdma_cm

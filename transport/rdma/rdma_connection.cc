@@ -15,6 +15,7 @@
 #include "base/stage_trace.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_events.h"
+#include "transport/rdma/device_selection.h"
 #include "transport/rdma/fault_injection.h"
 #include "transport/rdma/rdma_connection_internal.h"
 #include "transport/rdma/sanitizer_sync.h"
@@ -482,7 +483,7 @@ absl::Status RdmaConnection::PostTaken() {
       }
       // Calls whose frames were lost end when the connection does.
       if (auto self = weak_from_this().lock()) {
-        endpoint_->RunOnPoller([self, result] { self->Teardown(result); });
+        endpoint_->RunOnPoller([self, result] { self->Fail(result); });
       }
     }
     posting_.clear();
@@ -847,10 +848,12 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
       std::lock_guard<InlineMutex> lock(mu_);
       hint = absl::StrCat(" (not acknowledged for ~", Rounded(unacked_limit_),
                           ", RdmaOptions::peer_timeout_ms: the peer's machine, device or link "
-                          "is down; if it never worked, on RoCE check the GID index)");
+                          "is down; if it never worked, on RoCE check the GID index: `",
+                          "rdmarpc_devices --to ", peer_, "` lists the GIDs and the one a ",
+                          "connection takes, RDMARPC_RDMA_GID_INDEX picks another)");
     }
-    Fail(absl::UnavailableError(absl::StrCat(what, " ", peer_, " failed: ",
-                                             ibv_wc_status_str(wc.status), hint, PortNote())));
+    Fail(absl::UnavailableError(
+        absl::StrCat(what, " ", peer_, " failed: ", ibv_wc_status_str(wc.status), hint)));
   }
 }
 
@@ -874,15 +877,17 @@ void RdmaConnection::OnPeerGone(absl::Status why) {
   if (freed_) return;
   rdma_disconnect(id_);
   why = RevocationHint(std::move(why));
-  Teardown(absl::Status(why.code(), absl::StrCat(why.message(), PortNote())));
+  Teardown(absl::Status(why.code(), absl::StrCat(why.message(), LocationNote())));
 }
 
 void RdmaConnection::FailFromDevice(absl::Status why) {
   if (!freed_) Fail(std::move(why));
 }
 
-std::string RdmaConnection::PortNote() const {
-  return DeviceEvents::PortNote(endpoint_->verbs(), id_->port_num);
+std::string RdmaConnection::LocationNote() const {
+  if (id_ == nullptr) return "";
+  return absl::StrCat(DeviceEvents::PortNote(endpoint_->verbs(), id_->port_num),
+                      "; our end: ", DescribeLocalEnd(id_));
 }
 
 absl::Status RdmaConnection::RevocationHint(absl::Status why) {
@@ -908,6 +913,7 @@ absl::Status RdmaConnection::RevocationHint(absl::Status why) {
 }
 
 void RdmaConnection::Fail(absl::Status why) {
+  why = absl::Status(why.code(), absl::StrCat(why.message(), LocationNote()));
   fprintf(stderr, "rdmarpc[%s]: closing connection to %s: %s\n", options_.name.c_str(),
           peer_.c_str(), std::string(why.message()).c_str());
   Teardown(std::move(why));

@@ -401,10 +401,13 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void FreeWindowsLocked();
   void SendControl(MessageKind kind, uint64_t token);
   void StartReads();
+  // Says why on stderr and tears down, the status naming where our end is
+  // (LocationNote), so that whoever reads it knows which device to check.
   void Fail(absl::Status why);
-  // DeviceEvents::PortNote for this connection's port: empty while the port
-  // is and has stayed active.
-  std::string PortNote() const;
+  // "; our end: device rxe0 port 1 gid_index 1 (::ffff:10.0.0.1, RoCE v2)",
+  // after DeviceEvents::PortNote for this connection's port (empty while the
+  // port is and has stayed active). Queries the device: failures only.
+  std::string LocationNote() const;
   void DeliverRead(uint32_t op_id);
 
   Endpoint* const endpoint_;

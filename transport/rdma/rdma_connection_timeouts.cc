@@ -131,7 +131,7 @@ bool RdmaConnection::FailUnansweredKeepalive(absl::Time now) {
   Fail(absl::UnavailableError(
       absl::StrCat("keepalive to ", peer_, " neither acknowledged nor failed by the device in ",
                    Rounded(now - keepalive_sent_), " (twice its retry time, ~", Rounded(limit),
-                   "): the peer's machine, device or link is down", PortNote())));
+                   "): the peer's machine, device or link is down")));
   return true;
 }
 

@@ -955,12 +955,16 @@ TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
   auto bad = fx.Connect(&bad_waiter);
   auto good = fx.Connect(&good_waiter);
   ASSERT_TRUE(bad.ok() && good.ok());
+  const std::string client_end = OnPoller<std::string>(**bad, "gone", DescribeLocalEnd);
+  ASSERT_NE(client_end.find(" gid_index "), std::string::npos) << client_end;
   FaultInjection::CorruptRkeys().store(1);
   auto r = Call(**bad, bad_waiter, 1, Filled(**bad, 100000, 1));
   ASSERT_FALSE(r.ok()) << "a READ with a wrong rkey cannot succeed";
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_NE(r.status().message().find("rdma://"), absl::string_view::npos)
       << "the error names the peer: " << r.status();
+  EXPECT_NE(r.status().message().find("; our end: " + client_end), absl::string_view::npos)
+      << "the error names our device, port and GID: " << r.status();
   EXPECT_TRUE(bad_waiter.closed.load());
   // The server's side of it ends too (its observer may hear of it a little
   // after the client does).
@@ -973,6 +977,12 @@ TEST(RdmaTransport, BadRkeyFailsOnlyThatConnection) {
     std::lock_guard<std::mutex> lock(fx.echo.mu);
     ASSERT_FALSE(fx.echo.closed.empty());
     EXPECT_NE(fx.echo.closed[0].message().find("remote access error"), std::string::npos)
+        << fx.echo.closed[0];
+    EXPECT_NE(
+        fx.echo.closed[0].message().find(absl::StrCat(
+            "; our end: device ",
+            std::static_pointer_cast<RdmaConnection>(*good)->endpoint()->device_name(), " port ")),
+        std::string::npos)
         << fx.echo.closed[0];
   }
   auto ok = Call(**good, good_waiter, 1, Filled(**good, 100000, 2));
