@@ -1,0 +1,410 @@
+// How frames go out: no lock held across a post, credits and the backlog
+// behind them, a SEND that finds the SRQ empty (retried and counted), and
+// strict credits that keep the windows within the SRQ.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "transport/rdma/counters.h"
+#include "transport/rdma/endpoint.h"
+#include "transport/rdma/fault_injection.h"
+#include "transport/rdma/rdma_connection.h"
+#include "transport/rdma/rdma_options.h"
+#include "transport/rdma/transport_tests/fixture.h"
+
+namespace rdmarpc::transport::rdma::transport_test {
+namespace {
+
+// No lock is held across ibv_post_send: while one thread is stopped inside
+// its post (on purpose), another thread's Send on the same connection returns
+// at once, and its frame goes out when the first post finishes. The server
+// answers request 2 only once request 3 is in, and the client's keepalive is
+// off, so nothing but that first poster can have sent request 3: no response
+// reaches the client to flush its outbox meanwhile.
+TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
+  struct AnswersTwoAfterThree : EchoObserver {
+    void OnMessage(Connection& conn, InboundMessage&& msg) override {
+      const uint64_t id = msg.header.call_id;
+      if (id == 2) {
+        std::lock_guard<std::mutex> lock(mu);
+        two = std::move(msg);
+        return;
+      }
+      EchoObserver::OnMessage(conn, std::move(msg));
+      if (id != 3) return;
+      std::optional<InboundMessage> held;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        held = std::move(two);
+        saw_three = true;
+      }
+      cv.notify_all();
+      if (held) EchoObserver::OnMessage(conn, std::move(*held));
+    }
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<InboundMessage> two;  // guarded by mu
+    bool saw_three = false;             // guarded by mu
+  } server_side;
+  Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  fx.server_observer = &server_side;
+  RdmaOptions client_opts;
+  client_opts.keepalive_ms = 0;
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_opts));
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 100, 1)).ok());
+  auto send = [&](uint64_t id) { return (*conn)->Send(Request(id, Filled(**conn, 100, id))); };
+  auto first_response = waiter.Expect(2);
+  auto second_response = waiter.Expect(3);
+  std::thread first([&] {
+    FaultInjection::HoldNextPostOfThisThread();
+    EXPECT_TRUE(send(2).ok());
+  });
+  FaultInjection::WaitUntilPostHeld();
+  auto second = std::async(std::launch::async, [&] { return send(3); });
+  const bool returned = second.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  FaultInjection::ReleaseHeldPost();
+  first.join();
+  EXPECT_TRUE(returned) << "Send waited while another thread was inside ibv_post_send";
+  EXPECT_TRUE(second.get().ok());
+  {
+    std::unique_lock<std::mutex> lock(server_side.mu);
+    ASSERT_TRUE(server_side.cv.wait_for(lock, std::chrono::seconds(20), [&] {
+      return server_side.saw_three;
+    })) << "request 3 stayed queued after the post it waited behind had finished";
+  }
+  for (auto* f : {&first_response, &second_response}) {
+    ASSERT_EQ(f->wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  }
+  InboundMessage r2 = first_response.get(), r3 = second_response.get();
+  EXPECT_TRUE(r2.payload_status.ok() && Matches(r2.payload, 100, 2));
+  EXPECT_TRUE(r3.payload_status.ok() && Matches(r3.payload, 100, 3));
+  (*conn)->Close();
+}
+
+// An echo whose server I/O thread stops in the first request until Open():
+// meanwhile that server neither refills its SRQ nor returns credit.
+class HeldEcho : public EchoObserver {
+ public:
+  void OnMessage(Connection& conn, InboundMessage&& msg) override {
+    std::unique_lock<std::mutex> lock(gate_mu);
+    if (!first_seen) {
+      first_seen = true;
+      gate_cv.notify_all();
+      gate_cv.wait(lock, [&] { return open; });
+    }
+    lock.unlock();
+    EchoObserver::OnMessage(conn, std::move(msg));
+  }
+  bool WaitForFirst() {
+    std::unique_lock<std::mutex> lock(gate_mu);
+    return gate_cv.wait_for(lock, std::chrono::seconds(30), [&] { return first_seen; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(gate_mu);
+    open = true;
+    gate_cv.notify_all();
+  }
+
+ private:
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool first_seen = false;  // guarded by gate_mu
+  bool open = false;        // guarded by gate_mu
+};
+
+// A sender out of credit keeps its frames in a backlog, in order, and sends
+// them as credit returns: small ones, ones with metadata, and ones whose
+// payload goes by READ (advertised when queued, exposed when sent). Here the
+// server is held in the first request while the client sends three times
+// its credits' worth.
+TEST(RdmaTransport, FramesBeyondTheCreditsWaitInTheBacklogAndAllArrive) {
+  constexpr uint32_t kCredits = 4;
+  constexpr int kFrames = 3 * kCredits;
+  HeldEcho held;
+  Fixture fx;
+  fx.server_observer = &held;
+  RdmaOptions server_opts;
+  server_opts.credits = kCredits;
+  ASSERT_TRUE(fx.Start(server_opts));
+  Waiter& waiter = fx.NewWaiter();
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const size_t by_read = RdmaOptions().slot_size + 1;
+  const auto size_of = [&](int i) -> size_t { return i % 3 == 0 ? by_read : 64 + i; };
+  const uint64_t stalls_before = Counters().credit_stalls;
+  const uint64_t reads_before = Counters().reads;
+  std::vector<std::future<InboundMessage>> responses;
+  for (int i = 0; i < kFrames; ++i) {
+    const uint64_t id = 1000 + i;
+    responses.push_back(waiter.Expect(id));
+    std::string metadata = i % 2 == 0 ? absl::StrCat("frame-", i) : std::string();
+    ASSERT_TRUE(
+        (*conn)->Send(Request(id, Filled(**conn, size_of(i), id), std::move(metadata))).ok());
+    if (i == 0) {
+      ASSERT_TRUE(held.WaitForFirst());
+    }
+  }
+  EXPECT_GE(Counters().credit_stalls - stalls_before, uint64_t{kFrames - kCredits})
+      << "frames beyond the credits should have waited";
+  held.Open();
+  for (int i = 0; i < kFrames; ++i) {
+    ASSERT_EQ(responses[i].wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "frame " << i << " was lost; counters: " << Counters().ToString();
+    InboundMessage r = responses[i].get();
+    ASSERT_TRUE(r.payload_status.ok()) << i << ": " << r.payload_status;
+    EXPECT_TRUE(Matches(r.payload, size_of(i), 1000 + i)) << "frame " << i;
+  }
+  // Each large frame's request and response were pulled.
+  EXPECT_GE(Counters().reads - reads_before, uint64_t{2 * (kFrames / 3)});
+  (*conn)->Close();
+}
+
+// Credits are per connection and the SRQ is shared, so a burst from many
+// connections at once can empty it: then the device answers RNR NAK, the
+// sender retries, and nothing is lost; the device counts the NAKs. Here the
+// server's I/O thread is held in the first request's handler, so it cannot
+// refill its 16 slots while four connections send their 8 credits' worth.
+TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
+  HeldEcho held;
+  constexpr int kConns = 4, kFrames = 8;
+  Fixture fx;
+  fx.server_observer = &held;
+  RdmaOptions server_opts;
+  server_opts.server_receive_slots = 16;
+  server_opts.credits = kFrames;
+  ASSERT_TRUE(fx.Start(server_opts));
+  // Two windows of 8 fill the 16 slots; the third connection overcommits
+  // them, which the server says once, with what to change.
+  const std::string overcommitted = "peers may now send";
+  std::vector<std::shared_ptr<Connection>> conns;
+  for (int i = 0; i < kConns; ++i) {
+    ::testing::internal::CaptureStderr();
+    auto c = fx.Connect(&fx.NewWaiter());
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(c.ok()) << c.status();
+    conns.push_back(*c);
+    if (i != 2) {
+      EXPECT_EQ(said.find(overcommitted), std::string::npos) << "connection " << i + 1 << said;
+      continue;
+    }
+    const std::string device =
+        std::static_pointer_cast<RdmaConnection>(*c)->endpoint()->device_name();
+    for (const std::string& part :
+         {absl::StrCat("test-server]: ", device, ": the 3 connections' ", overcommitted,
+                       " 24 frames at once into 16 receive slots"),
+          std::string("retry each frame after 640 us"),
+          std::string("raise RdmaOptions::server_receive_slots to 24 or more, or lower "
+                      "RdmaOptions::credits to 5, or set RdmaOptions::strict_credits")}) {
+      EXPECT_NE(said.find(part), std::string::npos) << part << " not in: " << said;
+    }
+  }
+  const DeviceRnrNaks before = ReadDeviceRnrNaks();
+  std::vector<std::future<InboundMessage>> responses;
+  for (int c = 0; c < kConns; ++c) {
+    for (int i = 1; i <= kFrames; ++i) {
+      const uint64_t id = static_cast<uint64_t>(c * 100 + i);
+      responses.push_back(fx.waiters[c].Expect(id));
+      ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
+    }
+  }
+  ASSERT_TRUE(held.WaitForFirst());
+  // The retries go on while the server is held; give the device a moment
+  // to have NAKed the frames beyond the 16 slots.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  DeviceRnrNaks during = ReadDeviceRnrNaks();
+  while (during.received >= 0 && during.received == before.received && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+    during = ReadDeviceRnrNaks();
+  }
+  held.Open();
+  for (int k = 0; k < static_cast<int>(responses.size()); ++k) {
+    ASSERT_EQ(responses[k].wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "frame " << k << " was lost";
+    InboundMessage r = responses[k].get();
+    EXPECT_TRUE(r.payload_status.ok() && Matches(r.payload, 64, r.header.call_id));
+  }
+  const DeviceRnrNaks after = ReadDeviceRnrNaks();
+  printf("device RNR NAKs received %lld -> %lld, sent %lld -> %lld\n",
+         static_cast<long long>(before.received), static_cast<long long>(after.received),
+         static_cast<long long>(before.sent), static_cast<long long>(after.sent));
+  // Soft-RoCE counts both sides; a hardware NIC may not.
+  if (access("/sys/class/infiniband/rxe0", F_OK) == 0) {
+    ASSERT_GE(after.received, 0) << "rxe's rcvd_rnr_err was not read";
+    ASSERT_GE(after.sent, 0) << "rxe's send_rnr_err was not read";
+  }
+  if (after.received >= 0) {
+    EXPECT_GT(after.received, before.received) << "frames beyond the SRQ's slots were not NAKed";
+  } else {
+    printf("this device exposes no count of RNR NAKs received; delivery was checked\n");
+  }
+  EXPECT_EQ(Counters().rnr_retry_exhausted, 0u);
+  for (auto& c : conns) c->Close();
+}
+
+// The window the server granted on the connection it accepted last.
+uint32_t ServerWindowOfLastAccepted(Fixture& fx) {
+  return std::static_pointer_cast<RdmaConnection>(fx.LastAccepted())->credit_window();
+}
+
+// strict_credits on a server: windows that fit the SRQ together, a connect
+// request refused (saying why) when none fits, and the room back once a
+// connection closes. With 32 slots, 4 of them refill lag
+// (Endpoint::StrictUnpostedSlots), and windows of 16, each taking three
+// more slots for kCredit frames: 16, 6, then nothing; without the option the
+// third would connect too, and a burst from the three would overrun the
+// SRQ. A burst from the two, with the server's poller held, finds a posted
+// slot for every frame: no RNR NAK, and every frame answered; and so do 40
+// bursts with the server answering as they come (the worst case of the
+// refill lag needs timing that this does not force).
+TEST(RdmaTransport, StrictCreditsGrantOnlyWhatTheSrqHoldsAndRefuseTheRest) {
+  HeldEcho held;
+  Fixture fx;
+  fx.server_observer = &held;
+  RdmaOptions server_opts;
+  server_opts.server_receive_slots = 32;
+  server_opts.credits = 16;
+  server_opts.strict_credits = true;
+  ASSERT_TRUE(fx.Start(server_opts));
+  std::vector<std::shared_ptr<Connection>> conns;
+  for (uint32_t expected : {16u, 6u}) {
+    auto c = fx.Connect(&fx.NewWaiter());
+    ASSERT_TRUE(c.ok()) << c.status();
+    conns.push_back(*c);
+    EXPECT_EQ(ServerWindowOfLastAccepted(fx), expected) << "connection " << conns.size();
+    // What the handshake told the client, before it sent anything.
+    const std::string terms = std::static_pointer_cast<RdmaConnection>(*c)->DescribeTerms();
+    EXPECT_NE(terms.find(absl::StrCat("the peer ", expected, ";")), std::string::npos) << terms;
+  }
+  ::testing::internal::CaptureStderr();
+  auto refused = fx.Connect(&fx.NewWaiter());
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_FALSE(refused.ok()) << "a third window was granted";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  const std::string why =
+      "strict_credits: no receive slots left to grant (2 connections hold 28 of 32, 4 cover "
+      "refills); raise server_receive_slots";
+  EXPECT_NE(
+      refused.status().message().find(absl::StrCat("the server refused the connection: ", why)),
+      std::string::npos)
+      << refused.status();
+  EXPECT_NE(said.find("test-server]: refusing connection from "), std::string::npos) << said;
+  EXPECT_NE(said.find(why), std::string::npos) << said;
+  // The client's transport may say its own windows overcommit; the server's
+  // never do.
+  const std::string device =
+      std::static_pointer_cast<RdmaConnection>(conns[0])->endpoint()->device_name();
+  EXPECT_EQ(said.find(absl::StrCat("test-server]: ", device, ": the")), std::string::npos) << said;
+
+  const DeviceRnrNaks before = ReadDeviceRnrNaks();
+  std::vector<std::future<InboundMessage>> responses;
+  for (size_t c = 0; c < conns.size(); ++c) {
+    for (uint64_t i = 1; i <= 16; ++i) {
+      const uint64_t id = c * 100 + i;
+      responses.push_back(fx.waiters[c].Expect(id));
+      ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
+    }
+  }
+  ASSERT_TRUE(held.WaitForFirst());
+  // Time for NAKs to show, had a frame found no slot (EmptySrqIsRetriedAndCounted
+  // sees them within this).
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  while (absl::Now() < until && ReadDeviceRnrNaks().received == before.received) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const DeviceRnrNaks during = ReadDeviceRnrNaks();
+  held.Open();
+  for (auto& r : responses) {
+    ASSERT_EQ(r.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    InboundMessage m = r.get();
+    EXPECT_TRUE(m.payload_status.ok() && Matches(m.payload, 64, m.header.call_id));
+  }
+  EXPECT_EQ(during.received, before.received) << "a frame found the SRQ empty";
+  // Then as in normal operation, the server answering as frames come and
+  // each answer bringing its connection's next frames: still none.
+  uint64_t id = 1000;
+  for (int round = 0; round < 40; ++round) {
+    responses.clear();
+    for (size_t c = 0; c < conns.size(); ++c) {
+      for (int i = 0; i < 16; ++i, ++id) {
+        responses.push_back(fx.waiters[c].Expect(id));
+        ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
+      }
+    }
+    for (auto& r : responses) {
+      ASSERT_EQ(r.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    }
+  }
+  EXPECT_EQ(ReadDeviceRnrNaks().received, before.received) << "a frame found the SRQ empty";
+
+  // The first connection's window (and its three) come back once it is gone.
+  conns[0]->Close();
+  absl::StatusOr<std::shared_ptr<Connection>> again = absl::UnavailableError("not tried");
+  for (const absl::Time by = absl::Now() + absl::Seconds(20); !again.ok() && absl::Now() < by;) {
+    ::testing::internal::CaptureStderr();
+    again = fx.Connect(&fx.NewWaiter());
+    ::testing::internal::GetCapturedStderr();
+    if (!again.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(again.ok()) << "the closed connection's slots never came back: " << again.status();
+  EXPECT_EQ(ServerWindowOfLastAccepted(fx), 16u);
+  auto r = Call(**again, fx.waiters.back(), 1, Filled(**again, 64, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (auto& c : conns) c->Close();
+  (*again)->Close();
+}
+
+// strict_credits on a client: its SRQ (client_receive_slots) is shared by
+// its connections as a server's is, so a connect that would find no slots
+// left for its window fails RESOURCE_EXHAUSTED, naming the option to raise,
+// before the server hears of it.
+TEST(RdmaTransport, StrictCreditsOnAClientFailTheConnectThatFindsNoSlots) {
+  Fixture fx;
+  RdmaOptions client_opts;
+  client_opts.client_receive_slots = 32;
+  client_opts.credits = 16;
+  client_opts.strict_credits = true;
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_opts));
+  std::vector<std::shared_ptr<Connection>> conns;
+  for (uint32_t expected : {16u, 6u}) {
+    auto c = fx.Connect(&fx.NewWaiter());
+    ASSERT_TRUE(c.ok()) << c.status();
+    conns.push_back(*c);
+    EXPECT_EQ(std::static_pointer_cast<RdmaConnection>(*c)->credit_window(), expected);
+    const std::string terms =
+        std::static_pointer_cast<RdmaConnection>(fx.LastAccepted())->DescribeTerms();
+    EXPECT_NE(terms.find(absl::StrCat("the peer ", expected, ";")), std::string::npos) << terms;
+  }
+  auto refused = fx.Connect(&fx.NewWaiter());
+  ASSERT_FALSE(refused.ok()) << "a third window was granted";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "no receive slots left to grant (2 connections hold 28 of 32, 4 cover refills); "
+                "raise client_receive_slots or close a connection"),
+            std::string::npos)
+      << refused.status();
+  for (size_t c = 0; c < conns.size(); ++c) {
+    auto r = Call(*conns[c], fx.waiters[c], 1, Filled(*conns[c], 64, 1));
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  for (auto& c : conns) c->Close();
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport::rdma::transport_test
