@@ -358,6 +358,13 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::
       std::lock_guard<std::mutex> lock(watch_mu_);
       watch->done = true;
     }
+    // A configuration that cannot work (a GID named on a device that does
+    // not exist, or of the wrong address family) stays INVALID_ARGUMENT:
+    // UNAVAILABLE would invite retries that can never succeed.
+    if (absl::IsInvalidArgument(conn.status())) {
+      return Status(StatusCode::kInvalidArgument,
+                    absl::StrCat("cannot connect to ", target_, ": ", conn.status().message()));
+    }
     return Status(StatusCode::kUnavailable,
                   absl::StrCat("cannot reach ", target_, ": ", conn.status().message()));
   }

@@ -9,7 +9,9 @@
 //
 // A Channel connects lazily (on the first call) and again after its
 // connection is lost, e.g. when the server restarts: calls pending on the lost
-// connection end with UNAVAILABLE; the next call reconnects. Any number of
+// connection end with UNAVAILABLE; the next call reconnects. A call that
+// cannot connect fails UNAVAILABLE, or INVALID_ARGUMENT when the options can
+// never connect (they name a GID on a device that does not exist). Any number of
 // calls may be in flight at once from any threads over the one connection;
 // each has its own call id.
 //
@@ -88,6 +90,8 @@ class ChannelGroup;
 
 class Channel {
  public:
+  // INVALID_ARGUMENT for an address that does not parse or options that
+  // cannot work, naming the option. Connects on the first call.
   static StatusOr<std::shared_ptr<Channel>> Create(const std::string& address,
                                                    ChannelOptions options = {});
   ~Channel();

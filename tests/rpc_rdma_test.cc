@@ -285,6 +285,64 @@ TEST(RdmaTunables, ReadThresholdSetInCodeSendsPayloadsByRead) {
   }
 }
 
+// RDMA options that cannot work are refused where they are set, not call by
+// call: no channel, grouped channel or server is made with them
+// (INVALID_ARGUMENT naming the option). A configuration that fails only at
+// connect, a GID named on a device that does not exist, fails each call
+// INVALID_ARGUMENT rather than UNAVAILABLE, which would invite retries that
+// can never succeed; the server meanwhile serves everyone else.
+TEST(RdmaTunables, OptionsThatCannotWorkAreRefusedNotRetried) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  TestServer ts("rdma://" + ip + ":0");
+  ASSERT_TRUE(ts.server);
+  transport::TransportTunables small_slots;
+  small_slots.rdma.slot_size = 100;
+  ChannelOptions bad;
+  bad.transport = small_slots;
+  const auto refused = [](const Status& s) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("RDMARPC_RDMA_SLOT_SIZE"), absl::string_view::npos) << s;
+  };
+  auto ch = Channel::Create(ts.address, bad);
+  ASSERT_FALSE(ch.ok());
+  refused(ch.status());
+  auto group = ChannelGroup::Create(bad);
+  ASSERT_TRUE(group.ok()) << group.status();
+  auto grouped = (*group)->NewChannel(ts.address);
+  ASSERT_FALSE(grouped.ok());
+  refused(grouped.status());
+  EchoService service;
+  auto server = ServerBuilder()
+                    .AddListeningPort("rdma://" + ip + ":0")
+                    .RegisterService(&service)
+                    .SetTransportTunables(small_slots)
+                    .BuildAndStart();
+  ASSERT_FALSE(server.ok());
+  refused(server.status());
+
+  ChannelOptions no_device;
+  no_device.transport.rdma.device = "nosuchdev9";
+  no_device.transport.rdma.gid_index = 1;
+  auto lost = Channel::Create(ts.address, no_device);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EchoRequest req;
+  req.set_data("never sent");
+  EchoResponse resp;
+  for (int i = 0; i < 2; ++i) {  // the second call tries again, and fails the same
+    ClientContext ctx;
+    const Status s = (*lost)->Call(kEcho, &ctx, req, &resp);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("cannot connect to " + ts.address), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("nosuchdev9"), absl::string_view::npos) << s;
+  }
+  auto good = Channel::Create(ts.address);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ClientContext ctx;
+  req.set_data("served");
+  ASSERT_TRUE((*good)->Call(kEcho, &ctx, req, &resp).ok());
+  EXPECT_EQ(resp.data(), "served");
+}
+
 // Run-to-completion: in busy (and adaptive) poll mode a blocking caller picks
 // up its own response from the completion queue; in event mode the poller
 // thread does, as it must (no thread may spin there). The mode is set in

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "transport/rdma/rdma_options.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -37,8 +38,11 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
   absl::StatusOr<std::string> kind = ResolveScheme(scheme, options.name, tunables);
   if (!kind.ok()) return kind.status();
   if (*kind == "rdma") {
-    return std::unique_ptr<Transport>(new rdma::RdmaTransport(
-        options, rdma::RdmaOptionsFromEnv(tunables.rdma), options.listening));
+    rdma::RdmaOptions rdma = rdma::RdmaOptionsFromEnv(tunables.rdma);
+    // Here rather than at the first connect, so that a channel or server
+    // whose options cannot work is refused as it is made, not call by call.
+    if (absl::Status s = rdma::CheckRdmaOptions(rdma); !s.ok()) return s;
+    return std::unique_ptr<Transport>(new rdma::RdmaTransport(options, rdma, options.listening));
   }
   return std::unique_ptr<Transport>(new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));
 }

@@ -36,6 +36,9 @@ struct TransportTunables {
   bool tcp_fallback = true;
 };
 
+// The transport for `scheme`, its tunables overridden by the environment.
+// INVALID_ARGUMENT, naming the option, when the RDMA options of an rdma://
+// (or auto:// resolved to RDMA) transport cannot work (CheckRdmaOptions).
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(
     const std::string& scheme, const TransportOptions& options,
     const TransportTunables& tunables = TransportTunables());
