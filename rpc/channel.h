@@ -103,7 +103,10 @@ class Channel {
 
   // Asynchronous unary call: `done` runs exactly once, on a callback thread.
   // The request is serialized before this returns; `ctx` and `response` must
-  // stay alive until `done` runs.
+  // stay alive until `done` runs. A channel with no connection connects on
+  // the calling thread first, so this may block for up to connect_timeout
+  // (bounded by the call's deadline); a TryCancel meanwhile ends the call
+  // once connecting is over, before anything is sent.
   void CallAsync(const MethodInfo& method, ClientContext* ctx,
                  const google::protobuf::MessageLite& request,
                  google::protobuf::MessageLite* response, CallCallback done);
