@@ -11,9 +11,9 @@
 // connection is lost, e.g. when the server restarts: calls pending on the lost
 // connection end with UNAVAILABLE; the next call reconnects. A call that
 // cannot connect fails UNAVAILABLE, or INVALID_ARGUMENT when the options can
-// never connect (they name a GID on a device that does not exist). Any number of
-// calls may be in flight at once from any threads over the one connection;
-// each has its own call id.
+// never connect (they name a GID on a device that does not exist). Any
+// number of calls may be in flight at once from any threads over the one
+// connection; each has its own call id.
 //
 // Threading: blocking calls wait on the calling thread; over RDMA in busy or
 // adaptive poll mode the caller does the connection's I/O itself while it

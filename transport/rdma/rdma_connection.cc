@@ -913,6 +913,7 @@ absl::Status RdmaConnection::RevocationHint(absl::Status why) {
 }
 
 void RdmaConnection::Fail(absl::Status why) {
+  if (torn_down_) return;  // ended already, and said why then
   why = absl::Status(why.code(), absl::StrCat(why.message(), LocationNote()));
   fprintf(stderr, "rdmarpc[%s]: closing connection to %s: %s\n", options_.name.c_str(),
           peer_.c_str(), std::string(why.message()).c_str());

@@ -505,8 +505,6 @@ TEST(RdmaTransport, ClientKilledMidReadLeavesServerServing) {
   ExpectServesANewClient(fx, 1 << 20);
 }
 
-}  // namespace
-
 int DoomedClient(const std::string& target) {
   TransportOptions o;
   o.name = "doomed-client";
@@ -520,6 +518,7 @@ int DoomedClient(const std::string& target) {
   return 0;
 }
 
+}  // namespace
 }  // namespace rdmarpc::transport::rdma::transport_test
 
 // ClientKilledMidReadLeavesServerServing runs this binary again as its
