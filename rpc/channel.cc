@@ -38,6 +38,17 @@ InlineScope* InlineScopeOf(const Channel* channel) {
   return nullptr;
 }
 
+// Runs what callbacks of `scope` deferred, in order, then leaves it. Touches
+// nothing of the channel, which one of them may destroy.
+void RunDeferredAndLeave(InlineScope& scope) {
+  while (!scope.deferred.empty()) {
+    auto next = std::move(scope.deferred.front());
+    scope.deferred.pop_front();
+    std::move(next)();
+  }
+  inline_scopes = scope.outer;
+}
+
 }  // namespace
 
 class Channel::Watch final : public transport::ConnectionObserver {
@@ -115,12 +126,11 @@ Channel::Channel(std::string target, transport::Address addr, ChannelOptions opt
       transport_(std::move(resources.transport)) {}
 
 Channel::~Channel() {
-  // Pending calls on the connection end in OnClosed, the rest here.
-  if (grouped_) {
-    LeaveTransport();
-  } else {
-    transport_->Shutdown();
-  }
+  // Pending calls on the connection end in OnClosed, the rest here. A lone
+  // channel's shutdown also ends the connector's attempt; a grouped one
+  // cannot shut the shared transport down, so it lets the attempt end.
+  StopConnector(/*shut_transport_down=*/!grouped_);
+  if (grouped_) LeaveTransport();
   std::vector<Pending> rest;
   {
     std::lock_guard<InlineMutex> lock(mu_);
@@ -128,6 +138,7 @@ Channel::~Channel() {
       rest.emplace_back();
       pending_.Take(id, &rest.back());
     });
+    waiting_.clear();  // before the transport their attachments came from
   }
   for (auto& p : rest) Deliver(std::move(p), Status(StatusCode::kUnavailable, "channel destroyed"));
   timers_->CancelAll(this);
@@ -249,22 +260,20 @@ std::shared_ptr<transport::Connection> Channel::Start(
                              " exceeds max_message_size ", options_.max_message_size));
   }
   // Tracked first, so that from here on everything that ends the call goes
-  // through Complete; with a connection up, one lock does both.
+  // through Complete; with a connection up, one lock does both. Behind calls
+  // that wait for the connector, a call waits too: it would overtake them.
   std::shared_ptr<transport::Connection> conn;
   uint64_t id = 0;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    conn = conn_;
-    if (conn) id = TrackLocked(std::move(p), conn.get());
+    if (conn_ && !queueing_) {
+      conn = conn_;
+      id = TrackLocked(std::move(p), conn.get());
+    }
   }
   if (!conn) {
-    auto connected = EnsureConnected(deadline);
-    if (!connected.ok()) {
-      return fail(connected.status().code(), std::string(connected.status().message()));
-    }
-    conn = std::move(*connected);
-    std::lock_guard<InlineMutex> lock(mu_);
-    id = TrackLocked(std::move(p), conn.get());
+    Wait(method, std::move(p), request, size, std::move(attachment));
+    return nullptr;
   }
 
   OutboundMessage msg;
@@ -276,12 +285,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
     msg.header.timeout_us =
         std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
   }
-  const bool cancelled = ctx->SetCancelHook(
-      [](void* channel, uint64_t call_id) {
-        static_cast<Channel*>(channel)->Complete(
-            call_id, Status(StatusCode::kCancelled, "cancelled by the client"), nullptr, true);
-      },
-      this, id);
+  const bool cancelled = ctx->SetCancelHook(&Channel::CancelHook, this, id);
   // A call cancelled before it was sent has ended already. (One that timed
   // out meanwhile is sent; its late response is dropped.)
   if (cancelled) return nullptr;
@@ -295,13 +299,157 @@ std::shared_ptr<transport::Connection> Channel::Start(
   return conn;
 }
 
+void Channel::CancelHook(void* channel, uint64_t call_id) {
+  static_cast<Channel*>(channel)->Complete(
+      call_id, Status(StatusCode::kCancelled, "cancelled by the client"), nullptr, true);
+}
+
+void Channel::Wait(const MethodInfo& method, Pending&& p,
+                   const google::protobuf::MessageLite& request, size_t size,
+                   Attachment attachment) {
+  Waiting w;
+  w.method_id = method.id;
+  w.request.resize(size);
+  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(w.request.data()));
+  ClientContext* const ctx = p.ctx;
+  if (!ctx->metadata().empty()) w.metadata = transport::EncodeMetadata(ctx->metadata());
+  w.attachment = std::move(attachment);
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    w.id = TrackLocked(std::move(p), nullptr);
+  }
+  // The hook before the connector can see the call: once sent, its response
+  // may end it at any moment, and a hook set after that would outlive it.
+  if (ctx->SetCancelHook(&Channel::CancelHook, this, w.id)) return;  // ended already
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    waiting_.push_back(std::move(w));
+    queueing_ = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    connector_->wanted = true;
+    if (connector_->running) return;
+    connector_->running = true;
+  }
+  std::thread(&Channel::RunConnector, this, connector_).detach();
+}
+
+void Channel::RunConnector(Channel* channel, std::shared_ptr<Connector> connector) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(connector->mu);
+      if (connector->stop || !connector->wanted) {
+        connector->running = false;
+        connector->thread = std::thread::id();
+        connector->idle.notify_all();
+        return;
+      }
+      connector->wanted = false;
+      connector->thread = std::this_thread::get_id();
+    }
+    channel->ConnectForWaiting();
+  }
+}
+
+void Channel::ConnectForWaiting() {
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    // Calls that ended while waiting (a deadline, a cancel) need nothing.
+    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                  [&](const Waiting& w) { return pending_.Get(w.id) == nullptr; }),
+                   waiting_.end());
+    if (waiting_.empty()) {
+      queueing_ = false;
+      return;
+    }
+  }
+  // Bounded by connect_timeout alone, not by the calls' deadlines: calls
+  // that come while it runs may have later ones. A deadline ends its call by
+  // the call's timer.
+  auto connected = EnsureConnected();
+  {
+    // The destructor ends the waiting calls.
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    if (connector_->stop) return;
+  }
+  std::vector<Waiting> batch;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    batch.swap(waiting_);
+  }
+  // Inline callbacks (callback_threads = 0) run after every call of the
+  // batch is sent or ended: one may destroy the channel.
+  InlineScope scope{this, inline_scopes, {}};
+  inline_scopes = &scope;
+  for (Waiting& w : batch) {
+    if (!connected.ok()) {
+      Complete(w.id, connected.status(), nullptr, false);
+      continue;
+    }
+    transport::Connection& conn = **connected;
+    OutboundMessage msg;
+    msg.metadata = std::move(w.metadata);
+    msg.header.kind = MessageKind::kRequest;
+    msg.header.method_id = w.method_id;
+    msg.header.call_id = w.id;
+    bool lost = false;
+    {
+      std::lock_guard<InlineMutex> lock(mu_);
+      Pending* p = pending_.Get(w.id);
+      if (p == nullptr) continue;  // ended while waiting: a deadline, a cancel
+      // OnClosed ends the calls on a connection only while it is conn_.
+      lost = conn_.get() != &conn;
+      if (!lost) p->conn = &conn;
+      const absl::Time deadline = p->ctx->deadline();
+      if (deadline != absl::InfiniteFuture()) {
+        msg.header.timeout_us =
+            std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
+      }
+    }
+    if (lost) {
+      Complete(w.id,
+               Status(StatusCode::kUnavailable,
+                      absl::StrCat("connection to ", target_, " lost before the call was sent")),
+               nullptr, false);
+      continue;
+    }
+    if (Status s =
+            internal::SendWithSerialized(conn, std::move(msg), std::move(w.attachment), w.request);
+        !s.ok()) {
+      Complete(w.id, s, nullptr, false);
+    }
+  }
+  {
+    // Calls that came meanwhile wait for the next round, in order.
+    std::lock_guard<InlineMutex> lock(mu_);
+    queueing_ = !waiting_.empty();
+  }
+  RunDeferredAndLeave(scope);
+}
+
+void Channel::StopConnector(bool shut_transport_down) {
+  bool wait;
+  {
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    connector_->stop = true;
+    // Destroyed by an inline callback the connector runs: it touches nothing
+    // of the channel after that callback.
+    wait = connector_->running && connector_->thread != std::this_thread::get_id();
+  }
+  if (shut_transport_down) transport_->Shutdown();
+  if (!wait) return;
+  std::unique_lock<std::mutex> lock(connector_->mu);
+  connector_->idle.wait(lock, [&] { return !connector_->running; });
+}
+
 StatusOr<Attachment> Channel::AllocateAttachment(size_t size, size_t message_room) {
   if (size > options_.max_message_size) {
     return Status(StatusCode::kResourceExhausted,
                   absl::StrCat("attachment of ", size, " bytes exceeds max_message_size ",
                                options_.max_message_size));
   }
-  auto conn = EnsureConnected(absl::InfiniteFuture());
+  auto conn = EnsureConnected();
   if (!conn.ok()) return conn.status();
   auto memory = (*conn)->AllocatePayload(size + message_room);
   if (!memory.ok()) return memory.status();
@@ -323,7 +471,7 @@ uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn) {
   return id;
 }
 
-StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::Time call_deadline) {
+StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;
@@ -336,7 +484,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(absl::
                                ", and an inline callback (callback_threads = 0) does not wait "
                                "for a connection; connect from another thread"));
   }
-  const absl::Time deadline = std::min(call_deadline, absl::Now() + options_.connect_timeout);
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
   std::lock_guard<std::mutex> connecting(connect_mu_);
   {
     std::lock_guard<InlineMutex> lock(mu_);
@@ -465,12 +613,7 @@ void Channel::Deliver(Pending&& p, Status status) {
   InlineScope scope{this, inline_scopes, {}};
   inline_scopes = &scope;
   std::move(run)();
-  while (!scope.deferred.empty()) {
-    auto next = std::move(scope.deferred.front());
-    scope.deferred.pop_front();
-    std::move(next)();
-  }
-  inline_scopes = scope.outer;
+  RunDeferredAndLeave(scope);
 }
 
 void Channel::PostCounted(absl::AnyInvocable<void() &&> run) {

@@ -9,11 +9,14 @@
 //
 // A Channel connects lazily (on the first call) and again after its
 // connection is lost, e.g. when the server restarts: calls pending on the lost
-// connection end with UNAVAILABLE; the next call reconnects. A call that
-// cannot connect fails UNAVAILABLE, or INVALID_ARGUMENT when the options can
-// never connect (they name a GID on a device that does not exist). Any
-// number of calls may be in flight at once from any threads over the one
-// connection; each has its own call id.
+// connection end with UNAVAILABLE; the next call reconnects. Connecting is
+// the work of a thread of the channel's own, never the caller's: calls made
+// meanwhile wait for it, in order, each with its deadline running and
+// TryCancel working, and one attempt serves them all. When it fails they end
+// UNAVAILABLE, or INVALID_ARGUMENT when the options can never connect (they
+// name a GID on a device that does not exist). Any number of calls may be in
+// flight at once from any threads over the one connection; each has its own
+// call id.
 //
 // Threading: blocking calls wait on the calling thread; over RDMA in busy or
 // adaptive poll mode the caller does the connection's I/O itself while it
@@ -36,12 +39,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
-#include "google/protobuf/message_lite.h"
 #include "base/inline_mutex.h"
 #include "base/slot_map.h"
+#include "google/protobuf/message_lite.h"
 #include "rpc/attachment.h"
 #include "rpc/client_context.h"
 #include "rpc/internal/thread_pool.h"
@@ -55,7 +59,9 @@ namespace rdmarpc {
 struct ChannelOptions {
   // Largest request this channel sends and response it accepts.
   size_t max_message_size = 64u << 20;
-  // Time allowed for (re)connecting, further bounded by the call's deadline.
+  // Time allowed for one (re)connect attempt; the calls waiting for it end
+  // by their own deadlines meanwhile. A grouped channel destroyed while it
+  // connects waits for its attempt to end (a lone one cuts it short).
   absl::Duration connect_timeout = absl::Seconds(5);
   // Threads that run asynchronous callbacks. 0 runs each callback on the
   // thread that ends its call, with no hand-off: the transport's I/O thread
@@ -65,10 +71,10 @@ struct ChannelOptions {
   // fails to start. The fastest for callbacks that never block, as
   // ServerBuilder::SetWorkerThreads(0) is for handlers; a callback that
   // blocks stalls every call of the channel. From such a callback, a
-  // blocking Call on the same channel fails FAILED_PRECONDITION at once, and
-  // a call started while the channel has no connection fails UNAVAILABLE
-  // instead of waiting to connect; a call it starts that ends at once runs
-  // its callback after the running one has returned, not inside it.
+  // blocking Call on the same channel fails FAILED_PRECONDITION at once; a
+  // call it starts that ends at once runs its callback after the running one
+  // has returned, not inside it. The callbacks of calls that waited for a
+  // connection run on the channel's connector thread when it ends them.
   int callback_threads = 2;
   // The transport's tunables (transport/factory.h): transport.rdma for
   // rdma:// (poll mode, device, slot size, credits, timeouts, ...),
@@ -103,10 +109,8 @@ class Channel {
 
   // Asynchronous unary call: `done` runs exactly once, on a callback thread.
   // The request is serialized before this returns; `ctx` and `response` must
-  // stay alive until `done` runs. A channel with no connection connects on
-  // the calling thread first, so this may block for up to connect_timeout
-  // (bounded by the call's deadline); a TryCancel meanwhile ends the call
-  // once connecting is over, before anything is sent.
+  // stay alive until `done` runs. Never waits for a connection: a call made
+  // while there is none waits for the channel's connector (see above).
   void CallAsync(const MethodInfo& method, ClientContext* ctx,
                  const google::protobuf::MessageLite& request,
                  google::protobuf::MessageLite* response, CallCallback done);
@@ -145,6 +149,7 @@ class Channel {
   // adopt it then. `done` (OnClosed has returned everything it used of the
   // channel) is what a grouped channel's destructor waits for.
   class Watch;
+  struct Connector;
 
   Channel(std::string target, transport::Address addr, ChannelOptions options, Resources resources,
           bool grouped);
@@ -157,13 +162,23 @@ class Channel {
   // The shared_ptr a Create or NewChannel returns.
   static std::shared_ptr<Channel> Own(Channel* channel);
   // Returns the connection the request went on, or null when the call
-  // already ended.
+  // already ended or waits for the connector.
   std::shared_ptr<transport::Connection> Start(const MethodInfo& method, ClientContext* ctx,
                                                const google::protobuf::MessageLite& request,
                                                google::protobuf::MessageLite* response,
                                                CallCallback done, bool inline_done);
-  // Connects (within the call's deadline and connect_timeout) if need be.
-  StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected(absl::Time call_deadline);
+  // Connects (within connect_timeout) if need be.
+  StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected();
+  // An asynchronous call that found no connection: tracked, queued in
+  // waiting_ and handed to the connector.
+  void Wait(const MethodInfo& method, Pending&& p, const google::protobuf::MessageLite& request,
+            size_t size, Attachment attachment);
+  static void RunConnector(Channel* channel, std::shared_ptr<Connector> connector);
+  static void CancelHook(void* channel, uint64_t call_id);
+  // One connect attempt for the calls waiting now, and their sending or end.
+  void ConnectForWaiting();
+  // Stops the connector and waits until it no longer uses the channel.
+  void StopConnector(bool shut_transport_down);
   // Gives the call its id and, with a deadline, its timer. Needs mu_.
   uint64_t TrackLocked(Pending&& p, transport::Connection* conn);
   // Ends call `id` with `status` unless it already ended; `msg` is the
@@ -205,6 +220,36 @@ class Channel {
     int count = 0;
   };
   const std::shared_ptr<Posted> posted_ = std::make_shared<Posted>();
+
+  // Asynchronous calls started with no connection wait here, tracked in
+  // pending_ (so their deadline and TryCancel end them as usual) and
+  // serialized, until the connector's attempt ends: sent on success, ended
+  // with its status on failure. Guarded by mu_.
+  struct Waiting {
+    uint64_t id;
+    uint32_t method_id;
+    std::string request;
+    std::string metadata;  // encoded
+    Attachment attachment;
+  };
+  std::vector<Waiting> waiting_;
+  // Calls wait for the connector or are being sent by it: a new call, even
+  // with a connection up, waits behind them.
+  bool queueing_ = false;
+
+  // The connector: a thread that connects for the waiting calls, started
+  // when one waits and gone when none is left. Shared with it: an inline
+  // callback it runs may destroy the channel, after which it touches this
+  // and nothing of the channel.
+  struct Connector {
+    std::mutex mu;
+    std::condition_variable idle;
+    bool running = false;  // a connector thread exists
+    bool wanted = false;   // calls arrived since its attempt began
+    bool stop = false;     // the channel is being destroyed
+    std::thread::id thread;
+  };
+  const std::shared_ptr<Connector> connector_ = std::make_shared<Connector>();
 
   const bool grouped_;  // the resources are shared with the group's channels
   std::shared_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline

@@ -189,9 +189,10 @@ TEST_P(RpcSuite, InlineCallbacksChainCalls) {
 
 // A call that fails to start ends on the caller's thread before CallAsync
 // returns. From its callback a blocking call fails at once instead of
-// waiting for the thread it holds, a call that would have to connect fails
-// instead of waiting for a connection, and a retry loop of calls failing
-// like that runs callback after callback without growing the stack.
+// waiting for the thread it holds, an asynchronous call on the unconnected
+// channel waits for the connection without holding the callback up, and a
+// retry loop of calls failing at once runs callback after callback without
+// growing the stack.
 TEST_P(RpcSuite, InlineCallbacksNeitherBlockNorNest) {
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
@@ -199,48 +200,177 @@ TEST_P(RpcSuite, InlineCallbacksNeitherBlockNorNest) {
   o.max_message_size = 100;
   auto ch = MakeChannel(ts.address, o);
   constexpr int kRetries = 100000;
+  const EchoRequest too_big_request = Req(std::string(1000, 'b'));
   ClientContext ctx;
   EchoResponse resp;
-  Status too_big, blocking, unconnected;
+  Status too_big, blocking;
+  AsyncCall unconnected;
   int retries = 0;
   uintptr_t lowest = UINTPTR_MAX, highest = 0;
   std::function<void(Status)> retry = [&](Status s) {
     int here;
     lowest = std::min(lowest, reinterpret_cast<uintptr_t>(&here));
     highest = std::max(highest, reinterpret_cast<uintptr_t>(&here));
-    if (s.code() != StatusCode::kUnavailable || ++retries == kRetries) return;
-    ch->CallAsync(kEcho, &ctx, Req("x"), &resp, [&](Status again) { retry(again); });
+    if (s.code() != StatusCode::kResourceExhausted || ++retries == kRetries) return;
+    ch->CallAsync(kEcho, &ctx, too_big_request, &resp, [&](Status again) { retry(again); });
   };
   const std::thread::id caller = std::this_thread::get_id();
   std::thread::id ran_on;
-  ch->CallAsync(kEcho, &ctx, Req(std::string(1000, 'b')), &resp, [&](Status s) {
+  ch->CallAsync(kEcho, &ctx, too_big_request, &resp, [&](Status s) {
     ran_on = std::this_thread::get_id();
     too_big = s;
     ClientContext inner;
     EchoResponse inner_resp;
     blocking = ch->Call(kEcho, &inner, Req("x"), &inner_resp);
-    ch->CallAsync(kEcho, &ctx, Req("x"), &resp, [&](Status again) {
-      unconnected = again;
-      retry(again);
-    });
+    ch->CallAsync(kEcho, &unconnected.ctx, Req("waited"), &unconnected.resp,
+                  [&](Status s) { unconnected.result.set_value(s); });
+    retry(s);
   });
   EXPECT_EQ(ran_on, caller) << "the callback did not run on the caller's thread";
   EXPECT_EQ(too_big.code(), StatusCode::kResourceExhausted) << too_big;
   EXPECT_EQ(blocking.code(), StatusCode::kFailedPrecondition) << blocking;
-  EXPECT_EQ(unconnected.code(), StatusCode::kUnavailable) << unconnected;
-  EXPECT_NE(unconnected.message().find("inline callback"), absl::string_view::npos) << unconnected;
   EXPECT_EQ(retries, kRetries);
   EXPECT_LT(highest - lowest, 64u << 10) << "inline callbacks nested";
-  // Outside callbacks the channel connects and calls as usual.
-  ClientContext later;
-  const Status s = ch->Call(kEcho, &later, Req("later"), &resp);
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_EQ(resp.data(), "later");
+  auto f = unconnected.result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const Status s = f.get();
+  ASSERT_TRUE(s.ok()) << "the call that waited for the connection: " << s;
+  EXPECT_EQ(unconnected.resp.data(), "waited");
+}
+
+// A call started while the channel has no connection returns at once and
+// waits for one: its deadline runs and TryCancel ends it meanwhile, and
+// destroying the channel ends it without waiting for the connect attempt.
+TEST_P(RpcSuite, AsyncCallsWaitForAConnectionWithoutBlockingTheCaller) {
+  const StalledAddress stalled = GetParam().stalled();
+  ASSERT_FALSE(stalled.address.empty());
+  for (int callback_threads : {2, 0}) {
+    SCOPED_TRACE(absl::StrCat("callback_threads ", callback_threads));
+    ChannelOptions o;
+    o.callback_threads = callback_threads;
+    o.connect_timeout = absl::Seconds(60);
+    auto ch = MakeChannel(stalled.address, o);
+    ASSERT_TRUE(ch);
+    AsyncCall cancelled, timed, left;
+    timed.ctx.set_timeout(absl::Milliseconds(300));
+    std::vector<std::future<Status>> results;
+    for (AsyncCall* c : {&cancelled, &timed, &left}) {
+      ch->CallAsync(kEcho, &c->ctx, Req("x"), &c->resp, [c](Status s) { c->result.set_value(s); });
+      results.push_back(c->result.get_future());
+      ASSERT_EQ(results.back().wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+          << "CallAsync returned after its call ended: it waited for the connect attempt";
+    }
+    cancelled.ctx.TryCancel();
+    for (auto [f, code] : {std::pair{&results[0], StatusCode::kCancelled},
+                           std::pair{&results[1], StatusCode::kDeadlineExceeded}}) {
+      ASSERT_EQ(f->wait_for(std::chrono::seconds(20)), std::future_status::ready);
+      const Status s = f->get();
+      EXPECT_EQ(s.code(), code) << s;
+    }
+    EXPECT_EQ(results[2].wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+    const absl::Time before = absl::Now();
+    ch.reset();
+    EXPECT_LT(absl::Now() - before, absl::Seconds(30))
+        << "destroying the channel waited for its connect attempt";
+    ASSERT_EQ(results[2].wait_for(std::chrono::seconds(0)), std::future_status::ready);
+    const Status s = results[2].get();
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("channel destroyed"), absl::string_view::npos) << s;
+  }
+}
+
+// Calls that wait for the connection go out on it with all they carry:
+// message, metadata, attachment and deadline; those that ended while
+// waiting are not sent.
+TEST_P(RpcSuite, CallsThatWaitedForTheConnectionGoOutWhole) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  constexpr int kCalls = 16;
+  std::vector<std::unique_ptr<AsyncCall>> calls;
+  std::vector<std::string> attachments;
+  AsyncCall cancelled;
+  cancelled.ctx.TryCancel();
+  ch->CallAsync(kEcho, &cancelled.ctx, Req("never sent"), &cancelled.resp,
+                [&](Status s) { cancelled.result.set_value(s); });
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::make_unique<AsyncCall>());
+    AsyncCall* c = calls.back().get();
+    c->ctx.AddMetadata("echo-me", absl::StrCat("call ", i));
+    c->ctx.set_timeout(absl::Seconds(30));
+    attachments.push_back(std::string(size_t{1} << (i % 12), static_cast<char>('a' + i)));
+    c->ctx.set_request_attachment(Attachment::CopyOf(attachments.back()));
+    ch->CallAsync(kEcho, &c->ctx, Req(absl::StrCat("data ", i)), &c->resp,
+                  [c](Status s) { c->result.set_value(s); });
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    SCOPED_TRACE(absl::StrCat("call ", i));
+    AsyncCall& c = *calls[i];
+    auto f = c.result.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    const Status s = f.get();
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(c.resp.data(), absl::StrCat("data ", i));
+    ASSERT_EQ(c.ctx.server_metadata().size(), 1u);
+    EXPECT_EQ(c.ctx.server_metadata()[0].second, absl::StrCat("call ", i));
+    EXPECT_EQ(c.resp.attachment_checksum(), AttachmentChecksum(attachments[i]));
+    EXPECT_TRUE(c.ctx.response_attachment().view() == attachments[i]);
+  }
+  auto f = cancelled.result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
+  EXPECT_EQ(ts.service.started.load(), kCalls) << "a call that ended while waiting was sent";
+}
+
+// The connector may run the inline callback that drops the last reference
+// to its channel; a grouped channel, which cannot shut the shared transport
+// down, lets its attempt end and then ends its calls.
+TEST_P(RpcSuite, ChannelsDestroyedWhileConnecting) {
+  const StalledAddress stalled = GetParam().stalled();
+  ASSERT_FALSE(stalled.address.empty());
+  {
+    ChannelOptions o = InlineCallbacks();
+    o.connect_timeout = absl::Milliseconds(300);
+    std::shared_ptr<Channel> ch = MakeChannel(stalled.address, o);
+    ASSERT_TRUE(ch);
+    AsyncCall c;
+    ch->CallAsync(kEcho, &c.ctx, Req("x"), &c.resp, [&](Status s) {
+      ch.reset();
+      c.result.set_value(s);
+    });
+    auto f = c.result.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    const Status s = f.get();
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("cannot reach"), absl::string_view::npos) << s;
+    EXPECT_EQ(ch, nullptr);
+  }
+  for (int callback_threads : {2, 0}) {
+    SCOPED_TRACE(absl::StrCat("grouped, callback_threads ", callback_threads));
+    ChannelOptions o;
+    o.callback_threads = callback_threads;
+    o.connect_timeout = absl::Milliseconds(300);
+    auto group = ChannelGroup::Create(o);
+    ASSERT_TRUE(group.ok()) << group.status();
+    auto ch = (*group)->NewChannel(stalled.address);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    AsyncCall c;
+    (*ch)->CallAsync(kEcho, &c.ctx, Req("x"), &c.resp, [&](Status s) { c.result.set_value(s); });
+    // Time for the connector to begin its attempt; destroyed before that,
+    // the channel has no attempt to wait for, and the call ends all the same.
+    absl::SleepFor(absl::Milliseconds(100));
+    ch->reset();
+    auto f = c.result.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready)
+        << "the channel's destructor returned with a call pending";
+    EXPECT_EQ(f.get().code(), StatusCode::kUnavailable);
+  }
 }
 
 // The callbacks of calls that a lost connection ends run on a transport
-// thread; one that starts a new call then gets UNAVAILABLE, not a wait of up
-// to connect_timeout on a thread that connecting may need.
+// thread; a call one starts waits for the channel's connector instead of
+// connecting on a thread that connecting may need, and ends UNAVAILABLE when
+// the server is gone.
 TEST_P(RpcSuite, InlineCallbackStartingACallAfterTheConnectionIsLost) {
   auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
   ASSERT_TRUE(ts->server);

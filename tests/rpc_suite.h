@@ -2,20 +2,29 @@
 //
 // tests/rpc_tcp_test.cc instantiates it over tcp://, and
 // tests/rpc_rdma_test.cc over rdma:// (in the Soft-RoCE VM). Each parameter
-// is a function that returns the address a test server should listen on.
+// says where a test server should listen and where connecting stalls.
 #ifndef RDMARPC_TESTS_RPC_SUITE_H_
 #define RDMARPC_TESTS_RPC_SUITE_H_
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "gtest/gtest.h"
 
 namespace rdmarpc::testing {
 
+// An address where a connect waits for a handshake that never comes, and
+// what keeps it so (a listener) until dropped.
+struct StalledAddress {
+  std::string address;
+  std::shared_ptr<void> keep;
+};
+
 struct SuiteParam {
   std::string name;                          // "tcp", "rdma"
   std::function<std::string()> listen_addr;  // e.g. "tcp://127.0.0.1:0"
+  std::function<StalledAddress()> stalled;
 };
 
 class RpcSuite : public ::testing::TestWithParam<SuiteParam> {};

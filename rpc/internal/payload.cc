@@ -5,10 +5,19 @@
 #include <utility>
 
 namespace rdmarpc::internal {
+namespace {
 
-absl::StatusOr<transport::Buffer> BuildPayload(transport::Connection& conn, Attachment attachment,
-                                               const google::protobuf::MessageLite& message,
-                                               size_t message_size) {
+auto SerializeTo(const google::protobuf::MessageLite& message) {
+  return [&message](char* out) {
+    message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out));
+  };
+}
+
+// BuildPayload for `message_size` bytes that `write(out)` puts at `out`.
+template <typename Write>
+absl::StatusOr<transport::Buffer> BuildPayloadWith(transport::Connection& conn,
+                                                   Attachment attachment, size_t message_size,
+                                                   const Write& write) {
   const size_t att = attachment.size();
   transport::Buffer payload;
   if (att > 0 && attachment.room() >= message_size) {
@@ -20,24 +29,44 @@ absl::StatusOr<transport::Buffer> BuildPayload(transport::Connection& conn, Atta
     payload = std::move(*memory);
     if (att > 0) memcpy(payload.data(), attachment.data(), att);
   }
-  message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(payload.data() + att));
+  write(payload.data() + att);
   return payload;
 }
 
-absl::Status SendWithMessage(transport::Connection& conn, transport::OutboundMessage&& msg,
-                             Attachment attachment,
-                             const google::protobuf::MessageLite& message, size_t message_size) {
+// SendWithMessage for `message_size` bytes that `write(out)` puts at `out`.
+template <typename Write>
+absl::Status SendPayload(transport::Connection& conn, transport::OutboundMessage&& msg,
+                         Attachment attachment, size_t message_size, const Write& write) {
   if (attachment.empty()) {
     msg.header.attachment_len = 0;
-    return conn.SendWith(std::move(msg), message_size, [&message](char* out) {
-      message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out));
-    });
+    return conn.SendWith(std::move(msg), message_size, write);
   }
   msg.header.attachment_len = static_cast<uint32_t>(attachment.size());
-  auto payload = BuildPayload(conn, std::move(attachment), message, message_size);
+  auto payload = BuildPayloadWith(conn, std::move(attachment), message_size, write);
   if (!payload.ok()) return payload.status();
   msg.payload = std::move(*payload);
   return conn.Send(std::move(msg));
+}
+
+}  // namespace
+
+absl::StatusOr<transport::Buffer> BuildPayload(transport::Connection& conn, Attachment attachment,
+                                               const google::protobuf::MessageLite& message,
+                                               size_t message_size) {
+  return BuildPayloadWith(conn, std::move(attachment), message_size, SerializeTo(message));
+}
+
+absl::Status SendWithMessage(transport::Connection& conn, transport::OutboundMessage&& msg,
+                             Attachment attachment, const google::protobuf::MessageLite& message,
+                             size_t message_size) {
+  return SendPayload(conn, std::move(msg), std::move(attachment), message_size,
+                     SerializeTo(message));
+}
+
+absl::Status SendWithSerialized(transport::Connection& conn, transport::OutboundMessage&& msg,
+                                Attachment attachment, absl::string_view message) {
+  return SendPayload(conn, std::move(msg), std::move(attachment), message.size(),
+                     [message](char* out) { memcpy(out, message.data(), message.size()); });
 }
 
 }  // namespace rdmarpc::internal

@@ -5,7 +5,9 @@
 
 #include <cstddef>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/attachment.h"
 #include "transport/transport.h"
@@ -27,6 +29,11 @@ absl::StatusOr<transport::Buffer> BuildPayload(transport::Connection& conn, Atta
 absl::Status SendWithMessage(transport::Connection& conn, transport::OutboundMessage&& msg,
                              Attachment attachment,
                              const google::protobuf::MessageLite& message, size_t message_size);
+
+// The same for a message serialized earlier (a call that waited for a
+// connection keeps its request as bytes).
+absl::Status SendWithSerialized(transport::Connection& conn, transport::OutboundMessage&& msg,
+                                Attachment attachment, absl::string_view message);
 
 }  // namespace rdmarpc::internal
 

@@ -405,6 +405,7 @@ TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp)
     : options_(std::move(options)), tcp_(tcp) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = nullptr;  // the wake-up fd
@@ -415,6 +416,7 @@ TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp)
 TcpTransport::~TcpTransport() {
   Shutdown();
   close(wake_fd_);
+  close(stop_fd_);
   close(epoll_fd_);
 }
 
@@ -498,10 +500,11 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
     for (;;) {
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) return fail("timed out");
-      pollfd p{fd, POLLOUT, 0};
-      const int rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      pollfd p[2] = {{fd, POLLOUT, 0}, {stop_fd_, POLLIN, 0}};
+      const int rc = poll(p, 2, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
       if (rc < 0 && errno == EINTR) continue;
       if (rc < 0) return fail(ErrnoText(errno));
+      if (p[1].revents != 0) return fail("transport shutting down");
       if (rc == 0) continue;
       int err = 0;
       socklen_t elen = sizeof err;
@@ -560,6 +563,8 @@ absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::Listen(const Address& ad
 
 void TcpTransport::Shutdown() {
   if (stopped_.exchange(true)) return;
+  const uint64_t one = 1;
+  (void)!write(stop_fd_, &one, sizeof one);
   RunInLoopAndWait([this] {
     for (auto& [fd, l] : listeners_) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     std::vector<std::shared_ptr<TcpConnection>> all;

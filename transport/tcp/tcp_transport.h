@@ -64,6 +64,8 @@ class TcpTransport : public Transport {
   const TcpOptions tcp_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
+  // Readable once Shutdown has begun: ends the Connects waiting for a handshake.
+  int stop_fd_ = -1;
   std::thread thread_;
   std::atomic<std::thread::id> loop_thread_id_{};
   std::atomic<bool> stopped_{false};
