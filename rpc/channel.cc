@@ -536,6 +536,10 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     if (tell_server && conn_ && conn_.get() == p.conn) conn = conn_;
   }
   if (p.timer != 0) timers_->Cancel(p.timer);
+  if (p.conn == nullptr && status.code() == StatusCode::kDeadlineExceeded) {
+    status = Status(StatusCode::kDeadlineExceeded,
+                    absl::StrCat("deadline exceeded while connecting to ", target_));
+  }
   if (conn) {
     OutboundMessage cancel;
     cancel.header.kind = MessageKind::kCancel;
