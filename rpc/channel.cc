@@ -85,6 +85,15 @@ StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
 }
 
 Status Channel::CheckOptions(const ChannelOptions& options) {
+  if (options.reconnect_backoff <= absl::ZeroDuration() ||
+      options.reconnect_backoff_max < options.reconnect_backoff) {
+    return Status(
+        StatusCode::kInvalidArgument,
+        absl::StrCat("reconnect_backoff is ", absl::FormatDuration(options.reconnect_backoff),
+                     " and reconnect_backoff_max ",
+                     absl::FormatDuration(options.reconnect_backoff_max),
+                     "; the first must be positive and the second no smaller"));
+  }
   if (options.callback_threads < 0) {
     return Status(StatusCode::kInvalidArgument,
                   absl::StrCat("callback_threads is ", options.callback_threads,
@@ -353,8 +362,10 @@ void Channel::RunConnector(Channel* channel, std::shared_ptr<Connector> connecto
 }
 
 void Channel::ConnectForWaiting() {
+  absl::Time retry_after;
   {
     std::lock_guard<InlineMutex> lock(mu_);
+    retry_after = retry_after_;
     // Calls that ended while waiting (a deadline, a cancel) need nothing.
     waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
                                   [&](const Waiting& w) { return pending_.Get(w.id) == nullptr; }),
@@ -363,6 +374,13 @@ void Channel::ConnectForWaiting() {
       queueing_ = false;
       return;
     }
+  }
+  if (retry_after != absl::InfinitePast()) {
+    // Not before the backoff after a failed attempt ends; calls wait for it.
+    std::unique_lock<std::mutex> lock(connector_->mu);
+    connector_->wake.wait_until(lock, absl::ToChronoTime(retry_after),
+                                [&] { return connector_->stop; });
+    if (connector_->stop) return;
   }
   // Bounded by connect_timeout alone, not by the calls' deadlines: calls
   // that come while it runs may have later ones. A deadline ends its call by
@@ -433,6 +451,7 @@ void Channel::StopConnector(bool shut_transport_down) {
   {
     std::lock_guard<std::mutex> lock(connector_->mu);
     connector_->stop = true;
+    connector_->wake.notify_all();
     // Destroyed by an inline callback the connector runs: it touches nothing
     // of the channel after that callback.
     wait = connector_->running && connector_->thread != std::this_thread::get_id();
@@ -484,11 +503,12 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
                                ", and an inline callback (callback_threads = 0) does not wait "
                                "for a connection; connect from another thread"));
   }
-  const absl::Time deadline = absl::Now() + options_.connect_timeout;
   std::lock_guard<std::mutex> connecting(connect_mu_);
+  const absl::Time start = absl::Now();
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;  // another caller connected meanwhile
+    if (Status s = BackoffLocked(start); !s.ok()) return s;
   }
   Watch* watch;
   {
@@ -499,7 +519,8 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
     watches_.push_back(std::make_unique<Watch>(this));
     watch = watches_.back().get();
   }
-  auto conn = transport_->Connect(addr_, watch, deadline);
+  auto conn = transport_->Connect(addr_, watch, start + options_.connect_timeout);
+  Status failure;
   if (!conn.ok()) {
     {
       // A connection that Connect did not return gets no callback.
@@ -509,20 +530,42 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
     // A configuration that cannot work (a GID named on a device that does
     // not exist, or of the wrong address family) stays INVALID_ARGUMENT:
     // UNAVAILABLE would invite retries that can never succeed.
-    if (absl::IsInvalidArgument(conn.status())) {
-      return Status(StatusCode::kInvalidArgument,
-                    absl::StrCat("cannot connect to ", target_, ": ", conn.status().message()));
-    }
-    return Status(StatusCode::kUnavailable,
-                  absl::StrCat("cannot reach ", target_, ": ", conn.status().message()));
+    failure =
+        absl::IsInvalidArgument(conn.status())
+            ? Status(StatusCode::kInvalidArgument,
+                     absl::StrCat("cannot connect to ", target_, ": ", conn.status().message()))
+            : Status(StatusCode::kUnavailable,
+                     absl::StrCat("cannot reach ", target_, ": ", conn.status().message()));
   }
   std::lock_guard<InlineMutex> lock(mu_);
-  if (watch->lost) {
-    return Status(StatusCode::kUnavailable,
-                  absl::StrCat("connection to ", target_, " lost as soon as it was made"));
+  if (failure.ok() && watch->lost) {
+    failure = Status(StatusCode::kUnavailable,
+                     absl::StrCat("connection to ", target_, " lost as soon as it was made"));
   }
+  if (!failure.ok()) {
+    // As gRPC: the wait runs from the start of the failed attempt, grows
+    // by 1.6 per further failure, and varies by +-20% so that clients cut
+    // off together do not come back together.
+    backoff_ = backoff_ == absl::ZeroDuration()
+                   ? options_.reconnect_backoff
+                   : std::min(backoff_ * 1.6, options_.reconnect_backoff_max);
+    retry_after_ = start + backoff_ * std::uniform_real_distribution<double>(0.8, 1.2)(jitter_);
+    last_failure_ = failure;
+    return failure;
+  }
+  backoff_ = absl::ZeroDuration();
+  retry_after_ = absl::InfinitePast();
   conn_ = *conn;
   return conn_;
+}
+
+Status Channel::BackoffLocked(absl::Time now) const {
+  if (now >= retry_after_) return Status();
+  return Status(
+      last_failure_.code(),
+      absl::StrCat(last_failure_.message(), "; not trying again for ",
+                   absl::FormatDuration(absl::Ceil(retry_after_ - now, absl::Milliseconds(1))),
+                   " (ChannelOptions::reconnect_backoff)"));
 }
 
 void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tell_server) {

@@ -10,13 +10,15 @@
 // A Channel connects lazily (on the first call) and again after its
 // connection is lost, e.g. when the server restarts: calls pending on the lost
 // connection end with UNAVAILABLE; the next call reconnects. Connecting is
-// the work of a thread of the channel's own, never the caller's: calls made
-// meanwhile wait for it, in order, each with its deadline running and
-// TryCancel working, and one attempt serves them all. When it fails they end
+// the work of a thread of the channel's own, not the caller's (only
+// AllocateAttachment connects on its caller's thread): calls made meanwhile
+// wait for it, in order, each with its deadline running and TryCancel
+// working, and one attempt serves them all. When it fails they end
 // UNAVAILABLE, or INVALID_ARGUMENT when the options can never connect (they
-// name a GID on a device that does not exist). Any number of calls may be in
-// flight at once from any threads over the one connection; each has its own
-// call id.
+// name a GID on a device that does not exist), and the next attempt waits
+// for a backoff (ChannelOptions::reconnect_backoff). Any number of calls may
+// be in flight at once from any threads over the one connection; each has
+// its own call id.
 //
 // Threading: blocking calls wait on the calling thread; over RDMA in busy or
 // adaptive poll mode the caller does the connection's I/O itself while it
@@ -38,6 +40,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +66,14 @@ struct ChannelOptions {
   // by their own deadlines meanwhile. A grouped channel destroyed while it
   // connects waits for its attempt to end (a lone one cuts it short).
   absl::Duration connect_timeout = absl::Seconds(5);
+  // After a failed attempt the next one starts no sooner than this after it
+  // began; each further failure makes the wait 1.6 times longer, up to
+  // reconnect_backoff_max, and every wait varies by +-20%. Calls made
+  // meanwhile wait for the next attempt (their deadlines and TryCancel end
+  // them sooner); AllocateAttachment fails at once. A connection resets the
+  // wait.
+  absl::Duration reconnect_backoff = absl::Milliseconds(100);
+  absl::Duration reconnect_backoff_max = absl::Seconds(10);
   // Threads that run asynchronous callbacks. 0 runs each callback on the
   // thread that ends its call, with no hand-off: the transport's I/O thread
   // for a response or a lost connection (or a blocking caller's thread that
@@ -167,8 +178,11 @@ class Channel {
                                                const google::protobuf::MessageLite& request,
                                                google::protobuf::MessageLite* response,
                                                CallCallback done, bool inline_done);
-  // Connects (within connect_timeout) if need be.
+  // Connects (within connect_timeout) if need be, unless a failed attempt
+  // was too recent (reconnect_backoff).
   StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected();
+  // The failed attempt's status while its backoff lasts at `now`, else OK.
+  Status BackoffLocked(absl::Time now) const;
   // An asynchronous call that found no connection: tracked, queued in
   // waiting_ and handed to the connector.
   void Wait(const MethodInfo& method, Pending&& p, const google::protobuf::MessageLite& request,
@@ -202,6 +216,12 @@ class Channel {
   std::mutex connect_mu_;  // serializes (re)connecting
   InlineMutex mu_;
   std::shared_ptr<transport::Connection> conn_;                 // guarded by mu_
+  // Reconnect backoff, guarded by mu_: the wait after the last failed
+  // attempt (zero after a success), when the next may start, and its status.
+  absl::Duration backoff_;
+  absl::Time retry_after_ = absl::InfinitePast();
+  Status last_failure_;
+  std::minstd_rand jitter_{std::random_device{}()};
   // Pending calls; a call's id is its key here (base/slot_map.h), so a
   // response finds its call without a hash, and no allocation per call.
   SlotMap<Pending> pending_;                                    // guarded by mu_
@@ -244,6 +264,7 @@ class Channel {
   struct Connector {
     std::mutex mu;
     std::condition_variable idle;
+    std::condition_variable wake;  // ends a reconnect backoff early: stop
     bool running = false;  // a connector thread exists
     bool wanted = false;   // calls arrived since its attempt began
     bool stop = false;     // the channel is being destroyed

@@ -528,7 +528,7 @@ TEST_P(RpcSuite, MetadataWithABadKeyFailsWithoutSending) {
   EXPECT_EQ(ts.service.started.load(), 1);
 }
 
-TEST_P(RpcSuite, NegativeCallbackThreadsAreRefused) {
+TEST_P(RpcSuite, NegativeCallbackThreadsAndBackoffsThatCannotWorkAreRefused) {
   ChannelOptions o;
   o.callback_threads = -1;
   auto ch = Channel::Create(GetParam().listen_addr(), o);
@@ -536,6 +536,17 @@ TEST_P(RpcSuite, NegativeCallbackThreadsAreRefused) {
   EXPECT_EQ(ch.status().code(), StatusCode::kInvalidArgument) << ch.status();
   EXPECT_NE(ch.status().message().find("callback_threads is -1"), absl::string_view::npos)
       << ch.status();
+  for (auto [initial, max] : {std::pair{absl::ZeroDuration(), absl::Seconds(1)},
+                              std::pair{absl::Seconds(2), absl::Seconds(1)}}) {
+    ChannelOptions b;
+    b.reconnect_backoff = initial;
+    b.reconnect_backoff_max = max;
+    auto refused = Channel::Create(GetParam().listen_addr(), b);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_NE(refused.status().message().find("reconnect_backoff"), absl::string_view::npos)
+        << refused.status();
+  }
 }
 
 // Destroying a channel ends each of its pending calls with UNAVAILABLE before
@@ -887,7 +898,8 @@ TEST_P(RpcSuite, ChannelReconnectsAfterServerRestart) {
     ctx.set_timeout(absl::Seconds(5));
     EXPECT_EQ(ch->Call(kEcho, &ctx, Req("down"), &resp).code(), StatusCode::kUnavailable);
   }
-  // Same address again.
+  // Same address again, most likely within the reconnect backoff after the
+  // failed attempt of "down": the next call waits for it.
   TestServer again(address);
   ASSERT_TRUE(again.server);
   ClientContext ctx;
@@ -897,14 +909,54 @@ TEST_P(RpcSuite, ChannelReconnectsAfterServerRestart) {
   EXPECT_EQ(resp.data(), "after");
 }
 
-TEST_P(RpcSuite, UnreachableServerIsUnavailable) {
-  // Listen, learn a free port, stop: nothing listens there now.
-  std::string address;
+// Listens, learns a free port, stops: nothing listens there now.
+std::string AddressNobodyListensOn(const std::string& listen_addr) {
+  TestServer ts(listen_addr);
+  EXPECT_TRUE(ts.server);
+  return ts.address;
+}
+
+// After a failed attempt the channel does not try again before the backoff
+// ends, even for a call that comes meanwhile: that call waits for the next
+// attempt and its deadline ends it; destroying the channel wakes the wait.
+TEST_P(RpcSuite, ReconnectAttemptsWaitForTheBackoff) {
+  const std::string address = AddressNobodyListensOn(GetParam().listen_addr());
+  ChannelOptions o;
+  o.reconnect_backoff = o.reconnect_backoff_max = absl::Seconds(60);
+  auto ch = MakeChannel(address, o);
+  EchoResponse resp;
   {
-    TestServer ts(GetParam().listen_addr());
-    ASSERT_TRUE(ts.server);
-    address = ts.address;
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(10));
+    const Status s = ch->Call(kEcho, &ctx, Req("x"), &resp);
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("cannot reach"), absl::string_view::npos) << s;
   }
+  TestServer again(address);
+  ASSERT_TRUE(again.server);
+  {
+    // An attempt now would connect.
+    ClientContext ctx;
+    ctx.set_timeout(absl::Milliseconds(300));
+    const Status s = ch->Call(kEcho, &ctx, Req("x"), &resp);
+    EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+    EXPECT_NE(s.message().find("while connecting"), absl::string_view::npos) << s;
+  }
+  EXPECT_EQ(again.service.started.load(), 0) << "the channel tried again before its backoff ended";
+  AsyncCall waiting;
+  ch->CallAsync(kEcho, &waiting.ctx, Req("x"), &waiting.resp,
+                [&](Status s) { waiting.result.set_value(s); });
+  const absl::Time before = absl::Now();
+  ch.reset();
+  EXPECT_LT(absl::Now() - before, absl::Seconds(30))
+      << "destroying the channel waited out the backoff";
+  auto f = waiting.result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(f.get().code(), StatusCode::kUnavailable);
+}
+
+TEST_P(RpcSuite, UnreachableServerIsUnavailable) {
+  const std::string address = AddressNobodyListensOn(GetParam().listen_addr());
   auto ch = MakeChannel(address);
   ClientContext ctx;
   ctx.set_timeout(absl::Seconds(10));
