@@ -405,27 +405,27 @@ void Channel::ConnectForWaiting() {
       Complete(w.id, connected.status(), nullptr, false);
       continue;
     }
-    transport::Connection& conn = **connected;
     OutboundMessage msg;
     msg.metadata = std::move(w.metadata);
     msg.header.kind = MessageKind::kRequest;
     msg.header.method_id = w.method_id;
     msg.header.call_id = w.id;
-    bool lost = false;
+    // Over conn_, which OnClosed clears before it ends the calls on it: the
+    // connection made above may be lost already.
+    std::shared_ptr<transport::Connection> conn;
     {
       std::lock_guard<InlineMutex> lock(mu_);
       Pending* p = pending_.Get(w.id);
       if (p == nullptr) continue;  // ended while waiting: a deadline, a cancel
-      // OnClosed ends the calls on a connection only while it is conn_.
-      lost = conn_.get() != &conn;
-      if (!lost) p->conn = &conn;
+      conn = conn_;
+      if (conn) p->conn = conn.get();
       const absl::Time deadline = p->ctx->deadline();
       if (deadline != absl::InfiniteFuture()) {
         msg.header.timeout_us =
             std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
       }
     }
-    if (lost) {
+    if (!conn) {
       Complete(w.id,
                Status(StatusCode::kUnavailable,
                       absl::StrCat("connection to ", target_, " lost before the call was sent")),
@@ -433,7 +433,7 @@ void Channel::ConnectForWaiting() {
       continue;
     }
     if (Status s =
-            internal::SendWithSerialized(conn, std::move(msg), std::move(w.attachment), w.request);
+            internal::SendWithSerialized(*conn, std::move(msg), std::move(w.attachment), w.request);
         !s.ok()) {
       Complete(w.id, s, nullptr, false);
     }

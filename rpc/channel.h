@@ -183,11 +183,14 @@ class Channel {
   StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected();
   // The failed attempt's status while its backoff lasts at `now`, else OK.
   Status BackoffLocked(absl::Time now) const;
-  // An asynchronous call that found no connection: tracked, queued in
-  // waiting_ and handed to the connector.
+  // A call that found no connection, or calls waiting for one: tracked,
+  // queued in waiting_ and handed to the connector.
   void Wait(const MethodInfo& method, Pending&& p, const google::protobuf::MessageLite& request,
             size_t size, Attachment attachment);
+  // The connector thread: a round of ConnectForWaiting while calls came
+  // since the last began; ends when none did.
   static void RunConnector(Channel* channel, std::shared_ptr<Connector> connector);
+  // What TryCancel runs: ends the call CANCELLED.
   static void CancelHook(void* channel, uint64_t call_id);
   // One connect attempt for the calls waiting now, and their sending or end.
   void ConnectForWaiting();
@@ -241,10 +244,10 @@ class Channel {
   };
   const std::shared_ptr<Posted> posted_ = std::make_shared<Posted>();
 
-  // Asynchronous calls started with no connection wait here, tracked in
-  // pending_ (so their deadline and TryCancel end them as usual) and
-  // serialized, until the connector's attempt ends: sent on success, ended
-  // with its status on failure. Guarded by mu_.
+  // Calls started with no connection (or behind calls waiting) wait here,
+  // tracked in pending_ (so their deadline and TryCancel end them as usual)
+  // and serialized, until the connector's attempt ends: sent on success,
+  // ended with its status on failure. Guarded by mu_.
   struct Waiting {
     uint64_t id;
     uint32_t method_id;
@@ -263,12 +266,12 @@ class Channel {
   // and nothing of the channel.
   struct Connector {
     std::mutex mu;
-    std::condition_variable idle;
-    std::condition_variable wake;  // ends a reconnect backoff early: stop
-    bool running = false;  // a connector thread exists
-    bool wanted = false;   // calls arrived since its attempt began
-    bool stop = false;     // the channel is being destroyed
-    std::thread::id thread;
+    std::condition_variable idle;  // running became false
+    std::condition_variable wake;  // stop became true: a backoff ends early
+    bool running = false;          // a connector thread exists
+    bool wanted = false;           // calls came since its round began
+    bool stop = false;             // the channel is being destroyed
+    std::thread::id thread;        // the connector thread's, while running
   };
   const std::shared_ptr<Connector> connector_ = std::make_shared<Connector>();
 

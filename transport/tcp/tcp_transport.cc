@@ -445,20 +445,37 @@ void TcpTransport::Loop() {
     // the same batch may still point at one.
     graveyard_.clear();
   }
+  // A task queued while the loop ended (a Connect racing Shutdown) still
+  // runs, seeing loop_exit_, so that its caller does not wait for ever.
+  std::vector<std::function<void()>> late;
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    loop_ended_ = true;
+    late.swap(tasks_);
+  }
+  for (auto& t : late) t();
 }
 
 void TcpTransport::RunInLoopAndWait(std::function<void()> fn) {
-  if (std::this_thread::get_id() == loop_thread_id_ || !thread_.joinable()) {
+  if (std::this_thread::get_id() == loop_thread_id_) {
     fn();
     return;
   }
   std::promise<void> done;
+  bool queued = false;
   {
     std::lock_guard<std::mutex> lock(tasks_mu_);
-    tasks_.push_back([&] {
-      fn();
-      done.set_value();
-    });
+    if (!loop_ended_) {
+      tasks_.push_back([&] {
+        fn();
+        done.set_value();
+      });
+      queued = true;
+    }
+  }
+  if (!queued) {  // no loop to run it: nothing else touches its state now
+    fn();
+    return;
   }
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof one);

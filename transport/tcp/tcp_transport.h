@@ -70,7 +70,8 @@ class TcpTransport : public Transport {
   std::atomic<std::thread::id> loop_thread_id_{};
   std::atomic<bool> stopped_{false};
   std::mutex tasks_mu_;
-  std::vector<std::function<void()>> tasks_;
+  std::vector<std::function<void()>> tasks_;                          // guarded by tasks_mu_
+  bool loop_ended_ = false;                                           // guarded by tasks_mu_
   bool loop_exit_ = false;                                            // I/O thread
   std::unordered_map<int, std::shared_ptr<TcpConnection>> conns_;     // I/O thread
   std::unordered_map<int, TcpListener*> listeners_;                   // I/O thread
