@@ -111,11 +111,11 @@ StatusOr<std::unique_ptr<transport::Transport>> Channel::MakeTransport(
 }
 
 std::shared_ptr<Channel> Channel::Own(Channel* channel) {
-  if (!channel->grouped_) return std::shared_ptr<Channel>(channel);
   return std::shared_ptr<Channel>(channel, [](Channel* c) {
-    // An inline callback may run on the I/O thread of the group's transport,
-    // which the destructor waits for (its connection's OnClosed runs there):
-    // destroyed in one, the channel would wait for itself.
+    // An inline callback runs on a thread the destructor waits for: the
+    // transport's I/O thread (a lone channel's shutdown joins it, a grouped
+    // one waits for its connection's OnClosed there), or the connector.
+    // Destroyed in one, the channel would wait for itself.
     if (inline_scopes == nullptr) {
       delete c;
       return;
@@ -350,12 +350,10 @@ void Channel::RunConnector(Channel* channel, std::shared_ptr<Connector> connecto
       std::lock_guard<std::mutex> lock(connector->mu);
       if (connector->stop || !connector->wanted) {
         connector->running = false;
-        connector->thread = std::thread::id();
         connector->idle.notify_all();
         return;
       }
       connector->wanted = false;
-      connector->thread = std::this_thread::get_id();
     }
     channel->ConnectForWaiting();
   }
@@ -447,17 +445,14 @@ void Channel::ConnectForWaiting() {
 }
 
 void Channel::StopConnector(bool shut_transport_down) {
-  bool wait;
   {
     std::lock_guard<std::mutex> lock(connector_->mu);
     connector_->stop = true;
     connector_->wake.notify_all();
-    // Destroyed by an inline callback the connector runs: it touches nothing
-    // of the channel after that callback.
-    wait = connector_->running && connector_->thread != std::this_thread::get_id();
   }
   if (shut_transport_down) transport_->Shutdown();
-  if (!wait) return;
+  // Never on the connector thread: Own moves a destruction out of the
+  // inline callbacks it runs.
   std::unique_lock<std::mutex> lock(connector_->mu);
   connector_->idle.wait(lock, [&] { return !connector_->running; });
 }

@@ -42,7 +42,6 @@
 #include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -170,7 +169,8 @@ class Channel {
   // prefixes its log lines.
   static StatusOr<std::unique_ptr<transport::Transport>> MakeTransport(
       const ChannelOptions& options, const std::string& scheme, std::string name);
-  // The shared_ptr a Create or NewChannel returns.
+  // The shared_ptr a Create or NewChannel returns. Dropped last in an
+  // inline callback, it destroys the channel on a thread of its own.
   static std::shared_ptr<Channel> Own(Channel* channel);
   // Returns the connection the request went on, or null when the call
   // already ended or waits for the connector.
@@ -261,9 +261,9 @@ class Channel {
   bool queueing_ = false;
 
   // The connector: a thread that connects for the waiting calls, started
-  // when one waits and gone when none is left. Shared with it: an inline
-  // callback it runs may destroy the channel, after which it touches this
-  // and nothing of the channel.
+  // when one waits and gone when none is left. Shared with it, which reads
+  // it after the channel may be gone: an inline callback it runs may drop
+  // the channel's last reference (destroyed then on another thread, Own).
   struct Connector {
     std::mutex mu;
     std::condition_variable idle;  // running became false
@@ -271,7 +271,6 @@ class Channel {
     bool running = false;          // a connector thread exists
     bool wanted = false;           // calls came since its round began
     bool stop = false;             // the channel is being destroyed
-    std::thread::id thread;        // the connector thread's, while running
   };
   const std::shared_ptr<Connector> connector_ = std::make_shared<Connector>();
 
