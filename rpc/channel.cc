@@ -395,7 +395,8 @@ void Channel::ConnectForWaiting() {
     batch.swap(waiting_);
   }
   // Inline callbacks (callback_threads = 0) run after every call of the
-  // batch is sent or ended: one may destroy the channel.
+  // batch is sent or ended, not between: what one does to the channel (a
+  // new call, dropping it) finds the batch done.
   InlineScope scope{this, inline_scopes, {}};
   inline_scopes = &scope;
   for (Waiting& w : batch) {

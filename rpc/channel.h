@@ -84,7 +84,9 @@ struct ChannelOptions {
   // blocking Call on the same channel fails FAILED_PRECONDITION at once; a
   // call it starts that ends at once runs its callback after the running one
   // has returned, not inside it. The callbacks of calls that waited for a
-  // connection run on the channel's connector thread when it ends them.
+  // connection run on the channel's connector thread when it ends them. A
+  // callback that drops the channel's last reference has it destroyed on a
+  // thread of its own, just after.
   int callback_threads = 2;
   // The transport's tunables (transport/factory.h): transport.rdma for
   // rdma:// (poll mode, device, slot size, credits, timeouts, ...),
@@ -261,9 +263,9 @@ class Channel {
   bool queueing_ = false;
 
   // The connector: a thread that connects for the waiting calls, started
-  // when one waits and gone when none is left. Shared with it, which reads
-  // it after the channel may be gone: an inline callback it runs may drop
-  // the channel's last reference (destroyed then on another thread, Own).
+  // when one waits and gone when none is left. Shared with that thread: it
+  // still holds `mu` as it sets `running` false, after which the destructor
+  // may finish.
   struct Connector {
     std::mutex mu;
     std::condition_variable idle;  // running became false
