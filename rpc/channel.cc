@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <iterator>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -323,6 +325,7 @@ void Channel::Wait(const MethodInfo& method, Pending&& p,
   ClientContext* const ctx = p.ctx;
   if (!ctx->metadata().empty()) w.metadata = transport::EncodeMetadata(ctx->metadata());
   w.attachment = std::move(attachment);
+  w.wait_for_ready = ctx->wait_for_ready();
   {
     std::lock_guard<InlineMutex> lock(mu_);
     w.id = TrackLocked(std::move(p), nullptr);
@@ -335,6 +338,10 @@ void Channel::Wait(const MethodInfo& method, Pending&& p,
     waiting_.push_back(std::move(w));
     queueing_ = true;
   }
+  WakeConnector();
+}
+
+void Channel::WakeConnector() {
   {
     std::lock_guard<std::mutex> lock(connector_->mu);
     connector_->wanted = true;
@@ -360,25 +367,35 @@ void Channel::RunConnector(Channel* channel, std::shared_ptr<Connector> connecto
 }
 
 void Channel::ConnectForWaiting() {
-  absl::Time retry_after;
-  {
-    std::lock_guard<InlineMutex> lock(mu_);
-    retry_after = retry_after_;
-    // Calls that ended while waiting (a deadline, a cancel) need nothing.
+  bool once;
+  // Whether anyone still wants an attempt: a call that has not ended (a
+  // deadline or a cancel ends one while it waits), WaitForConnected, or the
+  // GetState(true) taken here. Needs mu_.
+  const auto wanted_locked = [&] {
     waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
                                   [&](const Waiting& w) { return pending_.Get(w.id) == nullptr; }),
                    waiting_.end());
-    if (waiting_.empty()) {
-      queueing_ = false;
-      return;
-    }
+    if (!waiting_.empty()) return true;
+    queueing_ = false;
+    return !conn_ && (connect_waiters_ > 0 || once);
+  };
+  absl::Time retry_after;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    once = std::exchange(connect_once_, false);
+    if (!wanted_locked()) return;
+    retry_after = retry_after_;
   }
   if (retry_after != absl::InfinitePast()) {
     // Not before the backoff after a failed attempt ends; calls wait for it.
-    std::unique_lock<std::mutex> lock(connector_->mu);
-    connector_->wake.wait_until(lock, absl::ToChronoTime(retry_after),
-                                [&] { return connector_->stop; });
-    if (connector_->stop) return;
+    {
+      std::unique_lock<std::mutex> lock(connector_->mu);
+      connector_->wake.wait_until(lock, absl::ToChronoTime(retry_after),
+                                  [&] { return connector_->stop; });
+      if (connector_->stop) return;
+    }
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (!wanted_locked()) return;
   }
   // Bounded by connect_timeout alone, not by the calls' deadlines: calls
   // that come while it runs may have later ones. A deadline ends its call by
@@ -399,9 +416,19 @@ void Channel::ConnectForWaiting() {
   // new call, dropping it) finds the batch done.
   InlineScope scope{this, inline_scopes, {}};
   inline_scopes = &scope;
+  // Back to waiting for the next attempt: wait-for-ready calls that this
+  // one failed, unless nothing ever could connect.
+  std::vector<Waiting> again;
+  const auto wait_again = [&](const Waiting& w) {
+    return w.wait_for_ready && !absl::IsInvalidArgument(connected.status());
+  };
   for (Waiting& w : batch) {
     if (!connected.ok()) {
-      Complete(w.id, connected.status(), nullptr, false);
+      if (wait_again(w)) {
+        again.push_back(std::move(w));
+      } else {
+        Complete(w.id, connected.status(), nullptr, false);
+      }
       continue;
     }
     OutboundMessage msg;
@@ -425,6 +452,10 @@ void Channel::ConnectForWaiting() {
       }
     }
     if (!conn) {
+      if (w.wait_for_ready) {
+        again.push_back(std::move(w));
+        continue;
+      }
       Complete(w.id,
                Status(StatusCode::kUnavailable,
                       absl::StrCat("connection to ", target_, " lost before the call was sent")),
@@ -437,10 +468,26 @@ void Channel::ConnectForWaiting() {
       Complete(w.id, s, nullptr, false);
     }
   }
+  bool another_round;
   {
-    // Calls that came meanwhile wait for the next round, in order.
+    // Calls that came meanwhile wait for the next round, in order, behind
+    // those that wait again.
     std::lock_guard<InlineMutex> lock(mu_);
+    waiting_.insert(waiting_.begin(), std::make_move_iterator(again.begin()),
+                    std::make_move_iterator(again.end()));
     queueing_ = !waiting_.empty();
+    // A connection lost before it carried a call is no success: without a
+    // backoff, a server that accepts and drops would be retried at once.
+    if (connected.ok() && !again.empty() && backoff_ == absl::ZeroDuration()) {
+      StartBackoffLocked(absl::Now(), Status(StatusCode::kUnavailable,
+                                             absl::StrCat("connection to ", target_,
+                                                          " lost before the call was sent")));
+    }
+    another_round = !again.empty() || (!conn_ && connect_waiters_ > 0);
+  }
+  if (another_round) {
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    connector_->wanted = true;
   }
   RunDeferredAndLeave(scope);
 }
@@ -505,6 +552,9 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;  // another caller connected meanwhile
     if (Status s = BackoffLocked(start); !s.ok()) return s;
+    connecting_ = true;
+    ++stats_.connect_attempts;
+    state_changed_.notify_all();
   }
   Watch* watch;
   {
@@ -534,25 +584,33 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
                      absl::StrCat("cannot reach ", target_, ": ", conn.status().message()));
   }
   std::lock_guard<InlineMutex> lock(mu_);
+  connecting_ = false;
+  state_changed_.notify_all();
   if (failure.ok() && watch->lost) {
     failure = Status(StatusCode::kUnavailable,
                      absl::StrCat("connection to ", target_, " lost as soon as it was made"));
   }
   if (!failure.ok()) {
-    // As gRPC: the wait runs from the start of the failed attempt, grows
-    // by 1.6 per further failure, and varies by +-20% so that clients cut
-    // off together do not come back together.
-    backoff_ = backoff_ == absl::ZeroDuration()
-                   ? options_.reconnect_backoff
-                   : std::min(backoff_ * 1.6, options_.reconnect_backoff_max);
-    retry_after_ = start + backoff_ * std::uniform_real_distribution<double>(0.8, 1.2)(jitter_);
-    last_failure_ = failure;
+    StartBackoffLocked(start, failure);
+    ++stats_.connect_failures;
     return failure;
   }
   backoff_ = absl::ZeroDuration();
   retry_after_ = absl::InfinitePast();
   conn_ = *conn;
   return conn_;
+}
+
+void Channel::StartBackoffLocked(absl::Time start, const Status& failure) {
+  // As gRPC: the wait runs from the start of the failed attempt, grows by
+  // 1.6 per further failure, and varies by +-20% so that clients cut off
+  // together do not come back together.
+  backoff_ = backoff_ == absl::ZeroDuration()
+                 ? options_.reconnect_backoff
+                 : std::min(backoff_ * 1.6, options_.reconnect_backoff_max);
+  retry_after_ = start + backoff_ * std::uniform_real_distribution<double>(0.8, 1.2)(jitter_);
+  last_failure_ = failure;
+  state_changed_.notify_all();
 }
 
 Status Channel::BackoffLocked(absl::Time now) const {
@@ -564,21 +622,91 @@ Status Channel::BackoffLocked(absl::Time now) const {
                    " (ChannelOptions::reconnect_backoff)"));
 }
 
+const char* ChannelStateName(ChannelState state) {
+  switch (state) {
+    case ChannelState::kIdle:
+      return "IDLE";
+    case ChannelState::kConnecting:
+      return "CONNECTING";
+    case ChannelState::kReady:
+      return "READY";
+    case ChannelState::kTransientFailure:
+      return "TRANSIENT_FAILURE";
+  }
+  return "UNKNOWN";
+}
+
+ChannelState Channel::StateLocked() const {
+  if (conn_) return ChannelState::kReady;
+  if (connecting_) return ChannelState::kConnecting;
+  // A success resets the backoff: one that is running follows a failure.
+  if (backoff_ != absl::ZeroDuration()) return ChannelState::kTransientFailure;
+  return ChannelState::kIdle;
+}
+
+ChannelState Channel::GetState(bool try_to_connect) {
+  ChannelState state;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    state = StateLocked();
+    if (!try_to_connect || state == ChannelState::kReady || state == ChannelState::kConnecting) {
+      return state;
+    }
+    connect_once_ = true;
+  }
+  WakeConnector();
+  return state;
+}
+
+bool Channel::WaitForStateChange(ChannelState last, absl::Time deadline) {
+  std::unique_lock<InlineMutex> lock(mu_);
+  return state_changed_.wait_until(lock, absl::ToChronoTime(deadline),
+                                   [&] { return StateLocked() != last; });
+}
+
+bool Channel::WaitForConnected(absl::Time deadline) {
+  std::unique_lock<InlineMutex> lock(mu_);
+  if (conn_) return true;
+  if (InlineScopeOf(this) != nullptr) {
+    connect_once_ = true;
+    lock.unlock();
+    WakeConnector();
+    return false;
+  }
+  ++connect_waiters_;
+  lock.unlock();
+  WakeConnector();
+  lock.lock();
+  const bool connected = state_changed_.wait_until(lock, absl::ToChronoTime(deadline),
+                                                   [&] { return conn_ != nullptr; });
+  --connect_waiters_;
+  return connected;
+}
+
+ChannelStats Channel::stats() const {
+  std::lock_guard<InlineMutex> lock(mu_);
+  return stats_;
+}
+
 void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tell_server) {
   Pending p;
   std::shared_ptr<transport::Connection> conn;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (!pending_.Take(id, &p)) return;  // already ended (late response, timer, cancel)
+    if (p.conn == nullptr && status.code() == StatusCode::kDeadlineExceeded) {
+      status =
+          Status(StatusCode::kDeadlineExceeded,
+                 absl::StrCat("deadline exceeded while connecting to ", target_,
+                              backoff_ == absl::ZeroDuration()
+                                  ? std::string()
+                                  : absl::StrCat("; the last attempt: ", last_failure_.message())));
+    }
     // Only a cancel needs the connection; copying it for every response
     // cost two atomic read-modify-writes per call.
     if (tell_server && conn_ && conn_.get() == p.conn) conn = conn_;
   }
   if (p.timer != 0) timers_->Cancel(p.timer);
-  if (p.conn == nullptr && status.code() == StatusCode::kDeadlineExceeded) {
-    status = Status(StatusCode::kDeadlineExceeded,
-                    absl::StrCat("deadline exceeded while connecting to ", target_));
-  }
   if (conn) {
     OutboundMessage cancel;
     cancel.header.kind = MessageKind::kCancel;
@@ -707,7 +835,10 @@ void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::St
   {
     std::lock_guard<InlineMutex> lock(mu_);
     watch.lost = true;
-    if (conn_.get() == &conn) conn_.reset();
+    if (conn_.get() == &conn) {
+      conn_.reset();
+      state_changed_.notify_all();
+    }
     pending_.ForEach([&](uint64_t id, Pending& p) {
       if (p.conn == &conn) lost.push_back(id);
     });

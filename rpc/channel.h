@@ -15,8 +15,11 @@
 // wait for it, in order, each with its deadline running and TryCancel
 // working, and one attempt serves them all. When it fails they end
 // UNAVAILABLE, or INVALID_ARGUMENT when the options can never connect (they
-// name a GID on a device that does not exist), and the next attempt waits
-// for a backoff (ChannelOptions::reconnect_backoff). Any number of calls may
+// name a GID on a device that does not exist), except calls made with
+// ClientContext::set_wait_for_ready(true), which wait for the next; the next
+// attempt waits for a backoff (ChannelOptions::reconnect_backoff). GetState,
+// WaitForConnected and stats() show where the channel stands and connect
+// ahead of the first call (the example at GetState). Any number of calls may
 // be in flight at once from any threads over the one connection; each has
 // its own call id.
 //
@@ -104,6 +107,22 @@ struct MethodInfo {
 
 using CallCallback = absl::AnyInvocable<void(Status) &&>;
 
+// Where a channel stands with its server, as gRPC's connectivity states.
+enum class ChannelState {
+  kIdle,              // no connection and no attempt: none yet, or the connection was lost
+  kConnecting,        // an attempt is running
+  kReady,             // connected
+  kTransientFailure,  // the last attempt failed; the next waits for the backoff
+};
+// "IDLE", "CONNECTING", "READY", "TRANSIENT_FAILURE".
+const char* ChannelStateName(ChannelState state);
+
+// Counts since the channel was made.
+struct ChannelStats {
+  uint64_t connect_attempts = 0;  // Transport::Connect calls, the failed ones included
+  uint64_t connect_failures = 0;  // of those, the ones that did not end connected
+};
+
 class ChannelGroup;
 
 class Channel {
@@ -134,6 +153,23 @@ class Channel {
   // bound; UNAVAILABLE when the server cannot be reached.
   StatusOr<Attachment> AllocateAttachment(size_t size,
                                           size_t message_room = kDefaultAttachmentMessageRoom);
+
+  // The channel's state. With try_to_connect, a channel that has no
+  // connection makes an attempt even though no call waits for one (after the
+  // backoff if the last attempt failed), as a call would.
+  //
+  //   if (channel->GetState(/*try_to_connect=*/true) != rdmarpc::ChannelState::kReady &&
+  //       !channel->WaitForConnected(absl::Now() + absl::Seconds(5))) { ...not up yet }
+  ChannelState GetState(bool try_to_connect);
+  // Waits until the state is no longer `last` (true) or `deadline` passes
+  // (false). It starts no attempt.
+  bool WaitForStateChange(ChannelState last, absl::Time deadline);
+  // Connects if need be, through failed attempts (each after its backoff),
+  // until connected (true) or `deadline` (false). From an inline callback of
+  // the channel it starts an attempt but does not wait: the attempt may
+  // need the thread the callback runs on.
+  bool WaitForConnected(absl::Time deadline);
+  ChannelStats stats() const;
 
   const std::string& target() const { return target_; }
 
@@ -185,6 +221,9 @@ class Channel {
   StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected();
   // The failed attempt's status while its backoff lasts at `now`, else OK.
   Status BackoffLocked(absl::Time now) const;
+  // Starts (or lengthens) the backoff after an attempt begun at `start`
+  // failed with `failure`.
+  void StartBackoffLocked(absl::Time start, const Status& failure);
   // A call that found no connection, or calls waiting for one: tracked,
   // queued in waiting_ and handed to the connector.
   void Wait(const MethodInfo& method, Pending&& p, const google::protobuf::MessageLite& request,
@@ -194,8 +233,12 @@ class Channel {
   static void RunConnector(Channel* channel, std::shared_ptr<Connector> connector);
   // What TryCancel runs: ends the call CANCELLED.
   static void CancelHook(void* channel, uint64_t call_id);
-  // One connect attempt for the calls waiting now, and their sending or end.
+  // Has the connector run a round soon, starting its thread if none runs.
+  void WakeConnector();
+  // One connect attempt for the calls waiting now (and for WaitForConnected
+  // or GetState(true)), and their sending, end, or return to waiting_.
   void ConnectForWaiting();
+  ChannelState StateLocked() const;
   // Stops the connector and waits until it no longer uses the channel.
   void StopConnector(bool shut_transport_down);
   // Gives the call its id and, with a deadline, its timer. Needs mu_.
@@ -219,7 +262,7 @@ class Channel {
   const ChannelOptions options_;
 
   std::mutex connect_mu_;  // serializes (re)connecting
-  InlineMutex mu_;
+  mutable InlineMutex mu_;
   std::shared_ptr<transport::Connection> conn_;                 // guarded by mu_
   // Reconnect backoff, guarded by mu_: the wait after the last failed
   // attempt (zero after a success), when the next may start, and its status.
@@ -227,6 +270,15 @@ class Channel {
   absl::Time retry_after_ = absl::InfinitePast();
   Status last_failure_;
   std::minstd_rand jitter_{std::random_device{}()};
+  // Guarded by mu_ too: an attempt runs (EnsureConnected), the counts, and
+  // what asks for attempts without a call: WaitForConnected's callers and
+  // one GetState(true). state_changed_ is notified, under mu_, whenever
+  // StateLocked() may have changed.
+  bool connecting_ = false;
+  ChannelStats stats_;
+  int connect_waiters_ = 0;
+  bool connect_once_ = false;
+  std::condition_variable_any state_changed_;
   // Pending calls; a call's id is its key here (base/slot_map.h), so a
   // response finds its call without a hash, and no allocation per call.
   SlotMap<Pending> pending_;                                    // guarded by mu_
@@ -256,6 +308,7 @@ class Channel {
     std::string request;
     std::string metadata;  // encoded
     Attachment attachment;
+    bool wait_for_ready;  // a failed attempt puts it back (ClientContext)
   };
   std::vector<Waiting> waiting_;
   // Calls wait for the connector or are being sent by it: a new call, even

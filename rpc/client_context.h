@@ -61,6 +61,16 @@ class ClientContext {
   // destroyed. Empty when the server sent none or the call failed.
   const Attachment& response_attachment() const { return response_attachment_; }
 
+  // What a call does when the channel cannot connect. By default (false) a
+  // call gets one connect attempt, the one running when it is made or the
+  // next (after the reconnect backoff), and ends UNAVAILABLE if that attempt
+  // fails. With true it waits through failed attempts, each after its
+  // backoff, until one connects or its deadline, TryCancel or the channel's
+  // destruction ends it; options that can never connect (INVALID_ARGUMENT)
+  // still end it. Either way a call that was sent is never sent again.
+  void set_wait_for_ready(bool wait) { wait_for_ready_ = wait; }
+  bool wait_for_ready() const { return wait_for_ready_; }
+
   void TryCancel();
 
  private:
@@ -74,6 +84,7 @@ class ClientContext {
   void ClearCancelHook();
 
   absl::Time deadline_ = absl::InfiniteFuture();
+  bool wait_for_ready_ = false;
   Metadata metadata_;
   Metadata server_metadata_;
   Attachment request_attachment_;

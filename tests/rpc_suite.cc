@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -953,6 +954,143 @@ TEST_P(RpcSuite, ReconnectAttemptsWaitForTheBackoff) {
   auto f = waiting.result.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);
   EXPECT_EQ(f.get().code(), StatusCode::kUnavailable);
+}
+
+// Waits while the channel's state is one of `passing`; returns the first
+// other, or the last seen at `deadline`.
+ChannelState StateAfter(Channel& ch, std::initializer_list<ChannelState> passing,
+                        absl::Time deadline) {
+  ChannelState state = ch.GetState(false);
+  while (std::find(passing.begin(), passing.end(), state) != passing.end() &&
+         ch.WaitForStateChange(state, deadline)) {
+    state = ch.GetState(false);
+  }
+  return state;
+}
+
+// A wait-for-ready call outlasts failed attempts, each after its backoff,
+// and goes out once the server is there; a plain call made with it ends
+// with the first failure.
+TEST_P(RpcSuite, WaitForReadyCallsWaitThroughFailedAttempts) {
+  const std::string address = AddressNobodyListensOn(GetParam().listen_addr());
+  ChannelOptions o;
+  o.reconnect_backoff = absl::Milliseconds(50);
+  o.reconnect_backoff_max = absl::Milliseconds(200);
+  auto ch = MakeChannel(address, o);
+  EXPECT_EQ(ch->GetState(false), ChannelState::kIdle);
+  AsyncCall ready, plain;
+  ready.ctx.set_wait_for_ready(true);
+  ready.ctx.set_timeout(absl::Seconds(60));
+  plain.ctx.set_timeout(absl::Seconds(60));
+  ch->CallAsync(kEcho, &ready.ctx, Req("ready"), &ready.resp,
+                [&](Status s) { ready.result.set_value(s); });
+  ch->CallAsync(kEcho, &plain.ctx, Req("plain"), &plain.resp,
+                [&](Status s) { plain.result.set_value(s); });
+  auto plain_f = plain.result.get_future();
+  ASSERT_EQ(plain_f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const Status plain_status = plain_f.get();
+  EXPECT_EQ(plain_status.code(), StatusCode::kUnavailable) << plain_status;
+  EXPECT_NE(plain_status.message().find("cannot reach"), absl::string_view::npos) << plain_status;
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (ch->stats().connect_failures < 3 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_GE(ch->stats().connect_failures, 3u);
+  const ChannelState state = ch->GetState(false);
+  EXPECT_TRUE(state == ChannelState::kTransientFailure || state == ChannelState::kConnecting)
+      << ChannelStateName(state);
+  auto ready_f = ready.result.get_future();
+  EXPECT_EQ(ready_f.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "the wait-for-ready call ended with a failed attempt";
+  TestServer again(address);
+  ASSERT_TRUE(again.server);
+  ASSERT_EQ(ready_f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const Status s = ready_f.get();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(ready.resp.data(), "ready");
+  EXPECT_EQ(ch->GetState(false), ChannelState::kReady);
+  EXPECT_EQ(again.service.started.load(), 1) << "only the wait-for-ready call was left to send";
+  const ChannelStats stats = ch->stats();
+  EXPECT_EQ(stats.connect_attempts, stats.connect_failures + 1);
+}
+
+// The backoff spaces a waiting call's attempts: 100 ms after the first
+// failure, then 1.6 times longer each, +-20%, so within 1.5 s they start
+// at 0, 80-120, 208-312, 413-619, 740-1111 and perhaps 1264 ms: 5 or 6,
+// not one per refusal. Nobody wanting a connection any more, none follows.
+TEST_P(RpcSuite, BackoffSpacesTheAttemptsOfAWaitForReadyCall) {
+  const std::string address = AddressNobodyListensOn(GetParam().listen_addr());
+  auto ch = MakeChannel(address);
+  ClientContext ctx;
+  ctx.set_wait_for_ready(true);
+  ctx.set_timeout(absl::Milliseconds(1500));
+  EchoResponse resp;
+  const Status s = ch->Call(kEcho, &ctx, Req("x"), &resp);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("the last attempt: cannot reach"), absl::string_view::npos) << s;
+  const ChannelStats stats = ch->stats();
+  // Fewer where an attempt itself is slow (sanitizers in the VM).
+  EXPECT_GE(stats.connect_attempts, 3u);
+  EXPECT_LE(stats.connect_attempts, 6u);
+  absl::SleepFor(absl::Milliseconds(1500));
+  const ChannelStats later = ch->stats();
+  EXPECT_EQ(later.connect_attempts, stats.connect_attempts) << "attempts went on for nobody";
+  EXPECT_EQ(later.connect_failures, later.connect_attempts);
+  EXPECT_EQ(ch->GetState(false), ChannelState::kTransientFailure);
+}
+
+// GetState and WaitForConnected connect ahead of the first call, and the
+// state follows the connection: READY, IDLE once it is lost (with no
+// attempt until asked), TRANSIENT_FAILURE after an attempt fails.
+TEST_P(RpcSuite, GetStateAndWaitForConnectedFollowTheConnection) {
+  auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
+  ASSERT_TRUE(ts->server);
+  const std::string address = ts->address;
+  auto ch = MakeChannel(address);
+  EXPECT_EQ(ch->GetState(false), ChannelState::kIdle);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(ch->GetState(false), ChannelState::kIdle) << "connected before anyone asked";
+  EXPECT_EQ(ch->stats().connect_attempts, 0u);
+  ASSERT_TRUE(ch->WaitForConnected(absl::Now() + absl::Seconds(20)));
+  EXPECT_EQ(ch->GetState(false), ChannelState::kReady);
+  {
+    ClientContext ctx;
+    EchoResponse resp;
+    const Status s = ch->Call(kEcho, &ctx, Req("x"), &resp);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  EXPECT_EQ(ch->stats().connect_attempts, 1u) << "the call did not use the connection made for it";
+  ts->server->Shutdown(absl::ZeroDuration());
+  ts.reset();
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  EXPECT_EQ(StateAfter(*ch, {ChannelState::kReady}, until), ChannelState::kIdle);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(ch->stats().connect_attempts, 1u) << "reconnected with nobody asking";
+  EXPECT_EQ(ch->GetState(/*try_to_connect=*/true), ChannelState::kIdle);
+  const ChannelState state =
+      StateAfter(*ch, {ChannelState::kIdle, ChannelState::kConnecting}, until);
+  EXPECT_EQ(state, ChannelState::kTransientFailure) << ChannelStateName(state);
+  EXPECT_EQ(ch->stats().connect_attempts, 2u);
+  EXPECT_EQ(ch->stats().connect_failures, 1u);
+}
+
+// WaitForConnected gives up at its deadline; the attempt goes on, and
+// destroying the channel cuts it short.
+TEST_P(RpcSuite, WaitForConnectedEndsAtItsDeadlineWhileTheAttemptGoesOn) {
+  const StalledAddress stalled = GetParam().stalled();
+  ChannelOptions o;
+  o.connect_timeout = absl::Seconds(60);
+  auto ch = MakeChannel(stalled.address, o);
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(ch->WaitForConnected(start + absl::Milliseconds(300)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  const ChannelState state =
+      StateAfter(*ch, {ChannelState::kIdle}, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(state, ChannelState::kConnecting) << ChannelStateName(state);
+  EXPECT_EQ(ch->stats().connect_attempts, 1u);
+  const absl::Time before = absl::Now();
+  ch.reset();
+  EXPECT_LT(absl::Now() - before, absl::Seconds(30)) << "destruction waited for the attempt";
 }
 
 TEST_P(RpcSuite, UnreachableServerIsUnavailable) {
