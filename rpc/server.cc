@@ -123,8 +123,9 @@ class ServerCallImpl : public ServerCall {
   std::atomic<uint8_t> tracking_{kUntracked};
 };
 
-Server::Server(int workers, size_t max_message_size)
+Server::Server(int workers, size_t max_message_size, size_t max_calls)
     : max_message_size_(max_message_size),
+      max_calls_(max_calls),
       inline_handlers_(workers == 0),
       workers_(std::max(workers, 1)) {}
 
@@ -160,6 +161,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
                                     ": no registered service has it"));
   }
   const Service::Method* method = m->second.method;
+  const bool limited = max_calls_ != 0 && m->second.limited;
   m->second.calls->fetch_add(1, std::memory_order_relaxed);
   if (!msg.payload_status.ok()) {
     return reply_error(msg.payload_status.code(),
@@ -186,13 +188,21 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   auto call = std::allocate_shared<ServerCallImpl>(internal::SpareAllocator<ServerCallImpl>(),
                                                    this, conn, method, std::move(msg), deadline,
                                                    std::move(client_md));
-  if (inline_handlers_) return RunInline(conn, std::move(call));
+  if (inline_handlers_) {
+    const size_t in_flight = tracked_.load(std::memory_order_acquire);
+    if (limited && in_flight >= max_calls_) return RefuseOverLimit(conn, call_id, in_flight);
+    return RunInline(conn, std::move(call));
+  }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     auto it = conns_.find(&conn);
     if (it == conns_.end()) return;  // closed: nobody to answer
     if (shutting_down_) {
       return reply_error(StatusCode::kUnavailable, "server is shutting down");
+    }
+    if (const size_t in_flight = inflight_.size(); limited && in_flight >= max_calls_) {
+      lock.unlock();
+      return RefuseOverLimit(conn, call_id, in_flight);
     }
     if (!inflight_.emplace(call->key(), call).second) {
       return DropReusedCallId(conn, call_id);
@@ -241,6 +251,15 @@ void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
     call->context()->MarkCancelled();
     call->Respond(Status(StatusCode::kCancelled, "server shutting down"), nullptr);
   }
+}
+
+void Server::RefuseOverLimit(Connection& conn, uint64_t call_id, size_t in_flight) {
+  refused_over_limit_.fetch_add(1, std::memory_order_relaxed);
+  Reply(conn, call_id,
+        Status(StatusCode::kResourceExhausted,
+               absl::StrCat("server busy: ", in_flight,
+                            " calls in flight, the most it takes "
+                            "(ServerBuilder::SetMaxConcurrentCalls); retry later or elsewhere")));
 }
 
 void Server::DropReusedCallId(Connection& conn, uint64_t call_id) {
@@ -335,6 +354,13 @@ std::map<std::string, uint64_t> Server::MethodCallCounts() const {
   return counts;
 }
 
+Server::Stats Server::stats() const {
+  Stats s;
+  s.calls_in_flight = tracked_.load(std::memory_order_relaxed);
+  s.refused_over_limit = refused_over_limit_.load(std::memory_order_relaxed);
+  return s;
+}
+
 void Server::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return shut_down_; });
@@ -360,6 +386,11 @@ ServerBuilder& ServerBuilder::SetMaxMessageSize(size_t bytes) {
   return *this;
 }
 
+ServerBuilder& ServerBuilder::SetMaxConcurrentCalls(int n) {
+  max_calls_ = n;
+  return *this;
+}
+
 ServerBuilder& ServerBuilder::SetTransportTunables(transport::TransportTunables tunables) {
   tunables_ = std::move(tunables);
   return *this;
@@ -374,7 +405,13 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   if (ports_.empty()) return Status(StatusCode::kInvalidArgument, "no listening port added");
   const int workers =
       workers_ >= 0 ? workers_ : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  std::unique_ptr<Server> server(new Server(workers, max_message_size_));
+  if (max_calls_ < 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  absl::StrCat("SetMaxConcurrentCalls(", max_calls_,
+                               "): the limit is a count of calls, 0 for none"));
+  }
+  std::unique_ptr<Server> server(
+      new Server(workers, max_message_size_, static_cast<size_t>(max_calls_)));
   std::vector<const Service*> services(services_.begin(), services_.end());
   if (health_) {
     server->health_ = std::make_unique<HealthService>();
@@ -392,7 +429,8 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   for (const Service* service : services) {
     for (const Service::Method& m : service->methods()) {
       auto [it, added] = server->methods_.emplace(
-          m.id, Server::MethodEntry{&m, std::make_unique<std::atomic<uint64_t>>(0)});
+          m.id, Server::MethodEntry{&m, std::make_unique<std::atomic<uint64_t>>(0),
+                                    /*limited=*/service != server->health_.get()});
       if (added) continue;
       const std::string& other = it->second.method->full_name;
       return Status(StatusCode::kAlreadyExists,

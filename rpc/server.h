@@ -29,6 +29,12 @@
 // Server::health() sets what it answers, and Shutdown starts by marking
 // everything NOT_SERVING.
 //
+// SetMaxConcurrentCalls(n) sheds load: with n calls in flight (queued for
+// a worker, running, or finishing asynchronously), the next is answered
+// RESOURCE_EXHAUSTED at once, its handler not run, so that a client may try
+// another server or later instead of queueing behind an overloaded one.
+// Health checks are never refused for it: a busy server still serves.
+//
 // Bad input never takes the server down: an unparsable frame closes only that
 // connection; an unknown method gets UNIMPLEMENTED, a request that does not
 // parse INVALID_ARGUMENT, an oversize one RESOURCE_EXHAUSTED.
@@ -74,6 +80,13 @@ class Server : private transport::ConnectionObserver {
   // those answered with an error.
   std::map<std::string, uint64_t> MethodCallCounts() const;
 
+  // Calls in flight now, and requests refused for SetMaxConcurrentCalls.
+  struct Stats {
+    uint64_t calls_in_flight = 0;
+    uint64_t refused_over_limit = 0;
+  };
+  Stats stats() const;
+
   // The health service, when the builder enabled it; null otherwise.
   HealthService* health() const { return health_.get(); }
 
@@ -82,7 +95,7 @@ class Server : private transport::ConnectionObserver {
   friend class ServerCallImpl;
   using CallKey = std::pair<transport::Connection*, uint64_t>;
 
-  Server(int workers, size_t max_message_size);
+  Server(int workers, size_t max_message_size, size_t max_calls);
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
   void HandleRequest(transport::Connection& conn, transport::InboundMessage&& msg);
@@ -90,6 +103,8 @@ class Server : private transport::ConnectionObserver {
   // and tracks it only if its handler returns before finishing it.
   void RunInline(transport::Connection& conn, std::shared_ptr<ServerCallImpl> call);
   void DropReusedCallId(transport::Connection& conn, uint64_t call_id);
+  // Answers a request over max_calls_ RESOURCE_EXHAUSTED.
+  void RefuseOverLimit(transport::Connection& conn, uint64_t call_id, size_t in_flight);
   // Sends the response: the error's text when `status` is not OK, else
   // `attachment` then `message` (ByteSizeLong() gave `message_size`), if any.
   // When the transport cannot take that payload, the client gets its error.
@@ -99,11 +114,13 @@ class Server : private transport::ConnectionObserver {
   void CallFinished(const CallKey& key);
 
   const size_t max_message_size_;
+  const size_t max_calls_;  // 0: no limit
   const bool inline_handlers_;
   std::unique_ptr<HealthService> health_;  // before methods_, which point into it
   struct MethodEntry {
     const Service::Method* method;
     std::unique_ptr<std::atomic<uint64_t>> calls;
+    bool limited;  // by max_calls_: all but the health service's
   };
   std::unordered_map<uint32_t, MethodEntry> methods_;
   std::map<std::string, std::unique_ptr<transport::Transport>> transports_;  // by scheme
@@ -119,6 +136,7 @@ class Server : private transport::ConnectionObserver {
       conns_;                                                                      // mu_
   absl::flat_hash_map<CallKey, std::shared_ptr<ServerCallImpl>> inflight_;       // mu_
   std::atomic<size_t> tracked_{0};  // inflight_.size(), written under mu_
+  std::atomic<uint64_t> refused_over_limit_{0};
 };
 
 class ServerBuilder {
@@ -131,6 +149,11 @@ class ServerBuilder {
   // 0: run handlers inline on the I/O thread (see the thread model above).
   ServerBuilder& SetWorkerThreads(int n);
   ServerBuilder& SetMaxMessageSize(size_t bytes);
+  // At most n calls in flight, beyond which requests are refused
+  // RESOURCE_EXHAUSTED (see above); 0, the default, sets no limit. With
+  // SetWorkerThreads(0) a handler running inline holds the I/O thread
+  // anyway: the calls counted are those that return before finishing.
+  ServerBuilder& SetMaxConcurrentCalls(int n);
   // The tunables of the transports the server listens with
   // (transport/factory.h), e.g. rdma.poll_mode, rdma.server_receive_slots,
   // tcp.peer_timeout_ms. RDMARPC_* environment variables override them.
@@ -147,6 +170,7 @@ class ServerBuilder {
   std::vector<Service*> services_;
   int workers_ = -1;  // the number of cores
   size_t max_message_size_ = 64u << 20;
+  int max_calls_ = 0;
   transport::TransportTunables tunables_;
   bool health_ = false;
 };

@@ -1293,6 +1293,75 @@ TEST_P(RpcSuite, HealthServiceOnlyWhenEnabledAndOnlyOnce) {
 // Clients keep calling while the server restarts on the same address: every
 // call ends with a status (OK, or UNAVAILABLE / CANCELLED while it is down),
 // none hangs, and calls succeed again once it is back.
+// With SetMaxConcurrentCalls(2), two slow calls fill the server: a third
+// is refused RESOURCE_EXHAUSTED, its handler not run, while health checks
+// still answer; once the slow calls end, calls go through again. With
+// workers, and with inline handlers that finish on threads of their own.
+TEST_P(RpcSuite, CallsOverTheServersLimitAreRefusedAndHealthChecksAreNot) {
+  for (int workers : {4, 0}) {
+    SCOPED_TRACE(absl::StrCat("workers ", workers));
+    EchoService service;
+    auto built = ServerBuilder()
+                     .AddListeningPort(GetParam().listen_addr())
+                     .RegisterService(&service)
+                     .SetWorkerThreads(workers)
+                     .SetMaxConcurrentCalls(2)
+                     .EnableHealthService()
+                     .BuildAndStart();
+    ASSERT_TRUE(built.ok()) << built.status();
+    Server& server = **built;
+    auto ch = MakeChannel(server.addresses()[0]);
+    auto calls = StartCalls(*ch, workers == 0 ? kEchoLater : kEcho, 2, [](int) { return 30000; });
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (service.started.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(service.started.load(), 2);
+    EchoResponse resp;
+    {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(10));
+      const Status s = ch->Call(kEcho, &ctx, Req("over"), &resp);
+      EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+      EXPECT_NE(s.message().find("2 calls in flight"), absl::string_view::npos) << s;
+      EXPECT_NE(s.message().find("SetMaxConcurrentCalls"), absl::string_view::npos) << s;
+    }
+    EXPECT_EQ(service.started.load(), 2) << "the refused call's handler ran";
+    auto health = health::v1::Health::NewStub(ch);
+    auto serving = CheckHealth(*health, "");
+    ASSERT_TRUE(serving.ok()) << serving.status();
+    EXPECT_EQ(*serving, HealthCheckResponse::SERVING);
+    EXPECT_EQ(server.stats().refused_over_limit, 1u);
+    EXPECT_EQ(server.stats().calls_in_flight, 2u);
+    for (auto& c : calls) c->ctx.TryCancel();
+    for (auto& c : calls) {
+      auto f = c->result.get_future();
+      ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+      EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
+    }
+    while (server.stats().calls_in_flight > 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(10));
+    const Status s = ch->Call(kEcho, &ctx, Req("after"), &resp);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), "after");
+    EXPECT_EQ(server.stats().refused_over_limit, 1u);
+  }
+}
+
+TEST(ServerBuilderTest, RefusesANegativeCallLimit) {
+  EchoService service;
+  auto built = ServerBuilder()
+                   .AddListeningPort("tcp://127.0.0.1:0")
+                   .RegisterService(&service)
+                   .SetMaxConcurrentCalls(-1)
+                   .BuildAndStart();
+  ASSERT_FALSE(built.ok());
+  EXPECT_EQ(built.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(built.status().message().find("SetMaxConcurrentCalls(-1)"), absl::string_view::npos)
+      << built.status();
+}
+
 TEST_P(RpcSuite, ServerRestartUnderLoad) {
   auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
   ASSERT_TRUE(ts->server);
