@@ -161,7 +161,6 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
                                     ": no registered service has it"));
   }
   const Service::Method* method = m->second.method;
-  const bool limited = max_calls_ != 0 && m->second.limited;
   m->second.calls->fetch_add(1, std::memory_order_relaxed);
   if (!msg.payload_status.ok()) {
     return reply_error(msg.payload_status.code(),
@@ -190,7 +189,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
                                                    std::move(client_md));
   if (inline_handlers_) {
     const size_t in_flight = tracked_.load(std::memory_order_acquire);
-    if (limited && in_flight >= max_calls_) return RefuseOverLimit(conn, call_id, in_flight);
+    if (OverLimit(m->second, in_flight)) return Reply(conn, call_id, RefuseOverLimit(in_flight));
     return RunInline(conn, std::move(call));
   }
   {
@@ -200,9 +199,9 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
     if (shutting_down_) {
       return reply_error(StatusCode::kUnavailable, "server is shutting down");
     }
-    if (const size_t in_flight = inflight_.size(); limited && in_flight >= max_calls_) {
+    if (const size_t in_flight = inflight_.size(); OverLimit(m->second, in_flight)) {
       lock.unlock();
-      return RefuseOverLimit(conn, call_id, in_flight);
+      return Reply(conn, call_id, RefuseOverLimit(in_flight));
     }
     if (!inflight_.emplace(call->key(), call).second) {
       return DropReusedCallId(conn, call_id);
@@ -253,13 +252,26 @@ void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
   }
 }
 
-void Server::RefuseOverLimit(Connection& conn, uint64_t call_id, size_t in_flight) {
+bool Server::OverLimit(const MethodEntry& method, size_t in_flight) const {
+  return max_calls_ != 0 && in_flight >= max_calls_ && method.limited;
+}
+
+Status Server::RefuseOverLimit(size_t in_flight) {
   refused_over_limit_.fetch_add(1, std::memory_order_relaxed);
-  Reply(conn, call_id,
-        Status(StatusCode::kResourceExhausted,
-               absl::StrCat("server busy: ", in_flight,
-                            " calls in flight, the most it takes "
-                            "(ServerBuilder::SetMaxConcurrentCalls); retry later or elsewhere")));
+  return Status(StatusCode::kResourceExhausted,
+                absl::StrCat("server busy: ", in_flight,
+                             " calls in flight, the most it takes "
+                             "(ServerBuilder::SetMaxConcurrentCalls); retry later or elsewhere"));
+}
+
+Status Server::AdmitRemotePayload(const transport::Header& header) {
+  if (max_calls_ == 0 || header.kind != MessageKind::kRequest) return Status();
+  // tracked_ without the lock: HandleRequest checks again, exactly, what
+  // this lets through.
+  const size_t in_flight = tracked_.load(std::memory_order_acquire);
+  auto m = methods_.find(header.method_id);
+  if (m == methods_.end() || !OverLimit(m->second, in_flight)) return Status();
+  return RefuseOverLimit(in_flight);
 }
 
 void Server::DropReusedCallId(Connection& conn, uint64_t call_id) {

@@ -97,14 +97,19 @@ class Server : private transport::ConnectionObserver {
 
   Server(int workers, size_t max_message_size, size_t max_calls);
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg) override;
+  // Refuses an over-limit request before its payload is READ.
+  absl::Status AdmitRemotePayload(const transport::Header& header) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
   void HandleRequest(transport::Connection& conn, transport::InboundMessage&& msg);
   // Inline handlers (SetWorkerThreads(0)): runs the call on this I/O thread
   // and tracks it only if its handler returns before finishing it.
   void RunInline(transport::Connection& conn, std::shared_ptr<ServerCallImpl> call);
   void DropReusedCallId(transport::Connection& conn, uint64_t call_id);
-  // Answers a request over max_calls_ RESOURCE_EXHAUSTED.
-  void RefuseOverLimit(transport::Connection& conn, uint64_t call_id, size_t in_flight);
+  struct MethodEntry;
+  // Whether a request for `method` is refused with `in_flight` calls in
+  // flight (SetMaxConcurrentCalls), and the refusal, counted.
+  bool OverLimit(const MethodEntry& method, size_t in_flight) const;
+  Status RefuseOverLimit(size_t in_flight);
   // Sends the response: the error's text when `status` is not OK, else
   // `attachment` then `message` (ByteSizeLong() gave `message_size`), if any.
   // When the transport cannot take that payload, the client gets its error.

@@ -1,7 +1,9 @@
 // The runtime suite over RDMA (Soft-RoCE in the VM, or a real device), and
 // what the counters must show: small calls went by SEND into the SRQ, large
 // ones by READ, and the server counted calls per method.
+#include <chrono>
 #include <cstdio>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -129,6 +131,61 @@ TEST_F(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
 // auto:// addresses, which resolve to RDMA here and share the same transport.
 // Their credit windows overcommit the shared slots from the third on, which
 // the group's transport says once, in a client's terms.
+// A request over the server's call limit (SetMaxConcurrentCalls) is refused
+// by its header: its payload, advertised for READ, is never read. Admitted
+// later, the same request is.
+TEST(RdmaServerLimit, AnOverLimitRequestIsRefusedBeforeItsPayloadIsRead) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  EchoService service;
+  auto server = ServerBuilder()
+                    .AddListeningPort("rdma://" + ip + ":0")
+                    .RegisterService(&service)
+                    .SetMaxConcurrentCalls(1)
+                    .BuildAndStart();
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto ch = Channel::Create((*server)->addresses()[0]);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  ClientContext slow_ctx;
+  EchoRequest slow_req;
+  slow_req.set_sleep_ms(30000);
+  EchoResponse slow_resp;
+  std::promise<Status> slow;
+  (*ch)->CallAsync(kEcho, &slow_ctx, slow_req, &slow_resp,
+                   [&](Status s) { slow.set_value(std::move(s)); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (service.started.load() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(service.started.load(), 1);
+  EchoRequest big;
+  big.set_data(std::string(1 << 20, 'b'));
+  EchoResponse resp;
+  const auto call_big = [&] {
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(20));
+    return (*ch)->Call(kEcho, &ctx, big, &resp);
+  };
+  auto before = Counters();
+  const Status refused = call_big();
+  auto after = Counters();
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("SetMaxConcurrentCalls"), absl::string_view::npos) << refused;
+  EXPECT_EQ(after.bytes_read, before.bytes_read) << "the refused request was READ";
+  EXPECT_EQ((*server)->stats().refused_over_limit, 1u);
+  EXPECT_EQ(service.started.load(), 1);
+  slow_ctx.TryCancel();
+  auto f = slow.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  while ((*server)->stats().calls_in_flight > 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  before = Counters();
+  const Status admitted = call_big();
+  after = Counters();
+  ASSERT_TRUE(admitted.ok()) << admitted;
+  EXPECT_EQ(resp.data().size(), size_t{1} << 20);
+  EXPECT_GE(after.bytes_read - before.bytes_read, uint64_t{1} << 20);
+}
+
 TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();
   ASSERT_FALSE(ip.empty());

@@ -59,7 +59,8 @@ struct InboundMessage {
   // Not OK when the payload could not be delivered although the header is
   // sound: RESOURCE_EXHAUSTED (larger than max_message_size; the bytes were
   // skipped, not stored), UNAVAILABLE (the READ failed), DEADLINE_EXCEEDED
-  // (expired before it was fetched). The runtime answers that call with it.
+  // (expired before it was fetched), or what the observer's
+  // AdmitRemotePayload refused it with. The runtime answers that call with it.
   absl::Status payload_status;
   // True when the payload is on loan from the transport's receive resources
   // (an RDMA receive slot, which the SRQ gets back only when the Buffer is
@@ -78,6 +79,16 @@ class ConnectionObserver {
   // move of the whole message per frame is measurable on the fast path);
   // the transport destroys whatever is left of it after the call returns.
   virtual void OnMessage(Connection& conn, InboundMessage&& msg) = 0;
+  // Asked, on the thread that delivers messages, before a payload that the
+  // peer advertised is fetched (RDMA READ). A status that is not OK skips
+  // the READ: the message comes to OnMessage with it as payload_status and
+  // no payload. A server refuses a request by its header alone this way,
+  // without spending the READ (rpc/server.h, SetMaxConcurrentCalls).
+  // Transports that receive payloads inline (TCP) do not ask.
+  virtual absl::Status AdmitRemotePayload(const Header& header) {
+    (void)header;
+    return absl::OkStatus();
+  }
   // Exactly once per connection, after the last OnMessage.
   virtual void OnClosed(Connection& conn, const absl::Status& why) = 0;
 };

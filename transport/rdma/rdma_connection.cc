@@ -642,11 +642,16 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
         op.give_up = now + absl::Milliseconds(peer_release_ms) * 2;
         next_give_up_ = std::min(next_give_up_, op.give_up);
       }
+      absl::Status admitted;
       if (h.payload_len > options_.max_message_size) {
         op.msg = std::move(m);
         op.msg.payload_status = absl::ResourceExhaustedError(
             absl::StrCat("message of ", h.payload_len, " bytes exceeds max_message_size ",
                          options_.max_message_size));
+        DeliverRead(op_id);
+      } else if (observer_ && !(admitted = observer_->AdmitRemotePayload(h)).ok()) {
+        op.msg = std::move(m);
+        op.msg.payload_status = std::move(admitted);
         DeliverRead(op_id);
       } else {
         op.msg = std::move(m);

@@ -7,6 +7,10 @@
 // only header and metadata, with kFlagRemotePayload and (addr, rkey, token)
 // of the payload in registered memory, and the receiver pulls the payload by
 // RDMA READs split at the device's max_msg_sz, at most `rd_atom` outstanding.
+// It starts none for a payload over max_message_size, a request past its
+// deadline, or one its observer refuses by the header (AdmitRemotePayload,
+// a server over its call limit): such a message is delivered without payload,
+// with payload_status saying why.
 //
 // No copy on the way out. A small payload from AllocatePayload is a block of
 // registered memory (Endpoint::SmallBuffer) and the SEND gathers it as a
