@@ -109,6 +109,18 @@ int main(int argc, char** argv) {
     fprintf(stderr, "channel: %s\n", std::string(channel.status().message()).c_str());
     return 1;
   }
+  {
+    // Connecting ahead of the first call keeps it out of the latencies.
+    const absl::Time start = absl::Now();
+    if (!(*channel)->WaitForConnected(start + absl::Seconds(30))) {
+      fprintf(stderr, "channel: not connected to %s after 30 s (%s)\n", target.c_str(),
+              rdmarpc::ChannelStateName((*channel)->GetState(false)));
+      return 1;
+    }
+    printf("channel connected to %s in %.1f ms (connect attempts: %llu)\n", target.c_str(),
+           absl::ToDoubleMilliseconds(absl::Now() - start),
+           static_cast<unsigned long long>((*channel)->stats().connect_attempts));
+  }
   auto stub = rdmarpc::examples::Echo::NewStub(*channel);
   {
     // What a load balancer asks first (rpc/health.h).

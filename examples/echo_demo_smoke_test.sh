@@ -54,6 +54,8 @@ expect "READs" "$(counter reads= "$busy")" -ge 16
 expect "bytes READ" "$(counter bytes_read= "$busy")" -ge $((16 << 20))
 expect "server calls of Say" \
   "$(echo "$busy" | sed -nE 's|^server calls: /rdmarpc.examples.Echo/Say ([0-9]+)$|\1|p')" -eq 208
+expect "connect attempts before the first call" \
+  "$(echo "$busy" | sed -nE 's|^channel connected to rdma://[^ ]+ in [0-9.]+ ms \(connect attempts: ([0-9]+)\)$|\1|p')" -eq 1
 echo "$busy" | grep -qE "^health of rdmarpc.examples.Echo at rdma://[^ ]+: SERVING$" || {
   echo "FAIL: no line saying the health service answered SERVING"
   fail=1
