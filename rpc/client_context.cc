@@ -1,6 +1,23 @@
 #include "rpc/client_context.h"
 
+#include "rpc/server_context.h"
+
 namespace rdmarpc {
+
+ClientContext::~ClientContext() {
+  if (parent_) parent_->Remove(this);
+}
+
+std::unique_ptr<ClientContext> ClientContext::FromServerContext(ServerContext& parent) {
+  auto child = std::make_unique<ClientContext>();
+  child->deadline_ = parent.deadline();
+  child->parent_ = parent.CallTreeForChildren();
+  // Registered before the check: a cancel that comes after it finds the
+  // child in the tree, one that came before is seen here. A deadline that
+  // passed is the child's own to meet: it ends DEADLINE_EXCEEDED.
+  if (!child->parent_->Add(child.get()) || parent.cancelled_.load()) child->TryCancel();
+  return child;
+}
 
 void ClientContext::TryCancel() {
   const uint32_t before = state_.fetch_or(kCancelled);

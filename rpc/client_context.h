@@ -14,27 +14,46 @@
 // TryCancel() may be called from any thread at any time: a pending call ends
 // with CANCELLED (a call that already finished is not affected) and the
 // server is told to stop working on it.
+//
+// A handler that calls other services makes their contexts with
+// FromServerContext, so that they carry its deadline and end CANCELLED when
+// its own call is cancelled (by its client, a lost connection, or the
+// server's shutdown):
+//
+//   auto child = rdmarpc::ClientContext::FromServerContext(*server_ctx);
+//   rdmarpc::Status s = backend_stub->Lookup(child.get(), lookup_req, &lookup_resp);
 #ifndef RDMARPC_RPC_CLIENT_CONTEXT_H_
 #define RDMARPC_RPC_CLIENT_CONTEXT_H_
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/attachment.h"
+#include "rpc/internal/call_tree.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc {
 
 using Metadata = transport::Metadata;
 
+class ServerContext;
+
 class ClientContext {
  public:
   ClientContext() = default;
   ClientContext(const ClientContext&) = delete;
   ClientContext& operator=(const ClientContext&) = delete;
+  ~ClientContext();
+
+  // A context for a call made on behalf of the call `parent` serves: with
+  // its deadline (set_deadline may change it), cancelled when it is
+  // cancelled, at once if it is already. Not its metadata: what to pass on
+  // is the handler's to choose. It may outlive `parent`.
+  static std::unique_ptr<ClientContext> FromServerContext(ServerContext& parent);
 
   void set_deadline(absl::Time deadline) { deadline_ = deadline; }
   void set_timeout(absl::Duration timeout) { deadline_ = absl::Now() + timeout; }
@@ -85,6 +104,8 @@ class ClientContext {
 
   absl::Time deadline_ = absl::InfiniteFuture();
   bool wait_for_ready_ = false;
+  // The tree of the call this one is made for (FromServerContext), if any.
+  std::shared_ptr<internal::CallTree> parent_;
   Metadata metadata_;
   Metadata server_metadata_;
   Attachment request_attachment_;

@@ -136,9 +136,15 @@ void Server::OnMessage(Connection& conn, InboundMessage&& msg) {
     case MessageKind::kRequest:
       return HandleRequest(conn, std::move(msg));
     case MessageKind::kCancel: {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = inflight_.find({&conn, msg.header.call_id});
-      if (it != inflight_.end()) it->second->context()->MarkCancelled();
+      std::shared_ptr<ServerCallImpl> call;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = inflight_.find({&conn, msg.header.call_id});
+        if (it != inflight_.end()) call = it->second;
+      }
+      // Outside the lock: it cancels the calls the handler made
+      // (ClientContext::FromServerContext), whose callbacks may run inline.
+      if (call) call->context()->MarkCancelled();
       return;
     }
     default:
@@ -321,15 +327,20 @@ void Server::CallFinished(const CallKey& key) {
 
 void Server::OnClosed(Connection& conn, const absl::Status&) {
   std::shared_ptr<Connection> keep;  // released outside the lock
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [key, call] : inflight_) {
-    if (key.first == &conn) call->context()->MarkCancelled();
+  std::vector<std::shared_ptr<ServerCallImpl>> lost;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, call] : inflight_) {
+      if (key.first == &conn) lost.push_back(call);
+    }
+    auto it = conns_.find(&conn);
+    if (it != conns_.end()) {
+      keep = std::move(it->second);
+      conns_.erase(it);
+    }
   }
-  auto it = conns_.find(&conn);
-  if (it != conns_.end()) {
-    keep = std::move(it->second);
-    conns_.erase(it);
-  }
+  // Outside the lock, as for kCancel.
+  for (auto& call : lost) call->context()->MarkCancelled();
 }
 
 void Server::Shutdown(absl::Duration grace) {

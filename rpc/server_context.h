@@ -10,11 +10,14 @@
 // IsCancelled() turns true when the client cancels, the deadline passes, the
 // connection is lost, or the server shuts down past its grace period; a
 // long-running handler should poll it and stop early (its response is then
-// discarded). All methods are thread-safe.
+// discarded). All methods are thread-safe. Calls the handler makes with
+// ClientContext::FromServerContext(*ctx) carry its deadline and are cancelled
+// with it.
 #ifndef RDMARPC_RPC_SERVER_CONTEXT_H_
 #define RDMARPC_RPC_SERVER_CONTEXT_H_
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -23,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/attachment.h"
+#include "rpc/internal/call_tree.h"
 #include "transport/transport.h"
 #include "transport/wire_format.h"
 
@@ -97,9 +101,26 @@ class ServerContext {
     return std::move(response_attachment_);
   }
 
-  void MarkCancelled() { cancelled_.store(true); }
+  // Cancels the call, and the calls made from it (FromServerContext).
+  void MarkCancelled() {
+    cancelled_.store(true);
+    std::shared_ptr<internal::CallTree> tree;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tree = call_tree_;
+    }
+    if (tree) tree->CancelAll();
+  }
 
  private:
+  friend class ClientContext;
+  // Made on the first FromServerContext: most calls make none.
+  std::shared_ptr<internal::CallTree> CallTreeForChildren() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!call_tree_) call_tree_ = std::make_shared<internal::CallTree>();
+    return call_tree_;
+  }
+
   const std::string& method_;
   const std::string& peer_;
   transport::Connection& conn_;
@@ -112,6 +133,7 @@ class ServerContext {
   std::mutex mu_;
   Metadata response_metadata_;      // guarded by mu_
   Attachment response_attachment_;  // guarded by mu_
+  std::shared_ptr<internal::CallTree> call_tree_;  // guarded by mu_
 };
 
 }  // namespace rdmarpc

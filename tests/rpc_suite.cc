@@ -1362,6 +1362,114 @@ TEST(ServerBuilderTest, RefusesANegativeCallLimit) {
       << built.status();
 }
 
+// A front end that relays Echo to a backend, as a handler that calls
+// another service does: with a context made by FromServerContext, whose
+// deadline it records. With tag 1 it first waits for its own call to be
+// cancelled, then relays; with tag 2 it relays asynchronously over a
+// channel with inline callbacks, and the callback destroys the context (as
+// the cancel runs it, inside CallTree::CancelAll).
+class RelayService : public Service {
+ public:
+  static constexpr MethodInfo kRelay{"/rdmarpc.test.Relay/Relay",
+                                     MethodId("/rdmarpc.test.Relay/Relay")};
+  RelayService(std::shared_ptr<Channel> backend, std::shared_ptr<Channel> backend_inline)
+      : backend_(std::move(backend)), backend_inline_(std::move(backend_inline)) {
+    AddMethod(
+        kRelay.full_name,
+        UnaryHandler<EchoRequest, EchoResponse>([this](ServerContext* ctx, const EchoRequest* req,
+                                                       EchoResponse* resp, DoneCallback done) {
+          started.fetch_add(1);
+          if (req->tag() == 1) {
+            const absl::Time until = absl::Now() + absl::Seconds(20);
+            while (!ctx->IsCancelled() && absl::Now() < until) {
+              absl::SleepFor(absl::Milliseconds(1));
+            }
+          }
+          auto child = ClientContext::FromServerContext(*ctx);
+          child_deadline.set_value(child->deadline());
+          if (req->tag() == 2) {
+            ClientContext* raw = child.get();
+            backend_inline_->CallAsync(
+                kEcho, raw, *req, resp,
+                [this, child = std::move(child), done = std::move(done)](Status s) mutable {
+                  child.reset();
+                  child_status.set_value(s);
+                  std::move(done)(s);
+                });
+            return;
+          }
+          const Status s = backend_->Call(kEcho, child.get(), *req, resp);
+          child_status.set_value(s);
+          std::move(done)(s);
+        }));
+  }
+
+  std::atomic<int> started{0};
+  std::promise<absl::Time> child_deadline;
+  std::promise<Status> child_status;
+
+ private:
+  const std::shared_ptr<Channel> backend_;
+  const std::shared_ptr<Channel> backend_inline_;
+};
+
+// Calls a handler makes with ClientContext::FromServerContext carry its
+// deadline and end CANCELLED when its call is cancelled, so the backend
+// stops too; one made after the cancel ends CANCELLED without being sent.
+TEST_P(RpcSuite, CallsMadeForACallFollowItsDeadlineAndCancellation) {
+  for (int tag : {0, 1, 2}) {
+    SCOPED_TRACE(absl::StrCat("tag ", tag));
+    TestServer backend(GetParam().listen_addr());
+    ASSERT_TRUE(backend.server);
+    RelayService relay(MakeChannel(backend.address),
+                       MakeChannel(backend.address, InlineCallbacks()));
+    auto front = ServerBuilder()
+                     .AddListeningPort(GetParam().listen_addr())
+                     .RegisterService(&relay)
+                     .BuildAndStart();
+    ASSERT_TRUE(front.ok()) << front.status();
+    auto ch = MakeChannel((*front)->addresses()[0]);
+    AsyncCall call;
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    call.ctx.set_deadline(deadline);
+    EchoRequest req = Req("relayed", 30000);
+    req.set_tag(tag);
+    ch->CallAsync(RelayService::kRelay, &call.ctx, req, &call.resp,
+                  [&](Status s) { call.result.set_value(s); });
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (relay.started.load() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(relay.started.load(), 1);
+    if (tag != 1) {
+      auto child_deadline = relay.child_deadline.get_future();
+      ASSERT_EQ(child_deadline.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+      // The server's deadline is its arrival plus the time left, in us.
+      EXPECT_LT(absl::AbsDuration(child_deadline.get() - deadline), absl::Seconds(2));
+      while (backend.service.started.load() < 1 && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      ASSERT_EQ(backend.service.started.load(), 1);
+    }
+    call.ctx.TryCancel();
+    auto result = call.result.get_future();
+    ASSERT_EQ(result.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_EQ(result.get().code(), StatusCode::kCancelled);
+    auto child = relay.child_status.get_future();
+    ASSERT_EQ(child.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+        << "the relayed call went on after the call it was made for was cancelled";
+    const Status child_status = child.get();
+    EXPECT_EQ(child_status.code(), StatusCode::kCancelled) << child_status;
+    if (tag != 1) {
+      while (backend.service.saw_cancel.load() < 1 && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      EXPECT_EQ(backend.service.saw_cancel.load(), 1) << "the backend's handler never saw it";
+    } else {
+      EXPECT_EQ(backend.service.started.load(), 0) << "a call made after the cancel was sent";
+    }
+    (*front)->Shutdown();
+  }
+}
+
 TEST_P(RpcSuite, ServerRestartUnderLoad) {
   auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
   ASSERT_TRUE(ts->server);
