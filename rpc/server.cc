@@ -35,9 +35,10 @@ constexpr size_t kMaxErrorMessage = 16 * 1024;
 // another thread and the I/O thread tracking the call afterwards.
 class ServerCallImpl : public ServerCall {
  public:
-  ServerCallImpl(Server* server, Connection& conn, const Service::Method* method,
+  ServerCallImpl(Server* server, Connection& conn, const Service::Method* method, bool counted,
                  InboundMessage&& msg, absl::Time deadline, Metadata&& client_md)
-      : server_(server),
+      : limited(counted),
+        server_(server),
         conn_(conn),
         method_(method),
         msg_(std::move(msg)),
@@ -112,6 +113,7 @@ class ServerCallImpl : public ServerCall {
 
   std::shared_ptr<ServerCallImpl> self_;
   std::shared_ptr<Connection> hold_;  // set under Server::mu_ when tracked
+  const bool limited;                 // counts against SetMaxConcurrentCalls while tracked
 
  private:
   Server* const server_;
@@ -190,11 +192,11 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   const absl::Time deadline = msg.header.timeout_us == 0
                                   ? absl::InfiniteFuture()
                                   : absl::Now() + absl::Microseconds(msg.header.timeout_us);
-  auto call = std::allocate_shared<ServerCallImpl>(internal::SpareAllocator<ServerCallImpl>(),
-                                                   this, conn, method, std::move(msg), deadline,
-                                                   std::move(client_md));
+  auto call = std::allocate_shared<ServerCallImpl>(internal::SpareAllocator<ServerCallImpl>(), this,
+                                                   conn, method, m->second.limited, std::move(msg),
+                                                   deadline, std::move(client_md));
   if (inline_handlers_) {
-    const size_t in_flight = tracked_.load(std::memory_order_acquire);
+    const size_t in_flight = limited_in_flight_.load(std::memory_order_acquire);
     if (OverLimit(m->second, in_flight)) return Reply(conn, call_id, RefuseOverLimit(in_flight));
     return RunInline(conn, std::move(call));
   }
@@ -205,7 +207,8 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
     if (shutting_down_) {
       return reply_error(StatusCode::kUnavailable, "server is shutting down");
     }
-    if (const size_t in_flight = inflight_.size(); OverLimit(m->second, in_flight)) {
+    if (const size_t in_flight = limited_in_flight_.load(std::memory_order_relaxed);
+        OverLimit(m->second, in_flight)) {
       lock.unlock();
       return Reply(conn, call_id, RefuseOverLimit(in_flight));
     }
@@ -213,6 +216,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
       return DropReusedCallId(conn, call_id);
     }
     tracked_.fetch_add(1, std::memory_order_relaxed);
+    if (call->limited) limited_in_flight_.fetch_add(1, std::memory_order_relaxed);
     call->MarkTrackedLocked();
     call->hold_ = it->second;
   }
@@ -250,6 +254,7 @@ void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
     } else if (call->MarkTrackedLocked()) {
       inflight_.emplace(key, call);
       tracked_.fetch_add(1, std::memory_order_relaxed);
+      if (call->limited) limited_in_flight_.fetch_add(1, std::memory_order_relaxed);
     }
   }
   if (cancel) {
@@ -272,9 +277,9 @@ Status Server::RefuseOverLimit(size_t in_flight) {
 
 Status Server::AdmitRemotePayload(const transport::Header& header) {
   if (max_calls_ == 0 || header.kind != MessageKind::kRequest) return Status();
-  // tracked_ without the lock: HandleRequest checks again, exactly, what
-  // this lets through.
-  const size_t in_flight = tracked_.load(std::memory_order_acquire);
+  // Without the lock: HandleRequest checks again, exactly, what this lets
+  // through.
+  const size_t in_flight = limited_in_flight_.load(std::memory_order_acquire);
   auto m = methods_.find(header.method_id);
   if (m == methods_.end() || !OverLimit(m->second, in_flight)) return Status();
   return RefuseOverLimit(in_flight);
@@ -320,6 +325,7 @@ void Server::CallFinished(const CallKey& key) {
   done = std::move(it->second);
   inflight_.erase(it);
   tracked_.fetch_sub(1, std::memory_order_relaxed);
+  if (done->limited) limited_in_flight_.fetch_sub(1, std::memory_order_relaxed);
   // Under the lock: once Shutdown sees no call in flight, the Server may be
   // destroyed, and with it cv_. Only Shutdown waits for calls to finish.
   if (shutting_down_) cv_.notify_all();
@@ -379,7 +385,7 @@ std::map<std::string, uint64_t> Server::MethodCallCounts() const {
 
 Server::Stats Server::stats() const {
   Stats s;
-  s.calls_in_flight = tracked_.load(std::memory_order_relaxed);
+  s.calls_in_flight = limited_in_flight_.load(std::memory_order_relaxed);
   s.refused_over_limit = refused_over_limit_.load(std::memory_order_relaxed);
   return s;
 }

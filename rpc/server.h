@@ -33,7 +33,7 @@
 // a worker, running, or finishing asynchronously), the next is answered
 // RESOURCE_EXHAUSTED at once, its handler not run, so that a client may try
 // another server or later instead of queueing behind an overloaded one.
-// Health checks are never refused for it: a busy server still serves.
+// Health checks neither count nor are refused: a busy server still serves.
 //
 // Bad input never takes the server down: an unparsable frame closes only that
 // connection; an unknown method gets UNIMPLEMENTED, a request that does not
@@ -80,7 +80,8 @@ class Server : private transport::ConnectionObserver {
   // those answered with an error.
   std::map<std::string, uint64_t> MethodCallCounts() const;
 
-  // Calls in flight now, and requests refused for SetMaxConcurrentCalls.
+  // The calls in flight that SetMaxConcurrentCalls counts (all but health
+  // checks), and the requests it refused.
   struct Stats {
     uint64_t calls_in_flight = 0;
     uint64_t refused_over_limit = 0;
@@ -141,6 +142,8 @@ class Server : private transport::ConnectionObserver {
       conns_;                                                                      // mu_
   absl::flat_hash_map<CallKey, std::shared_ptr<ServerCallImpl>> inflight_;       // mu_
   std::atomic<size_t> tracked_{0};  // inflight_.size(), written under mu_
+  // Those of inflight_ that count against max_calls_, written under mu_.
+  std::atomic<size_t> limited_in_flight_{0};
   std::atomic<uint64_t> refused_over_limit_{0};
 };
 
