@@ -416,19 +416,20 @@ void Channel::ConnectForWaiting() {
   // new call, dropping it) finds the batch done.
   InlineScope scope{this, inline_scopes, {}};
   inline_scopes = &scope;
-  // Back to waiting for the next attempt: wait-for-ready calls that this
-  // one failed, unless nothing ever could connect.
+  // A call that found no connection ends with `why`, unless it is
+  // wait-for-ready: then it waits for the next attempt (unless nothing ever
+  // could connect).
   std::vector<Waiting> again;
-  const auto wait_again = [&](const Waiting& w) {
-    return w.wait_for_ready && !absl::IsInvalidArgument(connected.status());
+  const auto not_sent = [&](Waiting& w, const Status& why) {
+    if (w.wait_for_ready && !absl::IsInvalidArgument(why)) {
+      again.push_back(std::move(w));
+    } else {
+      Complete(w.id, why, nullptr, false);
+    }
   };
   for (Waiting& w : batch) {
     if (!connected.ok()) {
-      if (wait_again(w)) {
-        again.push_back(std::move(w));
-      } else {
-        Complete(w.id, connected.status(), nullptr, false);
-      }
+      not_sent(w, connected.status());
       continue;
     }
     OutboundMessage msg;
@@ -452,14 +453,8 @@ void Channel::ConnectForWaiting() {
       }
     }
     if (!conn) {
-      if (w.wait_for_ready) {
-        again.push_back(std::move(w));
-        continue;
-      }
-      Complete(w.id,
-               Status(StatusCode::kUnavailable,
-                      absl::StrCat("connection to ", target_, " lost before the call was sent")),
-               nullptr, false);
+      not_sent(w, Status(StatusCode::kUnavailable, absl::StrCat("connection to ", target_,
+                                                                " lost before the call was sent")));
       continue;
     }
     if (Status s =
