@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/echo_service.h"
 #include "tests/raw_connection.h"
@@ -242,10 +244,15 @@ TEST(TcpTunables, ChannelsSendQueueBoundLimitsWhatAStalledServerPins) {
   options.transport.tcp.max_queued_send_bytes = 1 << 20;
   auto ch = Channel::Create(server.address(), options);
   ASSERT_TRUE(ch.ok()) << ch.status();
-  const std::string data(128 << 10, 'q');
-  calls.push_back(std::make_unique<PendingCall>(**ch, data));
+  // Connected first, so that every call is sent (or refused) in CallAsync.
+  // A call made while the first one waited for the connection would wait
+  // behind it and be refused later, on the connector's thread, after the
+  // loop below had taken it for queued.
+  ASSERT_TRUE((*ch)->WaitForConnected(absl::Now() + absl::Seconds(10)));
   auto peer = server.Accept();  // and never read
   ASSERT_TRUE(peer);
+  const std::string data(128 << 10, 'q');
+  calls.push_back(std::make_unique<PendingCall>(**ch, data));
   while (calls.size() < 1024 && !calls.back()->Ended(std::chrono::milliseconds(0))) {
     calls.push_back(std::make_unique<PendingCall>(**ch, data));
   }
