@@ -43,7 +43,9 @@ class ServerCallImpl : public ServerCall {
         method_(method),
         msg_(std::move(msg)),
         ctx_(method->full_name, conn, deadline, std::move(client_md),
-             absl::string_view(msg_.payload.data(), msg_.header.attachment_len)) {}
+             absl::string_view(msg_.payload.data(), msg_.header.attachment_len)) {
+    ctx_.SetDeadlineWatch(&ServerCallImpl::WatchDeadline, this);
+  }
 
   ServerContext* context() override { return &ctx_; }
   // The payload is the attachment, then the message; HandleRequest checked
@@ -60,7 +62,10 @@ class ServerCallImpl : public ServerCall {
 
   // Sends the one response this call gets; later attempts do nothing.
   void Respond(Status status, const google::protobuf::MessageLite* response) {
-    if (responded_.exchange(true)) return;
+    if (!ctx_.MarkAnswered()) return;
+    if (const uint64_t timer = deadline_timer_.load(std::memory_order_acquire); timer != 0) {
+      server_->Timers().Cancel(timer);
+    }
     // Past the deadline the client is no longer waiting for a result, and
     // whatever the handler made of its cancellation, the cause is the deadline.
     if (ctx_.deadline() != absl::InfiniteFuture() && absl::Now() >= ctx_.deadline()) {
@@ -111,6 +116,21 @@ class ServerCallImpl : public ServerCall {
     method_->handler(this);
   }
 
+  // The server cancels the call at its deadline, for ServerContext::OnCancel
+  // (the deadline alone is what IsCancelled needs). The timer holds the
+  // call weakly: it may fire after the call is gone.
+  static void WatchDeadline(void* self) {
+    auto* call = static_cast<ServerCallImpl*>(self);
+    std::weak_ptr<ServerCallImpl> weak = call->self_;  // set until the handler is done
+    call->deadline_timer_.store(call->server_->Timers().Schedule(
+                                    call->ctx_.deadline(),
+                                    [weak] {
+                                      if (auto c = weak.lock()) c->ctx_.MarkCancelled();
+                                    },
+                                    call->server_),
+                                std::memory_order_release);
+  }
+
   std::shared_ptr<ServerCallImpl> self_;
   std::shared_ptr<Connection> hold_;  // set under Server::mu_ when tracked
   const bool limited;                 // counts against SetMaxConcurrentCalls while tracked
@@ -121,7 +141,7 @@ class ServerCallImpl : public ServerCall {
   const Service::Method* const method_;
   InboundMessage msg_;
   ServerContext ctx_;
-  std::atomic<bool> responded_{false};
+  std::atomic<uint64_t> deadline_timer_{0};
   std::atomic<uint8_t> tracking_{kUntracked};
 };
 
@@ -285,6 +305,17 @@ Status Server::AdmitRemotePayload(const transport::Header& header) {
   return RefuseOverLimit(in_flight);
 }
 
+internal::TimerQueue& Server::Timers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!timers_) timers_ = std::make_unique<internal::TimerQueue>();
+  return *timers_;
+}
+
+internal::TimerQueue* Server::TimersIfMade() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timers_.get();
+}
+
 void Server::DropReusedCallId(Connection& conn, uint64_t call_id) {
   fprintf(stderr, "rdmarpc[server]: %s reused call id %llu while in flight; dropped\n",
           conn.peer().c_str(), static_cast<unsigned long long>(call_id));
@@ -370,6 +401,8 @@ void Server::Shutdown(absl::Duration grace) {
     call->context()->MarkCancelled();
     call->Respond(Status(StatusCode::kCancelled, "server shutting down"), nullptr);
   }
+  // Every call is answered: no deadline needs watching.
+  if (internal::TimerQueue* timers = TimersIfMade()) timers->CancelAll(this);
   for (auto& [scheme, t] : transports_) t->Shutdown();
   workers_.Stop();
   std::lock_guard<std::mutex> lock(mu_);

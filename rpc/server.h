@@ -56,6 +56,7 @@
 #include "absl/time/time.h"
 #include "rpc/health.h"
 #include "rpc/internal/thread_pool.h"
+#include "rpc/internal/timer_queue.h"
 #include "rpc/service.h"
 #include "rpc/status.h"
 #include "transport/factory.h"
@@ -118,6 +119,10 @@ class Server : private transport::ConnectionObserver {
              const Metadata& md = {}, const google::protobuf::MessageLite* message = nullptr,
              Attachment attachment = Attachment(), size_t message_size = 0);
   void CallFinished(const CallKey& key);
+  // The timer thread that cancels calls at their deadlines for
+  // ServerContext::OnCancel; made by the first call that needs it.
+  internal::TimerQueue& Timers();
+  internal::TimerQueue* TimersIfMade();
 
   const size_t max_message_size_;
   const size_t max_calls_;  // 0: no limit
@@ -145,6 +150,9 @@ class Server : private transport::ConnectionObserver {
   // Those of inflight_ that count against max_calls_, written under mu_.
   std::atomic<size_t> limited_in_flight_{0};
   std::atomic<uint64_t> refused_over_limit_{0};
+  // Guarded by mu_ until made; last, so that it is destroyed (its thread
+  // joined) while what its callbacks reach still exists.
+  std::unique_ptr<internal::TimerQueue> timers_;
 };
 
 class ServerBuilder {

@@ -10,7 +10,14 @@
 // IsCancelled() turns true when the client cancels, the deadline passes, the
 // connection is lost, or the server shuts down past its grace period; a
 // long-running handler should poll it and stop early (its response is then
-// discarded). All methods are thread-safe. Calls the handler makes with
+// discarded). A handler that parks its call instead (a long poll, a wait for
+// an event) learns of it through OnCancel:
+//
+//   auto parked = std::make_shared<Parked>(std::move(done));  // runs done once
+//   ctx->OnCancel([parked] { parked->Finish(Status(StatusCode::kCancelled, "gave up")); });
+//   waiters_.Add(parked);  // the event finishes it otherwise
+//
+// All methods are thread-safe. Calls the handler makes with
 // ClientContext::FromServerContext(*ctx) carry its deadline and are cancelled
 // with it.
 #ifndef RDMARPC_RPC_SERVER_CONTEXT_H_
@@ -21,6 +28,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -101,19 +109,41 @@ class ServerContext {
     return std::move(response_attachment_);
   }
 
-  // Cancels the call, and the calls made from it (FromServerContext).
-  void MarkCancelled() {
-    cancelled_.store(true);
-    std::shared_ptr<internal::CallTree> tree;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tree = call_tree_;
-    }
-    if (tree) tree->CancelAll();
-  }
+  // Runs `on_cancel` once if the call is cancelled before it is answered:
+  // the client cancels or its deadline passes (the server watches it too,
+  // for a client that never sends its cancel), the connection is lost, or
+  // the server shuts down past its grace period. Now, on this thread, if it
+  // is cancelled already; never, once the handler is done. The handler must
+  // still run `done` (the answer is discarded), and may do so from
+  // `on_cancel`. It runs on the thread that saw the cancellation (an I/O
+  // thread, the server's timer thread, the one in Server::Shutdown), so it
+  // must not block. One per call: a second replaces the first. Call it
+  // before the handler is done, as everything on this context.
+  void OnCancel(absl::AnyInvocable<void() &&> on_cancel);
+
+  // Cancels the call, and the calls made from it (FromServerContext), and
+  // runs the OnCancel callback. For the runtime.
+  void MarkCancelled();
 
  private:
   friend class ClientContext;
+  friend class ServerCallImpl;
+  // The runtime's: `watch(owner)` makes sure MarkCancelled runs at the
+  // deadline. Called at most once, by the first OnCancel of a call with a
+  // deadline: only a callback needs that, so other calls pay for no timer.
+  using DeadlineWatch = void (*)(void* owner);
+  void SetDeadlineWatch(DeadlineWatch watch, void* owner) {
+    deadline_watch_ = watch;
+    watch_owner_ = owner;
+  }
+  // The call is answered: its OnCancel callback is dropped. False if it was
+  // answered already.
+  bool MarkAnswered() {
+    if (answered_.exchange(true)) return false;
+    if (has_on_cancel_.load()) DropOnCancel();
+    return true;
+  }
+  void DropOnCancel();
   // Made on the first FromServerContext: most calls make none.
   std::shared_ptr<internal::CallTree> CallTreeForChildren() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -128,12 +158,18 @@ class ServerContext {
   const Metadata client_metadata_;
   const absl::string_view request_attachment_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> answered_{false};
+  std::atomic<bool> has_on_cancel_{false};
+  DeadlineWatch deadline_watch_ = nullptr;
+  void* watch_owner_ = nullptr;
   std::atomic<bool> has_response_metadata_{false};
   std::atomic<bool> has_response_attachment_{false};
   std::mutex mu_;
   Metadata response_metadata_;      // guarded by mu_
   Attachment response_attachment_;  // guarded by mu_
   std::shared_ptr<internal::CallTree> call_tree_;  // guarded by mu_
+  absl::AnyInvocable<void() &&> on_cancel_;        // guarded by mu_
+  bool deadline_watched_ = false;                  // guarded by mu_
 };
 
 }  // namespace rdmarpc

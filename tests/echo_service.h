@@ -1,4 +1,5 @@
-// EchoService and TestServer: the service and server the runtime tests use.
+// EchoService, ParkService and TestServer: the services and server the
+// runtime tests use.
 #ifndef RDMARPC_TESTS_ECHO_SERVICE_H_
 #define RDMARPC_TESTS_ECHO_SERVICE_H_
 
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "rpc/attachment.h"
 #include "rpc/channel.h"
@@ -134,6 +137,63 @@ struct TestServer {
     server = std::move(*s);
     address = server->addresses()[0];
   }
+};
+
+// Parks each call until it is cancelled, as a long poll does, and finishes
+// it from ServerContext::OnCancel. With tag 1 it registers the callback
+// only once its call is cancelled (so it runs at once, on the handler's
+// thread); with tag 2 it registers it and then answers, so it must never run.
+class ParkService : public Service {
+ public:
+  static constexpr MethodInfo kPark{"/rdmarpc.test.Park/Park", MethodId("/rdmarpc.test.Park/Park")};
+  ParkService() {
+    AddMethod(
+        kPark.full_name,
+        UnaryHandler<EchoRequest, EchoResponse>([this](ServerContext* ctx, const EchoRequest* req,
+                                                       EchoResponse* resp, DoneCallback done) {
+          if (req->tag() == 1) {
+            const absl::Time until = absl::Now() + absl::Seconds(20);
+            while (!ctx->IsCancelled() && absl::Now() < until) {
+              absl::SleepFor(absl::Milliseconds(1));
+            }
+          }
+          auto parked = std::make_shared<Parked>(std::move(done));
+          const std::thread::id handler_thread = std::this_thread::get_id();
+          ctx->OnCancel([this, parked, handler_thread] {
+            on_handler_thread.store(std::this_thread::get_id() == handler_thread);
+            cancelled_at.store(absl::ToUnixMicros(absl::Now()));
+            cancels.fetch_add(1);
+            parked->Finish(Status(StatusCode::kCancelled, "parked call cancelled"));
+          });
+          parked_calls.fetch_add(1);
+          if (req->tag() == 2) {
+            resp->set_data(req->data());
+            parked->Finish(Status());
+          }
+        }));
+  }
+
+  // Waits up to 20 s for `n` cancellations.
+  bool WaitForCancels(int n) {
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (cancels.load() < n && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    return cancels.load() >= n;
+  }
+
+  std::atomic<int> parked_calls{0};
+  std::atomic<int> cancels{0};
+  std::atomic<bool> on_handler_thread{false};
+  std::atomic<int64_t> cancelled_at{0};  // unix us
+
+ private:
+  struct Parked {
+    explicit Parked(DoneCallback d) : done(std::move(d)) {}
+    void Finish(Status s) {
+      if (!finished.exchange(true)) std::move(done)(std::move(s));
+    }
+    std::atomic<bool> finished{false};
+    DoneCallback done;
+  };
 };
 
 }  // namespace rdmarpc::testing

@@ -1470,6 +1470,123 @@ TEST_P(RpcSuite, CallsMadeForACallFollowItsDeadlineAndCancellation) {
   }
 }
 
+// A parked call hears of each way a call is cancelled through OnCancel, and
+// is released by finishing from it; an answered call's callback never runs.
+TEST_P(RpcSuite, OnCancelTellsAParkedCallEachWayItsCallEnds) {
+  for (int workers : {4, 0}) {
+    SCOPED_TRACE(absl::StrCat(workers, " workers"));
+    ParkService park;
+    auto built = ServerBuilder()
+                     .AddListeningPort(GetParam().listen_addr())
+                     .RegisterService(&park)
+                     .SetWorkerThreads(workers)
+                     .BuildAndStart();
+    ASSERT_TRUE(built.ok()) << built.status();
+    Server& server = **built;
+    const std::string address = server.addresses()[0];
+    auto ch = MakeChannel(address);
+    const auto start = [&](AsyncCall& call, int tag) {
+      EchoRequest req = Req("parked");
+      req.set_tag(tag);
+      const int before = park.parked_calls.load();
+      ch->CallAsync(ParkService::kPark, &call.ctx, req, &call.resp,
+                    [&call](Status s) { call.result.set_value(s); });
+      if (tag == 1) return;  // parks only once cancelled
+      const absl::Time until = absl::Now() + absl::Seconds(20);
+      while (park.parked_calls.load() == before && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      ASSERT_GT(park.parked_calls.load(), before) << "the call never reached its handler";
+    };
+    const auto result = [](AsyncCall& call) {
+      auto f = call.result.get_future();
+      EXPECT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+      return f.get();
+    };
+    const auto released = [&] {
+      const absl::Time until = absl::Now() + absl::Seconds(20);
+      while (server.stats().calls_in_flight > 0 && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      return server.stats().calls_in_flight == 0;
+    };
+    {
+      SCOPED_TRACE("the client cancels");
+      AsyncCall call;
+      start(call, 0);
+      call.ctx.TryCancel();
+      EXPECT_EQ(result(call).code(), StatusCode::kCancelled);
+      ASSERT_TRUE(park.WaitForCancels(1)) << "the parked call never heard of the cancel";
+      EXPECT_TRUE(released()) << "the server still holds the cancelled call";
+    }
+    {
+      SCOPED_TRACE("the deadline passes (the client cancels then)");
+      AsyncCall call;
+      const absl::Time begun = absl::Now();
+      call.ctx.set_timeout(absl::Milliseconds(300));
+      start(call, 0);
+      EXPECT_EQ(result(call).code(), StatusCode::kDeadlineExceeded);
+      ASSERT_TRUE(park.WaitForCancels(2)) << "the parked call never heard of its deadline";
+      EXPECT_GE(absl::FromUnixMicros(park.cancelled_at.load()) - begun, absl::Milliseconds(200))
+          << "cancelled before its deadline";
+      EXPECT_TRUE(released());
+    }
+    {
+      SCOPED_TRACE("answered: the callback never runs, not even at the deadline");
+      AsyncCall call;
+      call.ctx.set_timeout(absl::Milliseconds(300));
+      start(call, 2);
+      const Status s = result(call);
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ(call.resp.data(), "parked");
+      absl::SleepFor(absl::Milliseconds(600));
+      EXPECT_EQ(park.cancels.load(), 2);
+    }
+    if (workers != 0) {  // an inline handler that waits would hold the I/O thread
+      SCOPED_TRACE("registered once cancelled: runs at once, on the handler's thread");
+      AsyncCall call;
+      start(call, 1);
+      const absl::Time until = absl::Now() + absl::Seconds(20);
+      while (server.MethodCallCounts()[std::string(ParkService::kPark.full_name)] < 4 &&
+             absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      call.ctx.TryCancel();
+      EXPECT_EQ(result(call).code(), StatusCode::kCancelled);
+      ASSERT_TRUE(park.WaitForCancels(3));
+      EXPECT_TRUE(park.on_handler_thread.load());
+      EXPECT_TRUE(released());
+    }
+    {
+      SCOPED_TRACE("the connection is lost");
+      const int before = park.cancels.load();
+      auto lost = MakeChannel(address);
+      AsyncCall call;
+      EchoRequest req = Req("parked");
+      const int parked_before = park.parked_calls.load();
+      lost->CallAsync(ParkService::kPark, &call.ctx, req, &call.resp,
+                      [&call](Status s) { call.result.set_value(s); });
+      const absl::Time until = absl::Now() + absl::Seconds(20);
+      while (park.parked_calls.load() == parked_before && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      lost.reset();
+      EXPECT_EQ(result(call).code(), StatusCode::kUnavailable);
+      ASSERT_TRUE(park.WaitForCancels(before + 1)) << "the parked call never heard of the loss";
+      EXPECT_TRUE(released());
+    }
+    {
+      SCOPED_TRACE("the server shuts down past its grace period");
+      const int before = park.cancels.load();
+      AsyncCall call;
+      start(call, 0);
+      server.Shutdown(absl::Milliseconds(100));
+      EXPECT_EQ(park.cancels.load(), before + 1) << "Shutdown returned before the callback ran";
+      EXPECT_EQ(result(call).code(), StatusCode::kCancelled);
+    }
+  }
+}
+
 TEST_P(RpcSuite, ServerRestartUnderLoad) {
   auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
   ASSERT_TRUE(ts->server);

@@ -271,5 +271,35 @@ TEST_F(BadInputTest, ManyHostileClientsWhileAGoodOneWorks) {
   ExpectGoodClientServed();
 }
 
+// A client that never cancels (one that hangs, or a peer that does not
+// implement cancels) still has its parked call cancelled at the deadline it
+// sent: the server's own timer runs the OnCancel callback, the handler
+// finishes, and the answer is DEADLINE_EXCEEDED.
+TEST(ServerDeadline, ParkedCallsOfAClientThatNeverCancelsEndAtTheirDeadline) {
+  ParkService park;
+  auto built =
+      ServerBuilder().AddListeningPort("tcp://127.0.0.1:0").RegisterService(&park).BuildAndStart();
+  ASSERT_TRUE(built.ok()) << built.status();
+  const std::string& address = (*built)->addresses()[0];
+  RawClient raw(std::stoi(address.substr(address.rfind(':') + 1)));
+  const absl::Time sent = absl::Now();
+  Header h = Request(9, ParkService::kPark.id);
+  h.timeout_us = 300000;
+  raw.SendFrame(h, "", EchoBytes("parked"));
+  auto r = raw.ReadFrame();
+  ASSERT_TRUE(r) << "no answer: the parked call outlived its deadline";
+  const absl::Duration took = absl::Now() - sent;
+  EXPECT_EQ(r->header.call_id, 9u);
+  EXPECT_EQ(r->header.status, static_cast<uint16_t>(StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(park.cancels.load(), 1);
+  EXPECT_GE(took, absl::Milliseconds(300));
+  // Released just after its answer went out.
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while ((*built)->stats().calls_in_flight > 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ((*built)->stats().calls_in_flight, 0u);
+}
+
 }  // namespace
 }  // namespace rdmarpc::testing
