@@ -145,9 +145,10 @@ class ServerCallImpl : public ServerCall {
   std::atomic<uint8_t> tracking_{kUntracked};
 };
 
-Server::Server(int workers, size_t max_message_size, size_t max_calls)
+Server::Server(int workers, size_t max_message_size, size_t max_calls, size_t max_calls_per_conn)
     : max_message_size_(max_message_size),
       max_calls_(max_calls),
+      max_calls_per_conn_(max_calls_per_conn),
       inline_handlers_(workers == 0),
       workers_(std::max(workers, 1)) {}
 
@@ -216,8 +217,11 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
                                                    conn, method, m->second.limited, std::move(msg),
                                                    deadline, std::move(client_md));
   if (inline_handlers_) {
-    const size_t in_flight = limited_in_flight_.load(std::memory_order_acquire);
-    if (OverLimit(m->second, in_flight)) return Reply(conn, call_id, RefuseOverLimit(in_flight));
+    if (max_calls_ != 0 || max_calls_per_conn_ != 0) {
+      const Status refused = Admit(m->second, limited_in_flight_.load(std::memory_order_acquire),
+                                   LimitedCallsOn(conn));
+      if (!refused.ok()) return Reply(conn, call_id, refused);
+    }
     return RunInline(conn, std::move(call));
   }
   {
@@ -227,18 +231,24 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
     if (shutting_down_) {
       return reply_error(StatusCode::kUnavailable, "server is shutting down");
     }
-    if (const size_t in_flight = limited_in_flight_.load(std::memory_order_relaxed);
-        OverLimit(m->second, in_flight)) {
-      lock.unlock();
-      return Reply(conn, call_id, RefuseOverLimit(in_flight));
+    if (max_calls_ != 0 || max_calls_per_conn_ != 0) {
+      if (Status refused = Admit(m->second, limited_in_flight_.load(std::memory_order_relaxed),
+                                 it->second.limited_in_flight);
+          !refused.ok()) {
+        lock.unlock();
+        return Reply(conn, call_id, refused);
+      }
     }
     if (!inflight_.emplace(call->key(), call).second) {
       return DropReusedCallId(conn, call_id);
     }
     tracked_.fetch_add(1, std::memory_order_relaxed);
-    if (call->limited) limited_in_flight_.fetch_add(1, std::memory_order_relaxed);
+    if (call->limited) {
+      limited_in_flight_.fetch_add(1, std::memory_order_relaxed);
+      ++it->second.limited_in_flight;
+    }
     call->MarkTrackedLocked();
-    call->hold_ = it->second;
+    call->hold_ = it->second.conn;
   }
   call->self_ = call;
   if (!workers_.Post([call] { call->Run(); })) {
@@ -268,13 +278,16 @@ void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(&conn);
     // Its connection stays open at least until this delivery returns.
-    if (it != conns_.end()) call->hold_ = it->second;
+    if (it != conns_.end()) call->hold_ = it->second.conn;
     if (shutting_down_ || it == conns_.end()) {
       cancel = true;  // Shutdown may have collected the calls it cancels already
     } else if (call->MarkTrackedLocked()) {
       inflight_.emplace(key, call);
       tracked_.fetch_add(1, std::memory_order_relaxed);
-      if (call->limited) limited_in_flight_.fetch_add(1, std::memory_order_relaxed);
+      if (call->limited) {
+        limited_in_flight_.fetch_add(1, std::memory_order_relaxed);
+        ++it->second.limited_in_flight;
+      }
     }
   }
   if (cancel) {
@@ -283,26 +296,42 @@ void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
   }
 }
 
-bool Server::OverLimit(const MethodEntry& method, size_t in_flight) const {
-  return max_calls_ != 0 && in_flight >= max_calls_ && method.limited;
+Status Server::Admit(const MethodEntry& method, size_t in_flight, size_t on_conn) {
+  if (!method.limited) return Status();
+  if (max_calls_ != 0 && in_flight >= max_calls_) {
+    refused_over_limit_.fetch_add(1, std::memory_order_relaxed);
+    return Status(StatusCode::kResourceExhausted,
+                  absl::StrCat("server busy: ", in_flight,
+                               " calls in flight, the most it takes "
+                               "(ServerBuilder::SetMaxConcurrentCalls); retry later or elsewhere"));
+  }
+  if (max_calls_per_conn_ != 0 && on_conn >= max_calls_per_conn_) {
+    refused_over_connection_limit_.fetch_add(1, std::memory_order_relaxed);
+    return Status(StatusCode::kResourceExhausted,
+                  absl::StrCat("server busy for this connection: ", on_conn,
+                               " of its calls in flight, the most one connection may have "
+                               "(ServerBuilder::SetMaxConcurrentCallsPerConnection); wait for "
+                               "some to finish"));
+  }
+  return Status();
 }
 
-Status Server::RefuseOverLimit(size_t in_flight) {
-  refused_over_limit_.fetch_add(1, std::memory_order_relaxed);
-  return Status(StatusCode::kResourceExhausted,
-                absl::StrCat("server busy: ", in_flight,
-                             " calls in flight, the most it takes "
-                             "(ServerBuilder::SetMaxConcurrentCalls); retry later or elsewhere"));
+size_t Server::LimitedCallsOn(Connection& conn) {
+  if (max_calls_per_conn_ == 0 || tracked_.load(std::memory_order_acquire) == 0) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find(&conn);
+  return it == conns_.end() ? 0 : it->second.limited_in_flight;
 }
 
-Status Server::AdmitRemotePayload(const transport::Header& header) {
-  if (max_calls_ == 0 || header.kind != MessageKind::kRequest) return Status();
-  // Without the lock: HandleRequest checks again, exactly, what this lets
-  // through.
-  const size_t in_flight = limited_in_flight_.load(std::memory_order_acquire);
+Status Server::AdmitRemotePayload(Connection& conn, const transport::Header& header) {
+  if ((max_calls_ == 0 && max_calls_per_conn_ == 0) || header.kind != MessageKind::kRequest) {
+    return Status();
+  }
   auto m = methods_.find(header.method_id);
-  if (m == methods_.end() || !OverLimit(m->second, in_flight)) return Status();
-  return RefuseOverLimit(in_flight);
+  if (m == methods_.end()) return Status();
+  // Read apart from each other: HandleRequest checks again, exactly, what
+  // this lets through.
+  return Admit(m->second, limited_in_flight_.load(std::memory_order_acquire), LimitedCallsOn(conn));
 }
 
 internal::TimerQueue& Server::Timers() {
@@ -356,7 +385,12 @@ void Server::CallFinished(const CallKey& key) {
   done = std::move(it->second);
   inflight_.erase(it);
   tracked_.fetch_sub(1, std::memory_order_relaxed);
-  if (done->limited) limited_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  if (done->limited) {
+    limited_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+    // Gone with its connection's close; the call held the Connection, so
+    // no newer connection has its address.
+    if (auto c = conns_.find(key.first); c != conns_.end()) --c->second.limited_in_flight;
+  }
   // Under the lock: once Shutdown sees no call in flight, the Server may be
   // destroyed, and with it cv_. Only Shutdown waits for calls to finish.
   if (shutting_down_) cv_.notify_all();
@@ -372,7 +406,7 @@ void Server::OnClosed(Connection& conn, const absl::Status&) {
     }
     auto it = conns_.find(&conn);
     if (it != conns_.end()) {
-      keep = std::move(it->second);
+      keep = std::move(it->second.conn);
       conns_.erase(it);
     }
   }
@@ -420,6 +454,7 @@ Server::Stats Server::stats() const {
   Stats s;
   s.calls_in_flight = limited_in_flight_.load(std::memory_order_relaxed);
   s.refused_over_limit = refused_over_limit_.load(std::memory_order_relaxed);
+  s.refused_over_connection_limit = refused_over_connection_limit_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -453,6 +488,11 @@ ServerBuilder& ServerBuilder::SetMaxConcurrentCalls(int n) {
   return *this;
 }
 
+ServerBuilder& ServerBuilder::SetMaxConcurrentCallsPerConnection(int n) {
+  max_calls_per_conn_ = n;
+  return *this;
+}
+
 ServerBuilder& ServerBuilder::SetTransportTunables(transport::TransportTunables tunables) {
   tunables_ = std::move(tunables);
   return *this;
@@ -467,13 +507,16 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   if (ports_.empty()) return Status(StatusCode::kInvalidArgument, "no listening port added");
   const int workers =
       workers_ >= 0 ? workers_ : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  if (max_calls_ < 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  absl::StrCat("SetMaxConcurrentCalls(", max_calls_,
-                               "): the limit is a count of calls, 0 for none"));
+  for (const auto& [name, n] : {std::pair<const char*, int>{"SetMaxConcurrentCalls", max_calls_},
+                                {"SetMaxConcurrentCallsPerConnection", max_calls_per_conn_}}) {
+    if (n < 0) {
+      return Status(StatusCode::kInvalidArgument,
+                    absl::StrCat(name, "(", n, "): the limit is a count of calls, 0 for none"));
+    }
   }
-  std::unique_ptr<Server> server(
-      new Server(workers, max_message_size_, static_cast<size_t>(max_calls_)));
+  std::unique_ptr<Server> server(new Server(workers, max_message_size_,
+                                            static_cast<size_t>(max_calls_),
+                                            static_cast<size_t>(max_calls_per_conn_)));
   std::vector<const Service*> services(services_.begin(), services_.end());
   if (health_) {
     server->health_ = std::make_unique<HealthService>();
@@ -523,7 +566,7 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
                                          -> transport::ConnectionObserver* {
       std::lock_guard<std::mutex> lock(raw->mu_);
       if (raw->shutting_down_) return nullptr;
-      raw->conns_[c.get()] = std::move(c);
+      raw->conns_[c.get()].conn = std::move(c);
       return raw;
     });
     if (!listener.ok()) return listener.status();

@@ -34,6 +34,9 @@
 // RESOURCE_EXHAUSTED at once, its handler not run, so that a client may try
 // another server or later instead of queueing behind an overloaded one.
 // Health checks neither count nor are refused: a busy server still serves.
+// SetMaxConcurrentCallsPerConnection(n) does the same per connection, so
+// that one client flooding the server is refused before it takes every
+// slot of the global limit from the others.
 //
 // Bad input never takes the server down: an unparsable frame closes only that
 // connection; an unknown method gets UNIMPLEMENTED, a request that does not
@@ -85,7 +88,8 @@ class Server : private transport::ConnectionObserver {
   // checks), and the requests it refused.
   struct Stats {
     uint64_t calls_in_flight = 0;
-    uint64_t refused_over_limit = 0;
+    uint64_t refused_over_limit = 0;             // SetMaxConcurrentCalls
+    uint64_t refused_over_connection_limit = 0;  // SetMaxConcurrentCallsPerConnection
   };
   Stats stats() const;
 
@@ -97,10 +101,11 @@ class Server : private transport::ConnectionObserver {
   friend class ServerCallImpl;
   using CallKey = std::pair<transport::Connection*, uint64_t>;
 
-  Server(int workers, size_t max_message_size, size_t max_calls);
+  Server(int workers, size_t max_message_size, size_t max_calls, size_t max_calls_per_conn);
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg) override;
   // Refuses an over-limit request before its payload is READ.
-  absl::Status AdmitRemotePayload(const transport::Header& header) override;
+  absl::Status AdmitRemotePayload(transport::Connection& conn,
+                                  const transport::Header& header) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
   void HandleRequest(transport::Connection& conn, transport::InboundMessage&& msg);
   // Inline handlers (SetWorkerThreads(0)): runs the call on this I/O thread
@@ -108,10 +113,13 @@ class Server : private transport::ConnectionObserver {
   void RunInline(transport::Connection& conn, std::shared_ptr<ServerCallImpl> call);
   void DropReusedCallId(transport::Connection& conn, uint64_t call_id);
   struct MethodEntry;
-  // Whether a request for `method` is refused with `in_flight` calls in
-  // flight (SetMaxConcurrentCalls), and the refusal, counted.
-  bool OverLimit(const MethodEntry& method, size_t in_flight) const;
-  Status RefuseOverLimit(size_t in_flight);
+  // The refusal of a request for `method` (counted) when `in_flight` calls
+  // in all and `on_conn` on its connection are in flight (the limits of
+  // SetMaxConcurrentCalls and SetMaxConcurrentCallsPerConnection), or OK.
+  Status Admit(const MethodEntry& method, size_t in_flight, size_t on_conn);
+  // The calls on `conn` that count against max_calls_per_conn_, read
+  // without mu_ when none is in flight anywhere.
+  size_t LimitedCallsOn(transport::Connection& conn);
   // Sends the response: the error's text when `status` is not OK, else
   // `attachment` then `message` (ByteSizeLong() gave `message_size`), if any.
   // When the transport cannot take that payload, the client gets its error.
@@ -125,7 +133,8 @@ class Server : private transport::ConnectionObserver {
   internal::TimerQueue* TimersIfMade();
 
   const size_t max_message_size_;
-  const size_t max_calls_;  // 0: no limit
+  const size_t max_calls_;           // 0: no limit
+  const size_t max_calls_per_conn_;  // 0: no limit
   const bool inline_handlers_;
   std::unique_ptr<HealthService> health_;  // before methods_, which point into it
   struct MethodEntry {
@@ -143,13 +152,17 @@ class Server : private transport::ConnectionObserver {
   std::condition_variable cv_;
   std::atomic<bool> shutting_down_{false};  // written under mu_; read without it by RunInline
   bool shut_down_ = false;      // guarded by mu_
-  absl::flat_hash_map<transport::Connection*, std::shared_ptr<transport::Connection>>
-      conns_;                                                                      // mu_
+  struct ConnEntry {
+    std::shared_ptr<transport::Connection> conn;
+    size_t limited_in_flight = 0;  // its calls of limited_in_flight_
+  };
+  absl::flat_hash_map<transport::Connection*, ConnEntry> conns_;                 // mu_
   absl::flat_hash_map<CallKey, std::shared_ptr<ServerCallImpl>> inflight_;       // mu_
   std::atomic<size_t> tracked_{0};  // inflight_.size(), written under mu_
   // Those of inflight_ that count against max_calls_, written under mu_.
   std::atomic<size_t> limited_in_flight_{0};
   std::atomic<uint64_t> refused_over_limit_{0};
+  std::atomic<uint64_t> refused_over_connection_limit_{0};
   // Guarded by mu_ until made; last, so that it is destroyed (its thread
   // joined) while what its callbacks reach still exists.
   std::unique_ptr<internal::TimerQueue> timers_;
@@ -170,6 +183,9 @@ class ServerBuilder {
   // SetWorkerThreads(0) a handler running inline holds the I/O thread
   // anyway: the calls counted are those that return before finishing.
   ServerBuilder& SetMaxConcurrentCalls(int n);
+  // At most n calls in flight on any one connection, counted and refused as
+  // above; 0, the default, sets no limit.
+  ServerBuilder& SetMaxConcurrentCallsPerConnection(int n);
   // The tunables of the transports the server listens with
   // (transport/factory.h), e.g. rdma.poll_mode, rdma.server_receive_slots,
   // tcp.peer_timeout_ms. RDMARPC_* environment variables override them.
@@ -187,6 +203,7 @@ class ServerBuilder {
   int workers_ = -1;  // the number of cores
   size_t max_message_size_ = 64u << 20;
   int max_calls_ = 0;
+  int max_calls_per_conn_ = 0;
   transport::TransportTunables tunables_;
   bool health_ = false;
 };

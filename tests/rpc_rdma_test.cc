@@ -134,56 +134,68 @@ TEST_F(RdmaCounters, AllocatedAttachmentsAreAdvertisedWithoutACopy) {
 // A request over the server's call limit (SetMaxConcurrentCalls) is refused
 // by its header: its payload, advertised for READ, is never read. Admitted
 // later, the same request is.
+// By the server's limit and by its connection's.
 TEST(RdmaServerLimit, AnOverLimitRequestIsRefusedBeforeItsPayloadIsRead) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();
   ASSERT_FALSE(ip.empty());
-  EchoService service;
-  auto server = ServerBuilder()
-                    .AddListeningPort("rdma://" + ip + ":0")
-                    .RegisterService(&service)
-                    .SetMaxConcurrentCalls(1)
-                    .BuildAndStart();
-  ASSERT_TRUE(server.ok()) << server.status();
-  auto ch = Channel::Create((*server)->addresses()[0]);
-  ASSERT_TRUE(ch.ok()) << ch.status();
-  ClientContext slow_ctx;
-  EchoRequest slow_req;
-  slow_req.set_sleep_ms(30000);
-  EchoResponse slow_resp;
-  std::promise<Status> slow;
-  (*ch)->CallAsync(kEcho, &slow_ctx, slow_req, &slow_resp,
-                   [&](Status s) { slow.set_value(std::move(s)); });
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (service.started.load() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
-  ASSERT_EQ(service.started.load(), 1);
-  EchoRequest big;
-  big.set_data(std::string(1 << 20, 'b'));
-  EchoResponse resp;
-  const auto call_big = [&] {
-    ClientContext ctx;
-    ctx.set_timeout(absl::Seconds(20));
-    return (*ch)->Call(kEcho, &ctx, big, &resp);
-  };
-  auto before = Counters();
-  const Status refused = call_big();
-  auto after = Counters();
-  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
-  EXPECT_NE(refused.message().find("SetMaxConcurrentCalls"), absl::string_view::npos) << refused;
-  EXPECT_EQ(after.bytes_read, before.bytes_read) << "the refused request was READ";
-  EXPECT_EQ((*server)->stats().refused_over_limit, 1u);
-  EXPECT_EQ(service.started.load(), 1);
-  slow_ctx.TryCancel();
-  auto f = slow.get_future();
-  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
-  while ((*server)->stats().calls_in_flight > 0 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(1));
+  for (bool per_connection : {false, true}) {
+    SCOPED_TRACE(per_connection ? "per connection" : "per server");
+    EchoService service;
+    ServerBuilder builder;
+    builder.AddListeningPort("rdma://" + ip + ":0").RegisterService(&service);
+    if (per_connection) {
+      builder.SetMaxConcurrentCallsPerConnection(1);
+    } else {
+      builder.SetMaxConcurrentCalls(1);
+    }
+    auto server = builder.BuildAndStart();
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto ch = Channel::Create((*server)->addresses()[0]);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    ClientContext slow_ctx;
+    EchoRequest slow_req;
+    slow_req.set_sleep_ms(30000);
+    EchoResponse slow_resp;
+    std::promise<Status> slow;
+    (*ch)->CallAsync(kEcho, &slow_ctx, slow_req, &slow_resp,
+                     [&](Status s) { slow.set_value(std::move(s)); });
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (service.started.load() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(service.started.load(), 1);
+    EchoRequest big;
+    big.set_data(std::string(1 << 20, 'b'));
+    EchoResponse resp;
+    const auto call_big = [&] {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(20));
+      return (*ch)->Call(kEcho, &ctx, big, &resp);
+    };
+    auto before = Counters();
+    const Status refused = call_big();
+    auto after = Counters();
+    EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
+    EXPECT_NE(refused.message().find(per_connection ? "SetMaxConcurrentCallsPerConnection"
+                                                    : "SetMaxConcurrentCalls)"),
+              absl::string_view::npos)
+        << refused;
+    EXPECT_EQ(after.bytes_read, before.bytes_read) << "the refused request was READ";
+    EXPECT_EQ(per_connection ? (*server)->stats().refused_over_connection_limit
+                             : (*server)->stats().refused_over_limit,
+              1u);
+    EXPECT_EQ(service.started.load(), 1);
+    slow_ctx.TryCancel();
+    auto f = slow.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    while ((*server)->stats().calls_in_flight > 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    before = Counters();
+    const Status admitted = call_big();
+    after = Counters();
+    ASSERT_TRUE(admitted.ok()) << admitted;
+    EXPECT_EQ(resp.data().size(), size_t{1} << 20);
+    EXPECT_GE(after.bytes_read - before.bytes_read, uint64_t{1} << 20);
   }
-  before = Counters();
-  const Status admitted = call_big();
-  after = Counters();
-  ASSERT_TRUE(admitted.ok()) << admitted;
-  EXPECT_EQ(resp.data().size(), size_t{1} << 20);
-  EXPECT_GE(after.bytes_read - before.bytes_read, uint64_t{1} << 20);
 }
 
 TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {

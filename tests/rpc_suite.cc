@@ -1349,17 +1349,85 @@ TEST_P(RpcSuite, CallsOverTheServersLimitAreRefusedAndHealthChecksAreNot) {
   }
 }
 
+// One connection at its own limit is refused; another connection to the
+// same server is served meanwhile, and the first is served again once its
+// calls end.
+TEST_P(RpcSuite, ACallOverItsConnectionsLimitIsRefusedWhileOtherConnectionsAreServed) {
+  for (int workers : {4, 0}) {
+    SCOPED_TRACE(absl::StrCat("workers ", workers));
+    EchoService service;
+    auto built = ServerBuilder()
+                     .AddListeningPort(GetParam().listen_addr())
+                     .RegisterService(&service)
+                     .SetWorkerThreads(workers)
+                     .SetMaxConcurrentCallsPerConnection(2)
+                     .SetMaxConcurrentCalls(100)
+                     .BuildAndStart();
+    ASSERT_TRUE(built.ok()) << built.status();
+    Server& server = **built;
+    auto greedy = MakeChannel(server.addresses()[0]);
+    auto other = MakeChannel(server.addresses()[0]);
+    auto calls =
+        StartCalls(*greedy, workers == 0 ? kEchoLater : kEcho, 2, [](int) { return 30000; });
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (service.started.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(service.started.load(), 2);
+    EchoResponse resp;
+    const auto call = [&](Channel& ch, const std::string& data) {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(10));
+      return ch.Call(kEcho, &ctx, Req(data), &resp);
+    };
+    {
+      const Status s = call(*greedy, "over");
+      EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+      EXPECT_NE(s.message().find("2 of its calls in flight"), absl::string_view::npos) << s;
+      EXPECT_NE(s.message().find("SetMaxConcurrentCallsPerConnection"), absl::string_view::npos)
+          << s;
+    }
+    EXPECT_EQ(service.started.load(), 2) << "the refused call's handler ran";
+    {
+      const Status s = call(*other, "another connection");
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(resp.data(), "another connection");
+    }
+    EXPECT_EQ(server.stats().refused_over_connection_limit, 1u);
+    EXPECT_EQ(server.stats().refused_over_limit, 0u);
+    for (auto& c : calls) c->ctx.TryCancel();
+    for (auto& c : calls) {
+      auto f = c->result.get_future();
+      ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+      EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
+    }
+    while (server.stats().calls_in_flight > 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    const Status s = call(*greedy, "after");
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), "after");
+    EXPECT_EQ(server.stats().refused_over_connection_limit, 1u);
+  }
+}
+
 TEST(ServerBuilderTest, RefusesANegativeCallLimit) {
-  EchoService service;
-  auto built = ServerBuilder()
-                   .AddListeningPort("tcp://127.0.0.1:0")
-                   .RegisterService(&service)
-                   .SetMaxConcurrentCalls(-1)
-                   .BuildAndStart();
-  ASSERT_FALSE(built.ok());
-  EXPECT_EQ(built.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(built.status().message().find("SetMaxConcurrentCalls(-1)"), absl::string_view::npos)
-      << built.status();
+  for (bool per_connection : {false, true}) {
+    EchoService service;
+    ServerBuilder builder;
+    builder.AddListeningPort("tcp://127.0.0.1:0").RegisterService(&service);
+    if (per_connection) {
+      builder.SetMaxConcurrentCallsPerConnection(-1);
+    } else {
+      builder.SetMaxConcurrentCalls(-1);
+    }
+    auto built = builder.BuildAndStart();
+    ASSERT_FALSE(built.ok());
+    EXPECT_EQ(built.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(
+        built.status().message().find(per_connection ? "SetMaxConcurrentCallsPerConnection(-1)"
+                                                     : "SetMaxConcurrentCalls(-1)"),
+        absl::string_view::npos)
+        << built.status();
+  }
 }
 
 // A front end that relays Echo to a backend, as a handler that calls

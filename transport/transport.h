@@ -85,7 +85,8 @@ class ConnectionObserver {
   // no payload. A server refuses a request by its header alone this way,
   // without spending the READ (rpc/server.h, SetMaxConcurrentCalls).
   // Transports that receive payloads inline (TCP) do not ask.
-  virtual absl::Status AdmitRemotePayload(const Header& header) {
+  virtual absl::Status AdmitRemotePayload(Connection& conn, const Header& header) {
+    (void)conn;
     (void)header;
     return absl::OkStatus();
   }

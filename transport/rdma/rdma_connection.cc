@@ -649,7 +649,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
             absl::StrCat("message of ", h.payload_len, " bytes exceeds max_message_size ",
                          options_.max_message_size));
         DeliverRead(op_id);
-      } else if (observer_ && !(admitted = observer_->AdmitRemotePayload(h)).ok()) {
+      } else if (observer_ && !(admitted = observer_->AdmitRemotePayload(*this, h)).ok()) {
         op.msg = std::move(m);
         op.msg.payload_status = std::move(admitted);
         DeliverRead(op_id);
