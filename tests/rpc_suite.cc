@@ -1290,6 +1290,22 @@ TEST_P(RpcSuite, HealthServiceOnlyWhenEnabledAndOnlyOnce) {
       << twice.status();
 }
 
+// Cancels `calls`, checks that each ends CANCELLED, and waits (up to 20 s)
+// until the server no longer counts them in flight.
+void CancelAndAwaitRelease(std::vector<std::unique_ptr<AsyncCall>>& calls, Server& server) {
+  for (auto& c : calls) c->ctx.TryCancel();
+  for (auto& c : calls) {
+    auto f = c->result.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (server.stats().calls_in_flight > 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(server.stats().calls_in_flight, 0u);
+}
+
 // Clients keep calling while the server restarts on the same address: every
 // call ends with a status (OK, or UNAVAILABLE / CANCELLED while it is down),
 // none hangs, and calls succeed again once it is back.
@@ -1331,15 +1347,7 @@ TEST_P(RpcSuite, CallsOverTheServersLimitAreRefusedAndHealthChecksAreNot) {
     EXPECT_EQ(*serving, HealthCheckResponse::SERVING);
     EXPECT_EQ(server.stats().refused_over_limit, 1u);
     EXPECT_EQ(server.stats().calls_in_flight, 2u);
-    for (auto& c : calls) c->ctx.TryCancel();
-    for (auto& c : calls) {
-      auto f = c->result.get_future();
-      ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
-      EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
-    }
-    while (server.stats().calls_in_flight > 0 && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
+    CancelAndAwaitRelease(calls, server);
     ClientContext ctx;
     ctx.set_timeout(absl::Seconds(10));
     const Status s = ch->Call(kEcho, &ctx, Req("after"), &resp);
@@ -1393,15 +1401,7 @@ TEST_P(RpcSuite, ACallOverItsConnectionsLimitIsRefusedWhileOtherConnectionsAreSe
     }
     EXPECT_EQ(server.stats().refused_over_connection_limit, 1u);
     EXPECT_EQ(server.stats().refused_over_limit, 0u);
-    for (auto& c : calls) c->ctx.TryCancel();
-    for (auto& c : calls) {
-      auto f = c->result.get_future();
-      ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
-      EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
-    }
-    while (server.stats().calls_in_flight > 0 && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
+    CancelAndAwaitRelease(calls, server);
     const Status s = call(*greedy, "after");
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(resp.data(), "after");
