@@ -1,6 +1,7 @@
 """rdmarpc_cc_proto_library: protobuf's C++ code plus rdmarpc's stubs and services.
 
     load("//codegen:rdmarpc_proto.bzl", "rdmarpc_cc_proto_library")
+    # from another workspace: load("@rdmarpc//codegen:rdmarpc_proto.bzl", ...)
 
     proto_library(name = "echo_proto", srcs = ["echo.proto"])
     rdmarpc_cc_proto_library(name = "echo_rdmarpc", deps = [":echo_proto"])
@@ -67,7 +68,7 @@ _rdmarpc_gen = rule(
             cfg = "exec",
         ),
         "_plugin": attr.label(
-            default = "//codegen:protoc-gen-rdmarpc",
+            default = Label("//codegen:protoc-gen-rdmarpc"),
             executable = True,
             cfg = "exec",
         ),
@@ -111,7 +112,8 @@ def rdmarpc_cc_proto_library(name, deps, copts = [], visibility = None, testonly
         hdrs = [":" + name + "_gen_hdrs"],
         srcs = [":" + name + "_gen_srcs"],
         copts = copts,
-        deps = [":" + name + "_pb", "//rpc"],
+        # Label(): rdmarpc's //rpc also when this is loaded from another workspace.
+        deps = [":" + name + "_pb", Label("//rpc")],
         visibility = visibility,
         testonly = testonly,
         **kwargs
