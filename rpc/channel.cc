@@ -166,12 +166,13 @@ Channel::~Channel() {
 }
 
 void Channel::LeaveTransport() {
-  std::shared_ptr<transport::Connection> conn;
+  std::vector<std::shared_ptr<transport::Connection>> conns;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    conn = conn_;
+    conns = draining_;
+    if (conn_) conns.push_back(conn_);
   }
-  if (conn) conn->Close();
+  for (auto& conn : conns) conn->Close();
   std::unique_lock<std::mutex> lock(watch_mu_);
   watch_done_.wait(lock, [&] {
     return std::all_of(watches_.begin(), watches_.end(), [](const auto& w) { return w->done; });
@@ -699,7 +700,15 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     }
     // Only a cancel needs the connection; copying it for every response
     // cost two atomic read-modify-writes per call.
-    if (tell_server && conn_ && conn_.get() == p.conn) conn = conn_;
+    if (tell_server && p.conn != nullptr) {
+      if (conn_.get() == p.conn) {
+        conn = conn_;
+      } else {
+        for (const auto& d : draining_) {
+          if (d.get() == p.conn) conn = d;
+        }
+      }
+    }
   }
   if (p.timer != 0) timers_->Cancel(p.timer);
   if (conn) {
@@ -802,6 +811,7 @@ void Channel::PostCounted(absl::AnyInvocable<void() &&> run) {
 
 void Channel::OnMessage(transport::Connection& conn, InboundMessage&& msg) {
   if (msg.header.kind != MessageKind::kResponse) {
+    if (msg.header.kind == MessageKind::kGoAway) return OnGoAway(conn);
     fprintf(stderr, "rdmarpc[channel %s]: ignoring message kind %d from %s\n", target_.c_str(),
             static_cast<int>(msg.header.kind), conn.peer().c_str());
     return;
@@ -825,6 +835,17 @@ void Channel::OnMessage(transport::Connection& conn, InboundMessage&& msg) {
   }
 }
 
+void Channel::OnGoAway(transport::Connection& conn) {
+  // The next call connects anew: to the server's successor, or it fails to
+  // connect (waits, if wait-for-ready) instead of being refused by a server
+  // that is going away.
+  std::lock_guard<InlineMutex> lock(mu_);
+  if (conn_.get() != &conn) return;
+  draining_.push_back(std::move(conn_));  // leaves conn_ null
+  ++stats_.go_aways;
+  state_changed_.notify_all();
+}
+
 void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why) {
   std::vector<uint64_t> lost;
   {
@@ -834,6 +855,9 @@ void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::St
       conn_.reset();
       state_changed_.notify_all();
     }
+    draining_.erase(std::remove_if(draining_.begin(), draining_.end(),
+                                   [&](const auto& c) { return c.get() == &conn; }),
+                    draining_.end());
     pending_.ForEach([&](uint64_t id, Pending& p) {
       if (p.conn == &conn) lost.push_back(id);
     });

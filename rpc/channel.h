@@ -121,6 +121,7 @@ const char* ChannelStateName(ChannelState state);
 struct ChannelStats {
   uint64_t connect_attempts = 0;  // Transport::Connect calls, the failed ones included
   uint64_t connect_failures = 0;  // of those, the ones that did not end connected
+  uint64_t go_aways = 0;          // connections the server asked to drain (its shutdown)
 };
 
 class ChannelGroup;
@@ -255,6 +256,7 @@ class Channel {
   void LeaveTransport();
 
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg);
+  void OnGoAway(transport::Connection& conn);
   void OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why);
 
   const std::string target_;
@@ -264,6 +266,10 @@ class Channel {
   std::mutex connect_mu_;  // serializes (re)connecting
   mutable InlineMutex mu_;
   std::shared_ptr<transport::Connection> conn_;                 // guarded by mu_
+  // Connections the server said it drains (kGoAway): no new call goes on
+  // them; the calls on them end there, or in their OnClosed, which drops
+  // them from here. Guarded by mu_.
+  std::vector<std::shared_ptr<transport::Connection>> draining_;
   // Reconnect backoff, guarded by mu_: the wait after the last failed
   // attempt (zero after a success), when the next may start, and its status.
   absl::Duration backoff_;

@@ -425,6 +425,20 @@ void Server::Shutdown(absl::Duration grace) {
     shutting_down_ = true;
   }
   listeners_.clear();
+  {
+    // Clients send new calls elsewhere (a new connection) from here on;
+    // those already on their way are refused UNAVAILABLE.
+    std::vector<std::shared_ptr<Connection>> open;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [raw, entry] : conns_) open.push_back(entry.conn);
+    }
+    for (const auto& conn : open) {
+      OutboundMessage go_away;
+      go_away.header.kind = MessageKind::kGoAway;
+      conn->Send(std::move(go_away)).IgnoreError();  // a closed one needs none
+    }
+  }
   std::vector<std::shared_ptr<ServerCallImpl>> rest;
   {
     std::unique_lock<std::mutex> lock(mu_);

@@ -19,7 +19,9 @@
 // deadline passed while it waited in the queue is answered DEADLINE_EXCEEDED without running its
 // handler.
 //
-// Shutdown(grace): stops accepting connections and answers new requests with
+// Shutdown(grace): stops accepting connections, tells each client to send
+// no new call on its connection (a GOAWAY: its channel connects anew, to a
+// successor or failing), and answers requests that come anyway with
 // UNAVAILABLE; waits up to `grace` for in-flight calls to finish; then marks
 // the rest cancelled (ServerContext::IsCancelled) and answers them CANCELLED;
 // then closes every connection and joins the workers. Handlers must return

@@ -142,7 +142,8 @@ struct TestServer {
 // Parks each call until it is cancelled, as a long poll does, and finishes
 // it from ServerContext::OnCancel. With tag 1 it registers the callback
 // only once its call is cancelled (so it runs at once, on the handler's
-// thread); with tag 2 it registers it and then answers, so it must never run.
+// thread); with tag 2 it registers it and then answers, so it must never run;
+// with tag 3 the call is also held for FinishHeld to answer.
 class ParkService : public Service {
  public:
   static constexpr MethodInfo kPark{"/rdmarpc.test.Park/Park", MethodId("/rdmarpc.test.Park/Park")};
@@ -165,12 +166,26 @@ class ParkService : public Service {
             cancels.fetch_add(1);
             parked->Finish(Status(StatusCode::kCancelled, "parked call cancelled"));
           });
-          parked_calls.fetch_add(1);
           if (req->tag() == 2) {
             resp->set_data(req->data());
             parked->Finish(Status());
+          } else if (req->tag() == 3) {
+            resp->set_data(req->data());
+            std::lock_guard<std::mutex> lock(mu_);
+            held_.push_back(parked);
           }
+          parked_calls.fetch_add(1);
         }));
+  }
+
+  // Answers the calls parked with tag 3 (OK, their data echoed).
+  void FinishHeld() {
+    std::vector<std::shared_ptr<Parked>> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held.swap(held_);
+    }
+    for (auto& parked : held) parked->Finish(Status());
   }
 
   // Waits up to 20 s for `n` cancellations.
@@ -194,6 +209,8 @@ class ParkService : public Service {
     std::atomic<bool> finished{false};
     DoneCallback done;
   };
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Parked>> held_;  // guarded by mu_
 };
 
 }  // namespace rdmarpc::testing

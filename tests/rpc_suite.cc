@@ -1655,6 +1655,61 @@ TEST_P(RpcSuite, OnCancelTellsAParkedCallEachWayItsCallEnds) {
   }
 }
 
+// A server that shuts down tells its clients (GOAWAY): the channel leaves
+// the draining connection to the calls on it, which still end there, and a
+// new call waits for a new connection, here to the server's successor,
+// instead of being refused by the server that is going away.
+TEST_P(RpcSuite, AServerThatShutsDownSendsNewCallsToItsSuccessor) {
+  ParkService park;
+  EchoService echo;
+  auto first = ServerBuilder()
+                   .AddListeningPort(GetParam().listen_addr())
+                   .RegisterService(&park)
+                   .RegisterService(&echo)
+                   .BuildAndStart();
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string address = (*first)->addresses()[0];
+  auto ch = MakeChannel(address);
+  AsyncCall held;
+  EchoRequest held_req = Req("held");
+  held_req.set_tag(3);
+  ch->CallAsync(ParkService::kPark, &held.ctx, held_req, &held.resp,
+                [&](Status s) { held.result.set_value(s); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (park.parked_calls.load() < 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(park.parked_calls.load(), 1);
+  std::thread shutdown([&] { (*first)->Shutdown(absl::Seconds(30)); });
+  while (ch->stats().go_aways < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(ch->stats().go_aways, 1u);
+  EXPECT_NE(ch->GetState(false), ChannelState::kReady);
+  // Made while the first server drains: without its GOAWAY the call would
+  // go to it and be refused.
+  AsyncCall next;
+  next.ctx.set_wait_for_ready(true);
+  next.ctx.set_timeout(absl::Seconds(60));
+  ch->CallAsync(kEcho, &next.ctx, Req("next"), &next.resp,
+                [&](Status s) { next.result.set_value(s); });
+  park.FinishHeld();
+  auto held_f = held.result.get_future();
+  ASSERT_EQ(held_f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const Status held_status = held_f.get();
+  EXPECT_TRUE(held_status.ok()) << "the call on the draining connection: " << held_status;
+  EXPECT_EQ(held.resp.data(), "held");
+  shutdown.join();
+  first->reset();
+  TestServer second(address);
+  ASSERT_TRUE(second.server);
+  auto next_f = next.result.get_future();
+  ASSERT_EQ(next_f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const Status next_status = next_f.get();
+  ASSERT_TRUE(next_status.ok()) << next_status;
+  EXPECT_EQ(next.resp.data(), "next");
+  EXPECT_EQ(second.service.started.load(), 1);
+  EXPECT_EQ(echo.started.load(), 0) << "a call went to the first server after its GOAWAY";
+}
+
 TEST_P(RpcSuite, ServerRestartUnderLoad) {
   auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
   ASSERT_TRUE(ts->server);

@@ -72,6 +72,8 @@ enum class MessageKind : uint8_t {
   kCancel = 3,    // client -> server: stop working on call_id
   kCredit = 4,    // either way: only returns credits (no call)
   kRelease = 5,   // client -> server: done READing the advertised response
+  kGoAway = 6,    // server -> client: shutting down, send no new call on this
+                  // connection (those in flight still end on it)
 };
 
 inline constexpr uint16_t kFlagRemotePayload = 1 << 0;
