@@ -83,7 +83,7 @@ class ConnectionObserver {
   // peer advertised is fetched (RDMA READ). A status that is not OK skips
   // the READ: the message comes to OnMessage with it as payload_status and
   // no payload. A server refuses a request by its header alone this way,
-  // without spending the READ (rpc/server.h, SetMaxConcurrentCalls).
+  // without spending the READ (rpc/server.h: its call limits).
   // Transports that receive payloads inline (TCP) do not ask.
   virtual absl::Status AdmitRemotePayload(Connection& conn, const Header& header) {
     (void)conn;
