@@ -10,8 +10,8 @@ tested with) declares it and then calls this:
 and takes the flags of README.md ("Using rdmarpc from your own workspace").
 Each repository is defined only if the workspace has not defined one of that
 name already, so a workspace that brings its own rules_cc or protobuf keeps
-it. What they are, and why each is local (the build runs offline against
-Debian 12's packages): rdmarpc's own WORKSPACE says, as it calls this too.
+it. rdmarpc's own WORKSPACE calls this too. Each is local because the build
+runs offline against Debian 12's packages; what each is, is said below.
 """
 
 load("//third_party/system_libs:system_libs.bzl", "system_libs")
