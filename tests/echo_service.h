@@ -152,6 +152,7 @@ class ParkService : public Service {
         kPark.full_name,
         UnaryHandler<EchoRequest, EchoResponse>([this](ServerContext* ctx, const EchoRequest* req,
                                                        EchoResponse* resp, DoneCallback done) {
+          handlers_started.fetch_add(1);
           if (req->tag() == 1) {
             const absl::Time until = absl::Now() + absl::Seconds(20);
             while (!ctx->IsCancelled() && absl::Now() < until) {
@@ -195,6 +196,7 @@ class ParkService : public Service {
     return cancels.load() >= n;
   }
 
+  std::atomic<int> handlers_started{0};
   std::atomic<int> parked_calls{0};
   std::atomic<int> cancels{0};
   std::atomic<bool> on_handler_thread{false};

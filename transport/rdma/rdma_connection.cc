@@ -85,6 +85,7 @@ void RdmaConnection::DestroyQp(bool used) {
 void RdmaConnection::SetPeer(const Handshake& peer) {
   std::lock_guard<InlineMutex> lock(mu_);
   credits_ = peer.credits;
+  peer_credit_window_ = peer.credits;
   peer_release_timeout_ms_ = peer.release_timeout_ms;
   if (peer.slot_size) frame_limit_ = std::min<size_t>(endpoint_->slot_size(), peer.slot_size);
   const size_t derived = frame_limit_ - kHeaderSize;
@@ -97,7 +98,7 @@ std::string RdmaConnection::DescribeTerms() {
   std::lock_guard<InlineMutex> lock(mu_);
   return absl::StrCat(
       "QP ", qp_num_, " (send queue ", sq_depth_, "); credits: we grant ", credit_window_,
-      ", the peer ", credits_, "; frames up to ", frame_limit_, " bytes (our slots ",
+      ", the peer ", peer_credit_window_, "; frames up to ", frame_limit_, " bytes (our slots ",
       endpoint_->slot_size(), "), inline up to ", max_inline_, ", payloads over ", read_threshold_,
       " bytes by READ, up to ", rd_atom_, " READs in flight of at most ", read_chunk_,
       " bytes; the peer revokes unreleased responses after ",

@@ -431,6 +431,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   InlineMutex mu_;        // send side
   bool closed_ = false;   // guarded by mu_
   uint32_t credits_ = 0;  // guarded by mu_
+  // What the peer granted at the handshake (credits_ starts there), for
+  // DescribeTerms: credits_ may have moved by the time it is traced.
+  uint32_t peer_credit_window_ = 0;  // guarded by mu_
   // Frames waiting for credit, a send slot or SQ room, as SendLocked left
   // them: a payload still in one travels in the SEND itself (one that goes
   // by READ was advertised and moved out).
