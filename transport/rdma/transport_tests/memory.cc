@@ -370,8 +370,12 @@ TEST(RdmaTransport, IdleConnectionGivesItsSendSlotBack) {
   for (RdmaConnection* c : {&client, &server}) {
     EXPECT_EQ(c->send_slots_held(), 1u) << "a connection with nothing in flight keeps one slot";
   }
+  // A side gives its slot back, then counts its keepalive (SendKeepalive):
+  // both are waited for.
   const absl::Time until = absl::Now() + absl::Seconds(20);
-  while ((client.send_slots_held() != 0 || server.send_slots_held() != 0) && absl::Now() < until) {
+  while ((client.send_slots_held() != 0 || server.send_slots_held() != 0 ||
+          Counters().keepalives - keepalives_before < 2) &&
+         absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_EQ(client.send_slots_held(), 0u) << "the idle client kept its send slot";
