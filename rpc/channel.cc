@@ -65,6 +65,13 @@ class Channel::Watch final : public transport::ConnectionObserver {
 
   bool lost = false;  // Channel::mu_
   bool done = false;  // Channel::watch_mu_
+  // Twice the requests being sent on this connection outside mu_ (they
+  // started under mu_ while it was conn_), plus one once the server's GOAWAY
+  // came. The acknowledgment promises the server that no request follows,
+  // so it goes after theirs: sent by whoever brings this to exactly 1
+  // (OnGoAway when none is under way, else the last of them, EndSend). No
+  // request starts on it after the GOAWAY, so it only falls from then on.
+  std::atomic<uint32_t> sending{0};
 
  private:
   Channel* const channel_;
@@ -275,11 +282,13 @@ std::shared_ptr<transport::Connection> Channel::Start(
   // through Complete; with a connection up, one lock does both. Behind calls
   // that wait for the connector, a call waits too: it would overtake them.
   std::shared_ptr<transport::Connection> conn;
+  Watch* watch = nullptr;
   uint64_t id = 0;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_ && !queueing_) {
       conn = conn_;
+      watch = BeginSendLocked();
       id = TrackLocked(std::move(p), conn.get());
     }
   }
@@ -300,12 +309,16 @@ std::shared_ptr<transport::Connection> Channel::Start(
   const bool cancelled = ctx->SetCancelHook(&Channel::CancelHook, this, id);
   // A call cancelled before it was sent has ended already. (One that timed
   // out meanwhile is sent; its late response is dropped.)
-  if (cancelled) return nullptr;
+  if (cancelled) {
+    EndSend(watch, *conn);
+    return nullptr;
+  }
   RDMARPC_STAGE(kCallSend);
-  if (Status s = internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request,
-                                          size);
-      !s.ok()) {
-    Complete(id, s, nullptr, false);
+  Status sent =
+      internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request, size);
+  EndSend(watch, *conn);
+  if (!sent.ok()) {
+    Complete(id, sent, nullptr, false);
     return nullptr;
   }
   return conn;
@@ -441,12 +454,16 @@ void Channel::ConnectForWaiting() {
     // Over conn_, which OnClosed clears before it ends the calls on it: the
     // connection made above may be lost already.
     std::shared_ptr<transport::Connection> conn;
+    Watch* watch = nullptr;
     {
       std::lock_guard<InlineMutex> lock(mu_);
       Pending* p = pending_.Get(w.id);
       if (p == nullptr) continue;  // ended while waiting: a deadline, a cancel
       conn = conn_;
-      if (conn) p->conn = conn.get();
+      if (conn) {
+        p->conn = conn.get();
+        watch = BeginSendLocked();
+      }
       const absl::Time deadline = p->ctx->deadline();
       if (deadline != absl::InfiniteFuture()) {
         msg.header.timeout_us =
@@ -458,11 +475,10 @@ void Channel::ConnectForWaiting() {
                                                                 " lost before the call was sent")));
       continue;
     }
-    if (Status s =
-            internal::SendWithSerialized(*conn, std::move(msg), std::move(w.attachment), w.request);
-        !s.ok()) {
-      Complete(w.id, s, nullptr, false);
-    }
+    Status sent =
+        internal::SendWithSerialized(*conn, std::move(msg), std::move(w.attachment), w.request);
+    EndSend(watch, *conn);
+    if (!sent.ok()) Complete(w.id, sent, nullptr, false);
   }
   bool another_round;
   {
@@ -555,8 +571,12 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
   Watch* watch;
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
+    // One with a send under way is still in use: EndSend reads it.
     watches_.erase(std::remove_if(watches_.begin(), watches_.end(),
-                                  [](const auto& w) { return w->done; }),
+                                  [](const auto& w) {
+                                    return w->done &&
+                                           w->sending.load(std::memory_order_acquire) < 2;
+                                  }),
                    watches_.end());
     watches_.push_back(std::make_unique<Watch>(this));
     watch = watches_.back().get();
@@ -594,6 +614,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
   backoff_ = absl::ZeroDuration();
   retry_after_ = absl::InfinitePast();
   conn_ = *conn;
+  conn_watch_ = watch;
   return conn_;
 }
 
@@ -839,11 +860,31 @@ void Channel::OnGoAway(transport::Connection& conn) {
   // The next call connects anew: to the server's successor, or it fails to
   // connect (waits, if wait-for-ready) instead of being refused by a server
   // that is going away.
-  std::lock_guard<InlineMutex> lock(mu_);
-  if (conn_.get() != &conn) return;
-  draining_.push_back(std::move(conn_));  // leaves conn_ null
-  ++stats_.go_aways;
-  state_changed_.notify_all();
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (conn_.get() != &conn) return;
+    draining_.push_back(std::move(conn_));  // leaves conn_ null
+    ++stats_.go_aways;
+    state_changed_.notify_all();
+    Watch* watch = std::exchange(conn_watch_, nullptr);
+    if (watch->sending.fetch_or(1, std::memory_order_acq_rel) != 0) return;  // EndSend acks
+  }
+  AckGoAway(conn);
+}
+
+Channel::Watch* Channel::BeginSendLocked() {
+  conn_watch_->sending.fetch_add(2, std::memory_order_relaxed);
+  return conn_watch_;
+}
+
+void Channel::EndSend(Watch* watch, transport::Connection& conn) {
+  if (watch->sending.fetch_sub(2, std::memory_order_acq_rel) == 3) AckGoAway(conn);
+}
+
+void Channel::AckGoAway(transport::Connection& conn) {
+  OutboundMessage ack;
+  ack.header.kind = MessageKind::kGoAway;
+  conn.Send(std::move(ack)).IgnoreError();  // lost with its connection, which ends the wait
 }
 
 void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why) {
@@ -853,6 +894,7 @@ void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::St
     watch.lost = true;
     if (conn_.get() == &conn) {
       conn_.reset();
+      conn_watch_ = nullptr;
       state_changed_.notify_all();
     }
     draining_.erase(std::remove_if(draining_.begin(), draining_.end(),

@@ -256,7 +256,15 @@ class Channel {
   void LeaveTransport();
 
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg);
+  // Moves the connection to draining_ and acknowledges the GOAWAY once the
+  // requests under way on it are sent (Watch::sending).
   void OnGoAway(transport::Connection& conn);
+  // Around the send of a request on conn_, begun under mu_ while it is
+  // conn_: BeginSendLocked returns conn_'s Watch, to pass to EndSend.
+  Watch* BeginSendLocked();
+  void EndSend(Watch* watch, transport::Connection& conn);
+  // Tells the server that no new call follows on `conn`.
+  static void AckGoAway(transport::Connection& conn);
   void OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why);
 
   const std::string target_;
@@ -266,6 +274,7 @@ class Channel {
   std::mutex connect_mu_;  // serializes (re)connecting
   mutable InlineMutex mu_;
   std::shared_ptr<transport::Connection> conn_;                 // guarded by mu_
+  Watch* conn_watch_ = nullptr;                                 // conn_'s, guarded by mu_
   // Connections the server said it drains (kGoAway): no new call goes on
   // them; the calls on them end there, or in their OnClosed, which drops
   // them from here. Guarded by mu_.

@@ -1,5 +1,6 @@
 #include "rpc/server.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,11 @@ using transport::OutboundMessage;
 namespace {
 // Error texts travel as the payload of a failed response; keep them bounded.
 constexpr size_t kMaxErrorMessage = 16 * 1024;
+// How long Shutdown waits for clients to acknowledge its GOAWAY, within its
+// grace: one round trip for a client of ours. A peer that never does (one
+// without GOAWAY) holds Shutdown no longer than this when it has no call in
+// flight; a call it sends later is refused.
+constexpr absl::Duration kGoAwayAckWait = absl::Seconds(1);
 }  // namespace
 
 // One call being served. It lives until both the handler has called Finish
@@ -158,6 +164,8 @@ void Server::OnMessage(Connection& conn, InboundMessage&& msg) {
   switch (msg.header.kind) {
     case MessageKind::kRequest:
       return HandleRequest(conn, std::move(msg));
+    case MessageKind::kGoAway:
+      return OnGoAwayAck(conn);
     case MessageKind::kCancel: {
       std::shared_ptr<ServerCallImpl> call;
       {
@@ -178,9 +186,12 @@ void Server::OnMessage(Connection& conn, InboundMessage&& msg) {
 
 void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   const uint64_t call_id = msg.header.call_id;
+  // A request that gets here with its payload READ passed AdmitRemotePayload.
+  const bool admitted_by_header = msg.header.remote_payload() && msg.payload_status.ok();
   // `conn` is alive while it delivers this message; an answer to a
   // connection that has closed meanwhile is dropped by its Send.
   const auto reply_error = [&](StatusCode code, const std::string& text) {
+    if (admitted_by_header) ForgetReading(conn, call_id);
     Reply(conn, call_id, Status(code, text));
   };
   auto m = methods_.find(msg.header.method_id);
@@ -220,16 +231,26 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
     if (max_calls_ != 0 || max_calls_per_conn_ != 0) {
       const Status refused = Admit(m->second, limited_in_flight_.load(std::memory_order_acquire),
                                    LimitedCallsOn(conn));
-      if (!refused.ok()) return Reply(conn, call_id, refused);
+      if (!refused.ok()) {
+        if (admitted_by_header) ForgetReading(conn, call_id);
+        return Reply(conn, call_id, refused);
+      }
     }
-    return RunInline(conn, std::move(call));
+    return RunInline(conn, std::move(call), admitted_by_header);
   }
   {
     std::unique_lock<std::mutex> lock(mu_);
     auto it = conns_.find(&conn);
     if (it == conns_.end()) return;  // closed: nobody to answer
-    if (shutting_down_) {
-      return reply_error(StatusCode::kUnavailable, "server is shutting down");
+    // In the lock that tracks the call: Shutdown, which waits for `reading`
+    // to empty, must find it in one or the other.
+    if (admitted_by_header) {
+      it->second.reading.erase(call_id);
+      if (shutting_down_) cv_.notify_all();
+    }
+    if (shutting_down_ && RefusedByShutdownLocked(it->second, admitted_by_header)) {
+      lock.unlock();
+      return Reply(conn, call_id, Status(StatusCode::kUnavailable, "server is shutting down"));
     }
     if (max_calls_ != 0 || max_calls_per_conn_ != 0) {
       if (Status refused = Admit(m->second, limited_in_flight_.load(std::memory_order_relaxed),
@@ -256,10 +277,20 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   }
 }
 
-void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
+void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call,
+                       bool admitted_by_header) {
   const CallKey key = call->key();
   if (shutting_down_.load(std::memory_order_acquire)) {
-    return Reply(conn, key.second, Status(StatusCode::kUnavailable, "server is shutting down"));
+    bool refused;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = conns_.find(&conn);
+      refused = it == conns_.end() || RefusedByShutdownLocked(it->second, admitted_by_header);
+    }
+    if (refused) {
+      if (admitted_by_header) ForgetReading(conn, key.second);
+      return Reply(conn, key.second, Status(StatusCode::kUnavailable, "server is shutting down"));
+    }
   }
   // A call id may be reused once its call has ended; while the call runs,
   // a second request with it is dropped. Only tracked calls can be running
@@ -270,7 +301,10 @@ void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
   }
   call->self_ = call;
   call->Run();
-  if (call->finished()) return;
+  if (call->finished()) {
+    if (admitted_by_header) ForgetReading(conn, key.second);
+    return;
+  }
   // The handler went asynchronous: track the call from here on, unless it
   // has finished on another thread meanwhile.
   bool cancel = false;
@@ -278,8 +312,14 @@ void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(&conn);
     // Its connection stays open at least until this delivery returns.
-    if (it != conns_.end()) call->hold_ = it->second.conn;
-    if (shutting_down_ || it == conns_.end()) {
+    if (it != conns_.end()) {
+      call->hold_ = it->second.conn;
+      // In the lock that tracks it, as in HandleRequest.
+      if (admitted_by_header && it->second.reading.erase(key.second) && shutting_down_) {
+        cv_.notify_all();
+      }
+    }
+    if (closing_ || it == conns_.end()) {
       cancel = true;  // Shutdown may have collected the calls it cancels already
     } else if (call->MarkTrackedLocked()) {
       inflight_.emplace(key, call);
@@ -324,14 +364,47 @@ size_t Server::LimitedCallsOn(Connection& conn) {
 }
 
 Status Server::AdmitRemotePayload(Connection& conn, const transport::Header& header) {
-  if ((max_calls_ == 0 && max_calls_per_conn_ == 0) || header.kind != MessageKind::kRequest) {
-    return Status();
-  }
+  if (header.kind != MessageKind::kRequest) return Status();
   auto m = methods_.find(header.method_id);
-  if (m == methods_.end()) return Status();
-  // Read apart from each other: HandleRequest checks again, exactly, what
-  // this lets through.
-  return Admit(m->second, limited_in_flight_.load(std::memory_order_acquire), LimitedCallsOn(conn));
+  if (m == methods_.end()) return Status();  // HandleRequest answers UNIMPLEMENTED
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find(&conn);
+  if (it == conns_.end()) return Status();  // closed: HandleRequest drops it
+  if (shutting_down_ && RefusedByShutdownLocked(it->second, false)) {
+    return Status(StatusCode::kUnavailable, "server is shutting down");
+  }
+  if (max_calls_ != 0 || max_calls_per_conn_ != 0) {
+    // HandleRequest checks again, exactly, what this lets through.
+    if (Status refused = Admit(m->second, limited_in_flight_.load(std::memory_order_relaxed),
+                               it->second.limited_in_flight);
+        !refused.ok()) {
+      return refused;
+    }
+  }
+  it->second.reading.insert(header.call_id);
+  return Status();
+}
+
+bool Server::RefusedByShutdownLocked(const ConnEntry& entry, bool admitted_by_header) const {
+  return closing_ || (entry.go_away_acked && !admitted_by_header);
+}
+
+void Server::ForgetReading(Connection& conn, uint64_t call_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find(&conn);
+  if (it != conns_.end() && it->second.reading.erase(call_id) && shutting_down_) cv_.notify_all();
+}
+
+void Server::OnGoAwayAck(Connection& conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find(&conn);
+  if (!shutting_down_ || it == conns_.end()) {
+    fprintf(stderr, "rdmarpc[server]: %s acknowledged a GOAWAY that was never sent; ignored\n",
+            conn.peer().c_str());
+    return;
+  }
+  it->second.go_away_acked = true;
+  cv_.notify_all();
 }
 
 internal::TimerQueue& Server::Timers() {
@@ -409,6 +482,7 @@ void Server::OnClosed(Connection& conn, const absl::Status&) {
       keep = std::move(it->second.conn);
       conns_.erase(it);
     }
+    if (shutting_down_) cv_.notify_all();  // one fewer acknowledgment to wait for
   }
   // Outside the lock, as for kCancel.
   for (auto& call : lost) call->context()->MarkCancelled();
@@ -424,10 +498,11 @@ void Server::Shutdown(absl::Duration grace) {
     }
     shutting_down_ = true;
   }
+  const absl::Time start = absl::Now();
   listeners_.clear();
   {
-    // Clients send new calls elsewhere (a new connection) from here on;
-    // those already on their way are refused UNAVAILABLE.
+    // Clients send new calls elsewhere (a new connection) once they see
+    // this, and acknowledge it; calls already on their way are served.
     std::vector<std::shared_ptr<Connection>> open;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -436,18 +511,59 @@ void Server::Shutdown(absl::Duration grace) {
     for (const auto& conn : open) {
       OutboundMessage go_away;
       go_away.header.kind = MessageKind::kGoAway;
-      conn->Send(std::move(go_away)).IgnoreError();  // a closed one needs none
+      if (!conn->Send(std::move(go_away)).ok()) {
+        // Closed, or not yet able to send: no acknowledgment will come.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (auto it = conns_.find(conn.get()); it != conns_.end()) it->second.go_away_acked = true;
+      }
     }
   }
   std::vector<std::shared_ptr<ServerCallImpl>> rest;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(grace), [this] { return inflight_.empty(); });
+    const auto calls_done = [this] {
+      if (!inflight_.empty()) return false;
+      for (const auto& [raw, entry] : conns_) {
+        if (!entry.reading.empty()) return false;
+      }
+      return true;
+    };
+    const auto all_acked = [this] {
+      for (const auto& [raw, entry] : conns_) {
+        if (!entry.go_away_acked) return false;
+      }
+      return true;
+    };
+    const auto wait_until = [&](absl::Time t, const auto& done) {
+      if (t == absl::InfiniteFuture()) return cv_.wait(lock, done);
+      cv_.wait_for(lock, absl::ToChronoNanoseconds(std::max(t - absl::Now(), absl::ZeroDuration())),
+                   done);
+    };
+    const absl::Time until = start + grace;
+    wait_until(std::min(until, start + kGoAwayAckWait),
+               [&] { return all_acked() && calls_done(); });
+    wait_until(until, calls_done);
+    closing_ = true;
     for (auto& [key, call] : inflight_) rest.push_back(call);
   }
   for (auto& call : rest) {
     call->context()->MarkCancelled();
     call->Respond(Status(StatusCode::kCancelled, "server shutting down"), nullptr);
+  }
+  {
+    // An answered call may still need its connection: over RDMA the client
+    // READs a large response from here after the call ended, and a socket
+    // may not have taken all of one yet. Polled, within the grace: nothing
+    // reports it, and it takes one round trip.
+    std::vector<std::shared_ptr<Connection>> open;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [raw, entry] : conns_) open.push_back(entry.conn);
+    }
+    const auto delivered = [&] {
+      return std::all_of(open.begin(), open.end(), [](const auto& c) { return c->Delivered(); });
+    };
+    while (!delivered() && absl::Now() < start + grace) absl::SleepFor(absl::Milliseconds(1));
   }
   // Every call is answered: no deadline needs watching.
   if (internal::TimerQueue* timers = TimersIfMade()) timers->CancelAll(this);

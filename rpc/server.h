@@ -21,11 +21,13 @@
 //
 // Shutdown(grace): stops accepting connections, tells each client to send
 // no new call on its connection (a GOAWAY: its channel connects anew, to a
-// successor or failing), and answers requests that come anyway with
-// UNAVAILABLE; waits up to `grace` for in-flight calls to finish; then marks
-// the rest cancelled (ServerContext::IsCancelled) and answers them CANCELLED;
-// then closes every connection and joins the workers. Handlers must return
-// once cancelled: a handler that never returns blocks Shutdown.
+// successor or failing) and serves the calls the client sent before it
+// learned that: those that arrive before the client's acknowledgment. It
+// answers requests that come after it with UNAVAILABLE. It waits up to
+// `grace` for in-flight calls to finish; then marks the rest cancelled
+// (ServerContext::IsCancelled) and answers them CANCELLED; then closes every
+// connection and joins the workers. Handlers must return once cancelled: a
+// handler that never returns blocks Shutdown.
 //
 // EnableHealthService() hosts the standard health service (rpc/health.h):
 // Server::health() sets what it answers, and Shutdown starts by marking
@@ -57,6 +59,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/health.h"
@@ -105,14 +108,25 @@ class Server : private transport::ConnectionObserver {
 
   Server(int workers, size_t max_message_size, size_t max_calls, size_t max_calls_per_conn);
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg) override;
-  // Refuses an over-limit request before its payload is READ.
+  // Refuses an over-limit request, or one after the client acknowledged a
+  // GOAWAY, before its payload is READ.
   absl::Status AdmitRemotePayload(transport::Connection& conn,
                                   const transport::Header& header) override;
   void OnClosed(transport::Connection& conn, const absl::Status& why) override;
   void HandleRequest(transport::Connection& conn, transport::InboundMessage&& msg);
   // Inline handlers (SetWorkerThreads(0)): runs the call on this I/O thread
   // and tracks it only if its handler returns before finishing it.
-  void RunInline(transport::Connection& conn, std::shared_ptr<ServerCallImpl> call);
+  // `admitted_by_header`: see ConnEntry::reading.
+  void RunInline(transport::Connection& conn, std::shared_ptr<ServerCallImpl> call,
+                 bool admitted_by_header);
+  // The client acknowledged the GOAWAY of Shutdown on `conn`.
+  void OnGoAwayAck(transport::Connection& conn);
+  struct ConnEntry;
+  // Whether a request on `entry` that arrives now is refused as the server
+  // shuts down. Needs mu_.
+  bool RefusedByShutdownLocked(const ConnEntry& entry, bool admitted_by_header) const;
+  // Drops `call_id` from `conn`'s ConnEntry::reading.
+  void ForgetReading(transport::Connection& conn, uint64_t call_id);
   void DropReusedCallId(transport::Connection& conn, uint64_t call_id);
   struct MethodEntry;
   // The refusal of a request for `method` (counted) when `in_flight` calls
@@ -153,10 +167,21 @@ class Server : private transport::ConnectionObserver {
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> shutting_down_{false};  // written under mu_; read without it by RunInline
+  // Shutdown is past waiting for the clients' acknowledgments and the calls:
+  // every request is refused. Guarded by mu_.
+  bool closing_ = false;
   bool shut_down_ = false;      // guarded by mu_
   struct ConnEntry {
     std::shared_ptr<transport::Connection> conn;
     size_t limited_in_flight = 0;  // its calls of limited_in_flight_
+    // After Shutdown's GOAWAY: the client has sent the acknowledgment, after
+    // which it sends no new call on this connection.
+    bool go_away_acked = false;
+    // Requests admitted by their header (AdmitRemotePayload) whose payload
+    // is being READ. Their delivery may come after a kGoAway that followed
+    // them, so they were admitted in the order the client sent them and are
+    // served even after the acknowledgment.
+    absl::flat_hash_set<uint64_t> reading;
   };
   absl::flat_hash_map<transport::Connection*, ConnEntry> conns_;                 // mu_
   absl::flat_hash_map<CallKey, std::shared_ptr<ServerCallImpl>> inflight_;       // mu_

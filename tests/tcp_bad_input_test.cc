@@ -168,6 +168,10 @@ TEST_F(BadInputTest, ResponsesAndCancelsForUnknownCallsAreIgnored) {
   bad.SendFrame(h, "", "nonsense");
   h.kind = MessageKind::kCancel;
   bad.SendFrame(h, "", "");
+  // An acknowledgment of a GOAWAY the server never sent: the server still
+  // serves this connection's calls.
+  h.kind = MessageKind::kGoAway;
+  bad.SendFrame(h, "", "");
   bad.SendFrame(Request(10, kEcho.id), "", EchoBytes("ok"));
   auto r = bad.ReadFrame();
   ASSERT_TRUE(r);
@@ -299,6 +303,72 @@ TEST(ServerDeadline, ParkedCallsOfAClientThatNeverCancelsEndAtTheirDeadline) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   EXPECT_EQ((*built)->stats().calls_in_flight, 0u);
+}
+
+// Shutdown's GOAWAY and a request cross on the wire: the server cannot tell
+// a request the client sent before it saw the GOAWAY from one sent after,
+// until the client acknowledges it. So it serves every request that comes
+// before the acknowledgment and refuses those after, and it returns once
+// acknowledged and drained, not at the end of its grace.
+TEST(ServerShutdown, ServesRequestsThatComeBeforeTheGoAwayIsAcknowledged) {
+  ParkService park;
+  EchoService echo;
+  auto built = ServerBuilder()
+                   .AddListeningPort("tcp://127.0.0.1:0")
+                   .RegisterService(&park)
+                   .RegisterService(&echo)
+                   .BuildAndStart();
+  ASSERT_TRUE(built.ok()) << built.status();
+  const std::string& address = (*built)->addresses()[0];
+  RawClient raw(std::stoi(address.substr(address.rfind(':') + 1)));
+  // Held until FinishHeld, so that Shutdown waits for it and the connection
+  // stays open through what follows.
+  EchoRequest held;
+  held.set_data("held");
+  held.set_tag(3);
+  raw.SendFrame(Request(1, ParkService::kPark.id), "", held.SerializeAsString());
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (park.parked_calls.load() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(park.parked_calls.load(), 1);
+
+  absl::Time returned;
+  std::thread shutdown([&] {
+    (*built)->Shutdown(absl::Seconds(60));
+    returned = absl::Now();
+  });
+  auto go_away = raw.ReadFrame();
+  ASSERT_TRUE(go_away);
+  EXPECT_EQ(go_away->header.kind, MessageKind::kGoAway);
+
+  raw.SendFrame(Request(2, kEcho.id), "", EchoBytes("before the acknowledgment"));
+  auto served = raw.ReadFrame();
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->header.call_id, 2u);
+  EXPECT_EQ(served->header.status, 0) << served->payload;
+  EchoResponse resp;
+  ASSERT_TRUE(resp.ParseFromString(served->payload));
+  EXPECT_EQ(resp.data(), "before the acknowledgment");
+
+  Header ack;
+  ack.kind = MessageKind::kGoAway;
+  raw.SendFrame(ack, "", "");
+  raw.SendFrame(Request(3, kEcho.id), "", EchoBytes("after the acknowledgment"));
+  auto refused = raw.ReadFrame();
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->header.call_id, 3u);
+  EXPECT_EQ(refused->header.status, static_cast<uint16_t>(StatusCode::kUnavailable));
+  EXPECT_EQ(refused->payload, "server is shutting down");
+  EXPECT_EQ(echo.started.load(), 1);
+
+  const absl::Time finished = absl::Now();
+  park.FinishHeld();
+  auto held_answer = raw.ReadFrame();
+  ASSERT_TRUE(held_answer);
+  EXPECT_EQ(held_answer->header.call_id, 1u);
+  EXPECT_EQ(held_answer->header.status, 0);
+  shutdown.join();
+  EXPECT_GE(returned, finished);
+  EXPECT_LT(returned - finished, absl::Seconds(30)) << "Shutdown waited out its grace";
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ class NoConnection : public transport::Connection {
     return transport::Buffer::Allocate(size);
   }
   void Close() override {}
+  bool Delivered() override { return true; }
   const std::string& peer() const override { return peer_; }
 
  private:

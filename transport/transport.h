@@ -122,6 +122,11 @@ class Connection {
   virtual absl::StatusOr<Buffer> AllocatePayload(size_t size) = 0;
   // Starts closing; OnClosed follows on the I/O thread. Idempotent.
   virtual void Close() = 0;
+  // Whether the peer needs nothing more of this side for what was sent: no
+  // frame waits to be written, and no payload the peer pulls (RDMA READ) is
+  // still unreleased. Closing before that loses what is left. A closed
+  // connection has nothing more to deliver.
+  virtual bool Delivered() = 0;
   // "tcp://1.2.3.4:5678" or similar, for errors and logs.
   virtual const std::string& peer() const = 0;
   // Run-to-completion: a thread about to block until done() lends itself to

@@ -73,7 +73,9 @@ enum class MessageKind : uint8_t {
   kCredit = 4,    // either way: only returns credits (no call)
   kRelease = 5,   // client -> server: done READing the advertised response
   kGoAway = 6,    // server -> client: shutting down, send no new call on this
-                  // connection (those in flight still end on it)
+                  // connection (those in flight still end on it); then
+                  // client -> server, the acknowledgment: no request follows
+                  // this one, so the server serves those before it
 };
 
 inline constexpr uint16_t kFlagRemotePayload = 1 << 0;

@@ -507,6 +507,13 @@ void RdmaConnection::FlushBacklogLocked() {
   }
 }
 
+bool RdmaConnection::Delivered() {
+  // A posted SEND is the device's to deliver; what is queued behind credits
+  // or the SQ, and what the peer has still to READ, is not yet.
+  std::lock_guard<InlineMutex> lock(mu_);
+  return closed_ || (advertised_.empty() && backlog_.empty() && outbox_.empty());
+}
+
 void RdmaConnection::ReleaseAdvertisedLocked(uint64_t token) {
   auto it = advertised_.find(token);
   if (it == advertised_.end()) return;

@@ -199,6 +199,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   size_t send_slots_held();
   absl::StatusOr<Buffer> AllocatePayload(size_t size) override;
   void Close() override;
+  bool Delivered() override;
   const std::string& peer() const override { return peer_; }
   bool Drive(absl::FunctionRef<bool()> done) override { return endpoint_->Drive(done); }
 

@@ -82,6 +82,11 @@ class TcpConnection : public Connection,
     closing_.store(true);
     shutdown(fd_, SHUT_RDWR);
   }
+  // What the socket has taken, the kernel delivers after a close.
+  bool Delivered() override {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    return send_closed_ || queue_.empty();
+  }
   const std::string& peer() const override { return peer_; }
 
   void OnEvents(uint32_t events) override;
