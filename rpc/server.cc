@@ -186,8 +186,10 @@ void Server::OnMessage(Connection& conn, InboundMessage&& msg) {
 
 void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
   const uint64_t call_id = msg.header.call_id;
-  // A request that gets here with its payload READ passed AdmitRemotePayload.
-  const bool admitted_by_header = msg.header.remote_payload() && msg.payload_status.ok();
+  // Its header went through AdmitRemotePayload, which put it in
+  // ConnEntry::reading if it let it through (else payload_status says why):
+  // every way out of here takes it out again.
+  const bool admitted_by_header = msg.header.remote_payload();
   // `conn` is alive while it delivers this message; an answer to a
   // connection that has closed meanwhile is dropped by its Send.
   const auto reply_error = [&](StatusCode code, const std::string& text) {
