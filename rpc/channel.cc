@@ -245,6 +245,8 @@ std::shared_ptr<transport::Connection> Channel::Start(
     const MethodInfo& method, ClientContext* ctx, const google::protobuf::MessageLite& request,
     google::protobuf::MessageLite* response, CallCallback done, bool inline_done) {
   RDMARPC_STAGE(kCallStart);
+  for (const auto& interceptor : options_.interceptors)
+    interceptor->OnStart(*ctx, method.full_name);
   Pending p;
   p.method = method.full_name;
   p.ctx = ctx;
@@ -787,6 +789,10 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
 
 void Channel::Deliver(Pending&& p, Status status) {
   p.ctx->ClearCancelHook();
+  const auto& interceptors = options_.interceptors;
+  for (auto it = interceptors.rbegin(); it != interceptors.rend(); ++it) {
+    (*it)->OnEnd(*p.ctx, p.method, status);
+  }
   if (p.inline_done) {
     std::move(p.done)(std::move(status));
     return;

@@ -53,6 +53,7 @@
 #include "google/protobuf/message_lite.h"
 #include "rpc/attachment.h"
 #include "rpc/client_context.h"
+#include "rpc/interceptor.h"
 #include "rpc/internal/thread_pool.h"
 #include "rpc/internal/timer_queue.h"
 #include "rpc/status.h"
@@ -91,6 +92,9 @@ struct ChannelOptions {
   // callback that drops the channel's last reference has it destroyed on a
   // thread of its own, just after.
   int callback_threads = 2;
+  // Run around every call of the channel (rpc/interceptor.h), in this order
+  // as calls start and in the reverse order as they end.
+  std::vector<std::shared_ptr<ClientInterceptor>> interceptors;
   // The transport's tunables (transport/factory.h): transport.rdma for
   // rdma:// (poll mode, device, slot size, credits, timeouts, ...),
   // transport.tcp for tcp://, either for auto://, and whether auto:// may

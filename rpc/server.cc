@@ -93,6 +93,7 @@ class ServerCallImpl : public ServerCall {
                                      server_->max_message_size_));
       }
     }
+    if (!server_->interceptors_.empty()) InterceptResponse(status);
     server_->Reply(conn_, key().second, status, ctx_.TakeResponseMetadata(),
                    status.ok() ? response : nullptr, std::move(attachment), size);
     if (tracking_.exchange(kFinished, std::memory_order_acq_rel) == kTracked) {
@@ -119,7 +120,32 @@ class ServerCallImpl : public ServerCall {
                             : Status(StatusCode::kCancelled, "cancelled before it started"),
                     nullptr);
     }
+    const auto& interceptors = server_->interceptors_;
+    for (size_t i = 0; i < interceptors.size(); ++i) {
+      Status admitted;
+      {
+        std::lock_guard<std::mutex> lock(interceptors_mu_);
+        // Answered meanwhile (Shutdown past its grace): Finish only lets go.
+        if (interceptors_closed_) return Finish(Status(StatusCode::kCancelled, ""), nullptr);
+        admitted = interceptors[i]->OnRequest(ctx_);
+        interceptors_entered_ = i + 1;
+      }
+      if (!admitted.ok()) return Finish(admitted, nullptr);
+    }
     method_->handler(this);
+  }
+
+  // The OnResponse of every interceptor whose OnRequest ran, last first.
+  // Under interceptors_mu_ the two sides agree on how many those are: an
+  // answer from another thread (Shutdown) waits for an OnRequest running.
+  void InterceptResponse(const Status& status) {
+    size_t entered;
+    {
+      std::lock_guard<std::mutex> lock(interceptors_mu_);
+      interceptors_closed_ = true;
+      entered = interceptors_entered_;
+    }
+    for (size_t i = entered; i-- > 0;) server_->interceptors_[i]->OnResponse(ctx_, status);
   }
 
   // The server cancels the call at its deadline, for ServerContext::OnCancel
@@ -149,6 +175,10 @@ class ServerCallImpl : public ServerCall {
   ServerContext ctx_;
   std::atomic<uint64_t> deadline_timer_{0};
   std::atomic<uint8_t> tracking_{kUntracked};
+  // Used only with interceptors (Run, InterceptResponse).
+  std::mutex interceptors_mu_;
+  size_t interceptors_entered_ = 0;   // guarded by interceptors_mu_
+  bool interceptors_closed_ = false;  // guarded by interceptors_mu_
 };
 
 Server::Server(int workers, size_t max_message_size, size_t max_calls, size_t max_calls_per_conn)
@@ -635,6 +665,11 @@ ServerBuilder& ServerBuilder::EnableHealthService() {
   return *this;
 }
 
+ServerBuilder& ServerBuilder::AddInterceptor(std::shared_ptr<ServerInterceptor> interceptor) {
+  interceptors_.push_back(std::move(interceptor));
+  return *this;
+}
+
 StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   if (ports_.empty()) return Status(StatusCode::kInvalidArgument, "no listening port added");
   const int workers =
@@ -649,6 +684,7 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
   std::unique_ptr<Server> server(new Server(workers, max_message_size_,
                                             static_cast<size_t>(max_calls_),
                                             static_cast<size_t>(max_calls_per_conn_)));
+  server->interceptors_ = interceptors_;
   std::vector<const Service*> services(services_.begin(), services_.end());
   if (health_) {
     server->health_ = std::make_unique<HealthService>();

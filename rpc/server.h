@@ -63,6 +63,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/health.h"
+#include "rpc/interceptor.h"
 #include "rpc/internal/thread_pool.h"
 #include "rpc/internal/timer_queue.h"
 #include "rpc/service.h"
@@ -152,6 +153,7 @@ class Server : private transport::ConnectionObserver {
   const size_t max_calls_;           // 0: no limit
   const size_t max_calls_per_conn_;  // 0: no limit
   const bool inline_handlers_;
+  std::vector<std::shared_ptr<ServerInterceptor>> interceptors_;  // set before the server starts
   std::unique_ptr<HealthService> health_;  // before methods_, which point into it
   struct MethodEntry {
     const Service::Method* method;
@@ -220,6 +222,9 @@ class ServerBuilder {
   // Hosts the standard health service (rpc/health.h) beside the registered
   // ones, with "" and each of them SERVING.
   ServerBuilder& EnableHealthService();
+  // Runs `interceptor` around every call (rpc/interceptor.h), after those
+  // added before it as calls come in and before them as they are answered.
+  ServerBuilder& AddInterceptor(std::shared_ptr<ServerInterceptor> interceptor);
   // Fails (naming the cause) on an unusable address, a method registered
   // twice, or two methods whose ids collide.
   StatusOr<std::unique_ptr<Server>> BuildAndStart();
@@ -233,6 +238,7 @@ class ServerBuilder {
   int max_calls_per_conn_ = 0;
   transport::TransportTunables tunables_;
   bool health_ = false;
+  std::vector<std::shared_ptr<ServerInterceptor>> interceptors_;
 };
 
 }  // namespace rdmarpc

@@ -1767,6 +1767,146 @@ TEST_P(RpcSuite, BusyClientsLoseNoCallThroughGracefulRestarts) {
   }
 }
 
+// What the interceptors of the test below saw, in order.
+class Journal {
+ public:
+  void Add(std::string line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lines_.push_back(std::move(line));
+  }
+  std::vector<std::string> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(lines_, {});
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+// Logs each call in and out, tags its answer, and with `require_token`
+// refuses calls without the token.
+class JournalingServerInterceptor : public ServerInterceptor {
+ public:
+  JournalingServerInterceptor(std::string name, Journal* journal, bool require_token)
+      : name_(std::move(name)), journal_(journal), require_token_(require_token) {}
+  Status OnRequest(ServerContext& ctx) override {
+    journal_->Add(absl::StrCat(name_, " in ", ctx.method()));
+    if (!require_token_) return Status();
+    for (const auto& [key, value] : ctx.client_metadata()) {
+      if (key == "token" && value == "yes") return Status();
+    }
+    return Status(StatusCode::kUnauthenticated, "no token");
+  }
+  void OnResponse(ServerContext& ctx, const Status& status) override {
+    journal_->Add(absl::StrCat(name_, " out ", absl::StatusCodeToString(status.code())));
+    ctx.AddResponseMetadata("seen-by", name_);
+  }
+
+ private:
+  const std::string name_;
+  Journal* const journal_;
+  const bool require_token_;
+};
+
+class TokenInterceptor : public ClientInterceptor {
+ public:
+  explicit TokenInterceptor(Journal* journal) : journal_(journal) {}
+  void OnStart(ClientContext& ctx, absl::string_view method) override {
+    journal_->Add(absl::StrCat("start ", method));
+    ctx.AddMetadata("token", "yes");
+  }
+  void OnEnd(const ClientContext&, absl::string_view method, const Status& status) override {
+    journal_->Add(absl::StrCat("end ", method, " ", absl::StatusCodeToString(status.code())));
+  }
+
+ private:
+  Journal* const journal_;
+};
+
+TEST_P(RpcSuite, InterceptorsWrapEveryCallAndMayRefuseOne) {
+  for (int workers : {4, 0}) {
+    SCOPED_TRACE(absl::StrCat("workers ", workers));
+    Journal on_server, on_client;
+    EchoService echo;
+    auto server =
+        ServerBuilder()
+            .AddListeningPort(GetParam().listen_addr())
+            .RegisterService(&echo)
+            .SetWorkerThreads(workers)
+            .AddInterceptor(
+                std::make_shared<JournalingServerInterceptor>("outer", &on_server, false))
+            .AddInterceptor(std::make_shared<JournalingServerInterceptor>("auth", &on_server, true))
+            .BuildAndStart();
+    ASSERT_TRUE(server.ok()) << server.status();
+    const std::string address = (*server)->addresses()[0];
+    const std::string echo_name = kEcho.full_name;
+
+    // Without the token the second interceptor refuses the call: the handler
+    // does not run, and both OnResponse see the refusal, innermost first.
+    auto plain = MakeChannel(address);
+    {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(20));
+      EchoResponse resp;
+      const Status s = plain->Call(kEcho, &ctx, Req("refused"), &resp);
+      EXPECT_EQ(s.code(), StatusCode::kUnauthenticated) << s;
+      EXPECT_EQ(s.message(), "no token");
+      EXPECT_EQ(echo.started.load(), 0);
+      EXPECT_EQ(on_server.Take(), (std::vector<std::string>{
+                                      "outer in " + echo_name, "auth in " + echo_name,
+                                      "auth out UNAUTHENTICATED", "outer out UNAUTHENTICATED"}));
+      EXPECT_EQ(ctx.server_metadata(), (Metadata{{"seen-by", "auth"}, {"seen-by", "outer"}}));
+    }
+
+    // The client's interceptor adds it, and sees each call start and end:
+    // blocking, asynchronous, and one that ends on the client.
+    ChannelOptions options;
+    options.interceptors.push_back(std::make_shared<TokenInterceptor>(&on_client));
+    auto with_token = MakeChannel(address, options);
+    {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(20));
+      EchoResponse resp;
+      const Status s = with_token->Call(kEcho, &ctx, Req("served"), &resp);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(resp.data(), "served");
+      EXPECT_EQ(echo.started.load(), 1);
+      EXPECT_EQ(on_server.Take(),
+                (std::vector<std::string>{"outer in " + echo_name, "auth in " + echo_name,
+                                          "auth out OK", "outer out OK"}));
+      EXPECT_EQ(on_client.Take(),
+                (std::vector<std::string>{"start " + echo_name, "end " + echo_name + " OK"}));
+    }
+    {
+      AsyncCall call;
+      call.ctx.set_timeout(absl::Seconds(20));
+      with_token->CallAsync(kEcho, &call.ctx, Req("async"), &call.resp,
+                            [&](Status s) { call.result.set_value(s); });
+      auto f = call.result.get_future();
+      ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+      EXPECT_TRUE(f.get().ok());
+      EXPECT_EQ(on_client.Take(),
+                (std::vector<std::string>{"start " + echo_name, "end " + echo_name + " OK"}));
+    }
+    {
+      ClientContext ctx;
+      ctx.set_deadline(absl::Now() - absl::Seconds(1));
+      EchoResponse resp;
+      EXPECT_EQ(with_token->Call(kEcho, &ctx, Req("late"), &resp).code(),
+                StatusCode::kDeadlineExceeded);
+      EXPECT_EQ(on_client.Take(),
+                (std::vector<std::string>{"start " + echo_name,
+                                          "end " + echo_name + " DEADLINE_EXCEEDED"}));
+    }
+    EXPECT_EQ(echo.started.load(), 2);
+    EXPECT_EQ(on_server.Take(),
+              (std::vector<std::string>{"outer in " + echo_name, "auth in " + echo_name,
+                                        "auth out OK", "outer out OK"}))
+        << "the asynchronous call; the late one never left the client";
+  }
+}
+
 TEST_P(RpcSuite, ServerRestartUnderLoad) {
   auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
   ASSERT_TRUE(ts->server);
