@@ -108,6 +108,17 @@ Status Channel::CheckOptions(const ChannelOptions& options) {
                   absl::StrCat("callback_threads is ", options.callback_threads,
                                "; 0 runs callbacks inline, more runs them on that many threads"));
   }
+  const RetryPolicy& retry = options.retry;
+  if (retry.max_attempts < 1 || retry.initial_backoff <= absl::ZeroDuration() ||
+      retry.max_backoff < retry.initial_backoff || retry.multiplier < 1.0) {
+    return Status(
+        StatusCode::kInvalidArgument,
+        absl::StrCat("retry policy of max_attempts ", retry.max_attempts, ", initial_backoff ",
+                     absl::FormatDuration(retry.initial_backoff), ", max_backoff ",
+                     absl::FormatDuration(retry.max_backoff), ", multiplier ", retry.multiplier,
+                     ": needs at least 1 attempt, a positive initial backoff no larger "
+                     "than the most, and a multiplier of at least 1"));
+  }
   return Status();
 }
 
@@ -280,6 +291,23 @@ std::shared_ptr<transport::Connection> Channel::Start(
                                                 " bytes"),
                              " exceeds max_message_size ", options_.max_message_size));
   }
+  // Under a RetryPolicy the call keeps its request, and this attempt sends
+  // a copy: a deadline or a cancel may end the call (and free what it kept)
+  // while this thread still sends.
+  std::string serialized;
+  std::string metadata;
+  if (has_metadata) metadata = transport::EncodeMetadata(ctx->metadata());
+  const bool retry = options_.retry.max_attempts > 1 && ctx->retryable() && attachment.empty();
+  if (retry) {
+    serialized.resize(size);
+    request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(serialized.data()));
+    p.retry = std::make_unique<Retry>();
+    p.retry->method_id = method.id;
+    p.retry->request = serialized;
+    p.retry->metadata = metadata;
+    p.retry->wait_for_ready = ctx->wait_for_ready();
+    p.retry->backoff = options_.retry.initial_backoff;
+  }
   // Tracked first, so that from here on everything that ends the call goes
   // through Complete; with a connection up, one lock does both. Behind calls
   // that wait for the connector, a call waits too: it would overtake them.
@@ -300,7 +328,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   }
 
   OutboundMessage msg;
-  if (has_metadata) msg.metadata = transport::EncodeMetadata(ctx->metadata());
+  msg.metadata = std::move(metadata);
   msg.header.kind = MessageKind::kRequest;
   msg.header.method_id = method.id;
   msg.header.call_id = id;
@@ -317,7 +345,9 @@ std::shared_ptr<transport::Connection> Channel::Start(
   }
   RDMARPC_STAGE(kCallSend);
   Status sent =
-      internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request, size);
+      retry
+          ? internal::SendWithSerialized(*conn, std::move(msg), Attachment(), serialized)
+          : internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request, size);
   EndSend(watch, *conn);
   if (!sent.ok()) {
     Complete(id, sent, nullptr, false);
@@ -712,6 +742,8 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   std::shared_ptr<transport::Connection> conn;
   {
     std::lock_guard<InlineMutex> lock(mu_);
+    // A cancel or the deadline (tell_server) ends a call for good.
+    if (!tell_server && !status.ok() && RetryLocked(id, status)) return;
     if (!pending_.Take(id, &p)) return;  // already ended (late response, timer, cancel)
     if (p.conn == nullptr && status.code() == StatusCode::kDeadlineExceeded) {
       status =
@@ -785,6 +817,47 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   }
   RDMARPC_STAGE(kResponseParsed);
   Deliver(std::move(p), std::move(status));
+}
+
+bool Channel::RetryLocked(uint64_t id, const Status& status) {
+  Pending* p = pending_.Get(id);
+  if (p == nullptr || p->retry == nullptr) return false;
+  const RetryPolicy& policy = options_.retry;
+  Retry& retry = *p->retry;
+  if (retry.attempts >= policy.max_attempts ||
+      std::find(policy.retryable_codes.begin(), policy.retryable_codes.end(), status.code()) ==
+          policy.retryable_codes.end()) {
+    return false;
+  }
+  std::uniform_real_distribution<double> jitter(0.8, 1.2);
+  const absl::Time at = absl::Now() + retry.backoff * jitter(jitter_);
+  if (at >= p->ctx->deadline()) return false;
+  ++retry.attempts;
+  retry.backoff = std::min(retry.backoff * policy.multiplier, policy.max_backoff);
+  ++stats_.retries;
+  p->conn = nullptr;  // a cancel meanwhile has no server to tell
+  // The id stays the call's: its deadline timer and cancel hook still find
+  // it, and a retry finds nothing once either has ended it.
+  timers_->Schedule(
+      at, [this, id] { Resend(id); }, this);
+  return true;
+}
+
+void Channel::Resend(uint64_t id) {
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    Pending* p = pending_.Get(id);
+    if (p == nullptr) return;  // ended while it backed off
+    Waiting w;
+    w.id = id;
+    w.method_id = p->retry->method_id;
+    w.request = p->retry->request;
+    w.metadata = p->retry->metadata;
+    w.wait_for_ready = p->retry->wait_for_ready;
+    waiting_.push_back(std::move(w));
+    queueing_ = true;
+  }
+  WakeConnector();
 }
 
 void Channel::Deliver(Pending&& p, Status status) {

@@ -9,7 +9,8 @@
 //
 // A Channel connects lazily (on the first call) and again after its
 // connection is lost, e.g. when the server restarts: calls pending on the lost
-// connection end with UNAVAILABLE; the next call reconnects. Connecting is
+// connection end with UNAVAILABLE (or are sent again, under a RetryPolicy);
+// the next call reconnects. Connecting is
 // the work of a thread of the channel's own, not the caller's (only
 // AllocateAttachment connects on its caller's thread): calls made meanwhile
 // wait for it, in order, each with its deadline running and TryCancel
@@ -62,6 +63,29 @@
 
 namespace rdmarpc {
 
+// Sending a call again when an attempt ends with a status that says it may
+// succeed elsewhere or later (UNAVAILABLE by default: the connection was
+// lost, or the server was shutting down or unreachable), as gRPC's retry
+// policy does. Each retry waits a backoff: initial_backoff, `multiplier`
+// times longer after each further one up to max_backoff, +-20%. The call's
+// deadline bounds them all: a retry whose backoff would end past it is not
+// made, and the call ends with the last attempt's status.
+//
+// What not to rely on: a call whose attempt ended UNAVAILABLE may have run on
+// the server (a connection lost after the request went out), so a retried
+// call may run twice. Retry only calls that may (ClientContext::
+// set_retryable(false) exempts one). Calls with a request attachment are
+// never retried: its memory went to the transport with the first attempt.
+// A retried request is kept, serialized, until its call ends: one copy per
+// call, made only when retries are on.
+struct RetryPolicy {
+  int max_attempts = 1;  // the first included; 1: no retries
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(1);
+  double multiplier = 2.0;
+  std::vector<StatusCode> retryable_codes = {StatusCode::kUnavailable};
+};
+
 struct ChannelOptions {
   // Largest request this channel sends and response it accepts.
   size_t max_message_size = 64u << 20;
@@ -95,6 +119,8 @@ struct ChannelOptions {
   // Run around every call of the channel (rpc/interceptor.h), in this order
   // as calls start and in the reverse order as they end.
   std::vector<std::shared_ptr<ClientInterceptor>> interceptors;
+  // Off by default; see RetryPolicy for when a call may run twice.
+  RetryPolicy retry;
   // The transport's tunables (transport/factory.h): transport.rdma for
   // rdma:// (poll mode, device, slot size, credits, timeouts, ...),
   // transport.tcp for tcp://, either for auto://, and whether auto:// may
@@ -126,6 +152,7 @@ struct ChannelStats {
   uint64_t connect_attempts = 0;  // Transport::Connect calls, the failed ones included
   uint64_t connect_failures = 0;  // of those, the ones that did not end connected
   uint64_t go_aways = 0;          // connections the server asked to drain (its shutdown)
+  uint64_t retries = 0;           // attempts sent again by the RetryPolicy
 };
 
 class ChannelGroup;
@@ -179,6 +206,15 @@ class Channel {
   const std::string& target() const { return target_; }
 
  private:
+  // What a call under a RetryPolicy keeps to send itself again.
+  struct Retry {
+    uint32_t method_id = 0;
+    std::string request;   // serialized
+    std::string metadata;  // encoded
+    bool wait_for_ready = false;
+    int attempts = 1;        // made so far
+    absl::Duration backoff;  // before the next
+  };
   struct Pending {
     const char* method = nullptr;  // full name (static), for error messages
     ClientContext* ctx = nullptr;
@@ -187,6 +223,7 @@ class Channel {
     bool inline_done = false;
     uint64_t timer = 0;
     transport::Connection* conn = nullptr;  // the connection the request went on
+    std::unique_ptr<Retry> retry;           // only under a RetryPolicy
   };
 
   friend class ChannelGroup;
@@ -258,6 +295,12 @@ class Channel {
   // Grouped: closes the connection and waits until no callback of the
   // transport uses this channel any more.
   void LeaveTransport();
+
+  // Under a RetryPolicy: whether the call `id`, whose attempt ended with
+  // `status`, is sent again; if so it stays pending and Resend queues it
+  // for the connector after its backoff.
+  bool RetryLocked(uint64_t id, const Status& status);
+  void Resend(uint64_t id);
 
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg);
   // Moves the connection to draining_ and acknowledges the GOAWAY once the

@@ -86,9 +86,15 @@ class ClientContext {
   // fails. With true it waits through failed attempts, each after its
   // backoff, until one connects or its deadline, TryCancel or the channel's
   // destruction ends it; options that can never connect (INVALID_ARGUMENT)
-  // still end it. Either way a call that was sent is never sent again.
+  // still end it. Either way a call that was sent is not sent again, unless
+  // the channel's RetryPolicy (ChannelOptions::retry) does.
   void set_wait_for_ready(bool wait) { wait_for_ready_ = wait; }
   bool wait_for_ready() const { return wait_for_ready_; }
+
+  // Whether the channel's RetryPolicy (ChannelOptions::retry) may send this
+  // call again; set it false for a call that must not run twice.
+  void set_retryable(bool retryable) { retryable_ = retryable; }
+  bool retryable() const { return retryable_; }
 
   void TryCancel();
 
@@ -104,6 +110,7 @@ class ClientContext {
 
   absl::Time deadline_ = absl::InfiniteFuture();
   bool wait_for_ready_ = false;
+  bool retryable_ = true;
   // The tree of the call this one is made for (FromServerContext), if any.
   std::shared_ptr<internal::CallTree> parent_;
   Metadata metadata_;

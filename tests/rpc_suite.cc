@@ -529,7 +529,7 @@ TEST_P(RpcSuite, MetadataWithABadKeyFailsWithoutSending) {
   EXPECT_EQ(ts.service.started.load(), 1);
 }
 
-TEST_P(RpcSuite, NegativeCallbackThreadsAndBackoffsThatCannotWorkAreRefused) {
+TEST_P(RpcSuite, NegativeCallbackThreadsAndBackoffsOrRetriesThatCannotWorkAreRefused) {
   ChannelOptions o;
   o.callback_threads = -1;
   auto ch = Channel::Create(GetParam().listen_addr(), o);
@@ -546,6 +546,17 @@ TEST_P(RpcSuite, NegativeCallbackThreadsAndBackoffsThatCannotWorkAreRefused) {
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status();
     EXPECT_NE(refused.status().message().find("reconnect_backoff"), absl::string_view::npos)
+        << refused.status();
+  }
+  for (int bad = 0; bad < 3; ++bad) {
+    ChannelOptions r;
+    r.retry.max_attempts = bad == 0 ? 0 : 3;
+    if (bad == 1) r.retry.initial_backoff = absl::ZeroDuration();
+    if (bad == 2) r.retry.multiplier = 0.5;
+    auto refused = Channel::Create(GetParam().listen_addr(), r);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_NE(refused.status().message().find("retry policy"), absl::string_view::npos)
         << refused.status();
   }
 }
@@ -1905,6 +1916,114 @@ TEST_P(RpcSuite, InterceptorsWrapEveryCallAndMayRefuseOne) {
                                         "auth out OK", "outer out OK"}))
         << "the asynchronous call; the late one never left the client";
   }
+}
+
+// Refuses the first `failures` calls UNAVAILABLE, as a server that is
+// briefly unable to serve would, and counts the calls it saw.
+class FlakyInterceptor : public ServerInterceptor {
+ public:
+  Status OnRequest(ServerContext&) override {
+    seen.fetch_add(1);
+    if (failures.fetch_sub(1) > 0) return Status(StatusCode::kUnavailable, "flaky");
+    return Status();
+  }
+  std::atomic<int> failures{0};
+  std::atomic<int> seen{0};
+};
+
+TEST_P(RpcSuite, ARetryPolicySendsACallAgainWhileItsAttemptsAndDeadlineAllow) {
+  auto flaky = std::make_shared<FlakyInterceptor>();
+  EchoService echo;
+  auto server = ServerBuilder()
+                    .AddListeningPort(GetParam().listen_addr())
+                    .RegisterService(&echo)
+                    .AddInterceptor(flaky)
+                    .BuildAndStart();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->addresses()[0];
+  ChannelOptions options;
+  options.retry.max_attempts = 3;
+  options.retry.initial_backoff = absl::Milliseconds(20);
+  auto ch = MakeChannel(address, options);
+  const auto call = [&](std::shared_ptr<Channel>& channel, EchoRequest req,
+                        absl::Duration timeout = absl::Seconds(20), bool retryable = true) {
+    ClientContext ctx;
+    ctx.set_timeout(timeout);
+    ctx.set_retryable(retryable);
+    EchoResponse resp;
+    Status s = channel->Call(kEcho, &ctx, req, &resp);
+    if (s.ok()) EXPECT_EQ(resp.data(), req.data());
+    return s;
+  };
+  const auto attempts = [&](int failures) {
+    flaky->failures = failures;
+    return flaky->seen.exchange(0);
+  };
+
+  attempts(2);
+  EXPECT_TRUE(call(ch, Req("third time")).ok());
+  EXPECT_EQ(attempts(3), 3) << "two refusals, then served";
+  EXPECT_EQ(echo.started.load(), 1);
+  EXPECT_EQ(ch->stats().retries, 2u);
+
+  Status s = call(ch, Req("never"));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_EQ(s.message(), "flaky");
+  EXPECT_EQ(attempts(0), 3) << "max_attempts, then the last attempt's status";
+  EXPECT_EQ(ch->stats().retries, 4u);
+
+  EchoRequest internal = Req("internal");
+  internal.set_fail_code(static_cast<int>(StatusCode::kInternal));
+  EXPECT_EQ(call(ch, internal).code(), StatusCode::kInternal);
+  EXPECT_EQ(attempts(1), 1) << "INTERNAL is not in retryable_codes";
+
+  EXPECT_EQ(call(ch, Req("once"), absl::Seconds(20), /*retryable=*/false).code(),
+            StatusCode::kUnavailable);
+  EXPECT_EQ(attempts(1), 1) << "set_retryable(false)";
+
+  {
+    // Its memory went with the first attempt: never sent again.
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(20));
+    auto att = ch->AllocateAttachment(1000);
+    ASSERT_TRUE(att.ok()) << att.status();
+    ctx.set_request_attachment(std::move(*att));
+    EchoResponse resp;
+    EXPECT_EQ(ch->Call(kEcho, &ctx, Req("attached"), &resp).code(), StatusCode::kUnavailable);
+    EXPECT_EQ(attempts(1), 1) << "a call with a request attachment";
+  }
+  EXPECT_EQ(ch->stats().retries, 4u);
+
+  // A backoff that would end past the deadline is not waited.
+  ChannelOptions slow = options;
+  slow.retry.initial_backoff = absl::Seconds(5);
+  slow.retry.max_backoff = absl::Seconds(5);
+  auto slow_ch = MakeChannel(address, slow);
+  const absl::Time began = absl::Now();
+  EXPECT_EQ(call(slow_ch, Req("late"), absl::Seconds(2)).code(), StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - began, absl::Seconds(2));
+  EXPECT_EQ(attempts(1), 1);
+
+  // A cancel during the backoff ends the call; nothing more is sent.
+  ChannelOptions patient = options;
+  patient.retry.initial_backoff = absl::Milliseconds(300);
+  auto patient_ch = MakeChannel(address, patient);
+  AsyncCall cancelled;
+  cancelled.ctx.set_timeout(absl::Seconds(20));
+  patient_ch->CallAsync(kEcho, &cancelled.ctx, Req("cancelled"), &cancelled.resp,
+                        [&](Status st) { cancelled.result.set_value(st); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (patient_ch->stats().retries < 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(patient_ch->stats().retries, 1u);
+  cancelled.ctx.TryCancel();
+  auto f = cancelled.result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_EQ(attempts(0), 1) << "sent again after its cancel";
+  EXPECT_EQ(echo.started.load(), 2) << "the served call and the INTERNAL one";
 }
 
 TEST_P(RpcSuite, ServerRestartUnderLoad) {
