@@ -256,8 +256,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
     const MethodInfo& method, ClientContext* ctx, const google::protobuf::MessageLite& request,
     google::protobuf::MessageLite* response, CallCallback done, bool inline_done) {
   RDMARPC_STAGE(kCallStart);
-  for (const auto& interceptor : options_.interceptors)
-    interceptor->OnStart(*ctx, method.full_name);
+  if (!options_.interceptors.empty()) InterceptStart(*ctx, method);
   Pending p;
   p.method = method.full_name;
   p.ctx = ctx;
@@ -291,22 +290,10 @@ std::shared_ptr<transport::Connection> Channel::Start(
                                                 " bytes"),
                              " exceeds max_message_size ", options_.max_message_size));
   }
-  // Under a RetryPolicy the call keeps its request, and this attempt sends
-  // a copy: a deadline or a cancel may end the call (and free what it kept)
-  // while this thread still sends.
-  std::string serialized;
-  std::string metadata;
-  if (has_metadata) metadata = transport::EncodeMetadata(ctx->metadata());
-  const bool retry = options_.retry.max_attempts > 1 && ctx->retryable() && attachment.empty();
-  if (retry) {
-    serialized.resize(size);
-    request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(serialized.data()));
-    p.retry = std::make_unique<Retry>();
-    p.retry->method_id = method.id;
-    p.retry->request = serialized;
-    p.retry->metadata = metadata;
-    p.retry->wait_for_ready = ctx->wait_for_ready();
-    p.retry->backoff = options_.retry.initial_backoff;
+  // Under a RetryPolicy the call keeps a copy of its request for the next
+  // attempts; this one is sent from `request`, as any other.
+  if (options_.retry.max_attempts > 1 && ctx->retryable() && attachment.empty()) {
+    p.retry = MakeRetry(method, *ctx, request, size);
   }
   // Tracked first, so that from here on everything that ends the call goes
   // through Complete; with a connection up, one lock does both. Behind calls
@@ -328,7 +315,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   }
 
   OutboundMessage msg;
-  msg.metadata = std::move(metadata);
+  if (has_metadata) msg.metadata = transport::EncodeMetadata(ctx->metadata());
   msg.header.kind = MessageKind::kRequest;
   msg.header.method_id = method.id;
   msg.header.call_id = id;
@@ -345,9 +332,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   }
   RDMARPC_STAGE(kCallSend);
   Status sent =
-      retry
-          ? internal::SendWithSerialized(*conn, std::move(msg), Attachment(), serialized)
-          : internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request, size);
+      internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request, size);
   EndSend(watch, *conn);
   if (!sent.ok()) {
     Complete(id, sent, nullptr, false);
@@ -743,7 +728,10 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   {
     std::lock_guard<InlineMutex> lock(mu_);
     // A cancel or the deadline (tell_server) ends a call for good.
-    if (!tell_server && !status.ok() && RetryLocked(id, status)) return;
+    if (options_.retry.max_attempts > 1 && !tell_server && !status.ok() &&
+        RetryLocked(id, status)) {
+      return;
+    }
     if (!pending_.Take(id, &p)) return;  // already ended (late response, timer, cancel)
     if (p.conn == nullptr && status.code() == StatusCode::kDeadlineExceeded) {
       status =
@@ -819,6 +807,24 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   Deliver(std::move(p), std::move(status));
 }
 
+void Channel::InterceptStart(ClientContext& ctx, const MethodInfo& method) {
+  for (const auto& interceptor : options_.interceptors) interceptor->OnStart(ctx, method.full_name);
+}
+
+std::unique_ptr<Channel::Retry> Channel::MakeRetry(const MethodInfo& method,
+                                                   const ClientContext& ctx,
+                                                   const google::protobuf::MessageLite& request,
+                                                   size_t size) {
+  auto retry = std::make_unique<Retry>();
+  retry->method_id = method.id;
+  retry->request.resize(size);
+  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(retry->request.data()));
+  if (!ctx.metadata().empty()) retry->metadata = transport::EncodeMetadata(ctx.metadata());
+  retry->wait_for_ready = ctx.wait_for_ready();
+  retry->backoff = options_.retry.initial_backoff;
+  return retry;
+}
+
 bool Channel::RetryLocked(uint64_t id, const Status& status) {
   Pending* p = pending_.Get(id);
   if (p == nullptr || p->retry == nullptr) return false;
@@ -860,12 +866,16 @@ void Channel::Resend(uint64_t id) {
   WakeConnector();
 }
 
-void Channel::Deliver(Pending&& p, Status status) {
-  p.ctx->ClearCancelHook();
+void Channel::InterceptEnd(const Pending& p, const Status& status) {
   const auto& interceptors = options_.interceptors;
   for (auto it = interceptors.rbegin(); it != interceptors.rend(); ++it) {
     (*it)->OnEnd(*p.ctx, p.method, status);
   }
+}
+
+void Channel::Deliver(Pending&& p, Status status) {
+  p.ctx->ClearCancelHook();
+  if (!options_.interceptors.empty()) InterceptEnd(p, status);
   if (p.inline_done) {
     std::move(p.done)(std::move(status));
     return;

@@ -300,6 +300,11 @@ class Channel {
   // `status`, is sent again; if so it stays pending and Resend queues it
   // for the connector after its backoff.
   bool RetryLocked(uint64_t id, const Status& status);
+  // Out of line, apart from the fast path: ChannelOptions::interceptors.
+  void InterceptStart(ClientContext& ctx, const MethodInfo& method);
+  void InterceptEnd(const Pending& p, const Status& status);
+  std::unique_ptr<Retry> MakeRetry(const MethodInfo& method, const ClientContext& ctx,
+                                   const google::protobuf::MessageLite& request, size_t size);
   void Resend(uint64_t id);
 
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg);

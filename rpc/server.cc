@@ -51,6 +51,7 @@ class ServerCallImpl : public ServerCall {
         ctx_(method->full_name, conn, deadline, std::move(client_md),
              absl::string_view(msg_.payload.data(), msg_.header.attachment_len)) {
     ctx_.SetDeadlineWatch(&ServerCallImpl::WatchDeadline, this);
+    if (!server->interceptors_.empty()) intercepted_ = std::make_unique<Intercepted>();
   }
 
   ServerContext* context() override { return &ctx_; }
@@ -124,11 +125,11 @@ class ServerCallImpl : public ServerCall {
     for (size_t i = 0; i < interceptors.size(); ++i) {
       Status admitted;
       {
-        std::lock_guard<std::mutex> lock(interceptors_mu_);
+        std::lock_guard<std::mutex> lock(intercepted_->mu);
         // Answered meanwhile (Shutdown past its grace): Finish only lets go.
-        if (interceptors_closed_) return Finish(Status(StatusCode::kCancelled, ""), nullptr);
+        if (intercepted_->closed) return Finish(Status(StatusCode::kCancelled, ""), nullptr);
         admitted = interceptors[i]->OnRequest(ctx_);
-        interceptors_entered_ = i + 1;
+        intercepted_->entered = i + 1;
       }
       if (!admitted.ok()) return Finish(admitted, nullptr);
     }
@@ -136,14 +137,14 @@ class ServerCallImpl : public ServerCall {
   }
 
   // The OnResponse of every interceptor whose OnRequest ran, last first.
-  // Under interceptors_mu_ the two sides agree on how many those are: an
+  // Under Intercepted::mu the two sides agree on how many those are: an
   // answer from another thread (Shutdown) waits for an OnRequest running.
   void InterceptResponse(const Status& status) {
     size_t entered;
     {
-      std::lock_guard<std::mutex> lock(interceptors_mu_);
-      interceptors_closed_ = true;
-      entered = interceptors_entered_;
+      std::lock_guard<std::mutex> lock(intercepted_->mu);
+      intercepted_->closed = true;
+      entered = intercepted_->entered;
     }
     for (size_t i = entered; i-- > 0;) server_->interceptors_[i]->OnResponse(ctx_, status);
   }
@@ -175,10 +176,14 @@ class ServerCallImpl : public ServerCall {
   ServerContext ctx_;
   std::atomic<uint64_t> deadline_timer_{0};
   std::atomic<uint8_t> tracking_{kUntracked};
-  // Used only with interceptors (Run, InterceptResponse).
-  std::mutex interceptors_mu_;
-  size_t interceptors_entered_ = 0;   // guarded by interceptors_mu_
-  bool interceptors_closed_ = false;  // guarded by interceptors_mu_
+  // Made only when the server has interceptors: a call without them pays
+  // for no mutex.
+  struct Intercepted {
+    std::mutex mu;
+    size_t entered = 0;   // interceptors whose OnRequest ran; guarded by mu
+    bool closed = false;  // answered: no further OnRequest; guarded by mu
+  };
+  std::unique_ptr<Intercepted> intercepted_;
 };
 
 Server::Server(int workers, size_t max_message_size, size_t max_calls, size_t max_calls_per_conn)
