@@ -232,6 +232,37 @@ TEST_F(BadServerTest, GarbageEndsPendingCallsUnavailableAndTheChannelReconnects)
   ExpectNextCallServed();  // on a new connection
 }
 
+// Under a RetryPolicy a call whose connection is lost after its request went
+// out is sent again, on a new connection and with the same call id: the
+// server sees the request twice (which RetryPolicy warns of), and the call
+// succeeds.
+TEST(RetryPolicy, ACallWhoseConnectionIsLostIsSentAgainOnANewOne) {
+  RawServer server;
+  ChannelOptions options;
+  options.retry.max_attempts = 2;
+  options.retry.initial_backoff = absl::Milliseconds(10);
+  auto ch = Channel::Create(server.address(), options);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  PendingCall call(**ch, "twice");
+  auto first = server.Accept();
+  ASSERT_TRUE(first) << "the channel never connected";
+  auto sent = first->ReadFrame();
+  ASSERT_TRUE(sent) << "the request never arrived";
+  first.reset();  // the connection is lost with the call pending
+  auto second = server.Accept();
+  ASSERT_TRUE(second) << "the call was not sent again";
+  auto again = second->ReadFrame();
+  ASSERT_TRUE(again) << "the request never arrived again";
+  EXPECT_EQ(again->header.kind, MessageKind::kRequest);
+  EXPECT_EQ(again->header.call_id, sent->header.call_id);
+  EXPECT_EQ(again->payload, sent->payload);
+  second->SendFrame(Response(again->header.call_id), "", EchoResponseBytes("twice"));
+  const Status s = call.Wait();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(call.response.data(), "twice");
+  EXPECT_EQ((*ch)->stats().retries, 1u);
+}
+
 // The channel's TcpOptions reach its transport: with a 1 MiB send queue, a
 // server that accepts and never reads makes a call fail RESOURCE_EXHAUSTED
 // naming the bound after a few MiB (the sockets' buffers and the queue),
