@@ -17,7 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "proto/health.rdmarpc.pb.h"
@@ -1732,14 +1731,6 @@ TEST_P(RpcSuite, AServerThatShutsDownSendsNewCallsToItsSuccessor) {
 // successor. Small and large requests (READ over RDMA), workers and inline
 // handlers; each of several restarts races several calls.
 TEST_P(RpcSuite, BusyClientsLoseNoCallThroughGracefulRestarts) {
-  if (absl::StartsWith(GetParam().listen_addr(), "rdma://")) {
-    // A known hole, seen once in CI under ASan in the VM: a small response
-    // posted just before Shutdown tears the connection down can be flushed
-    // unsent (Connection::Delivered does not wait for posted SENDs to
-    // complete), so its call ends UNAVAILABLE. Until that is fixed the test
-    // would fail now and then over RDMA; it runs over TCP.
-    GTEST_SKIP() << "over RDMA a response posted just before teardown can be lost";
-  }
   for (int workers : {4, 0}) {
     SCOPED_TRACE(absl::StrCat("workers ", workers));
     auto ts = std::make_unique<TestServer>(GetParam().listen_addr(), 64u << 20, workers);

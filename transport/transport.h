@@ -122,10 +122,13 @@ class Connection {
   virtual absl::StatusOr<Buffer> AllocatePayload(size_t size) = 0;
   // Starts closing; OnClosed follows on the I/O thread. Idempotent.
   virtual void Close() = 0;
-  // Whether the peer needs nothing more of this side for what was sent: no
-  // frame waits to be written, and no payload the peer pulls (RDMA READ) is
-  // still unreleased. Closing before that loses what is left. A closed
-  // connection has nothing more to deliver.
+  // Whether the peer needs nothing more of this side for what was sent: every
+  // frame has reached the peer (written to the socket; over RDMA, its SEND
+  // completed), and no payload the peer pulls (RDMA READ) is still
+  // unreleased. Closing before that loses what is left. Meant to be polled:
+  // a call may start what makes the answer come true (RDMA: a signaled work
+  // request behind unsignaled SENDs). A closed connection has nothing more
+  // to deliver.
   virtual bool Delivered() = 0;
   // "tcp://1.2.3.4:5678" or similar, for errors and logs.
   virtual const std::string& peer() const = 0;

@@ -508,10 +508,35 @@ void RdmaConnection::FlushBacklogLocked() {
 }
 
 bool RdmaConnection::Delivered() {
-  // A posted SEND is the device's to deliver; what is queued behind credits
-  // or the SQ, and what the peer has still to READ, is not yet.
-  std::lock_guard<InlineMutex> lock(mu_);
-  return closed_ || (advertised_.empty() && backlog_.empty() && outbox_.empty());
+  // A SEND is delivered when it completes: the peer's device has placed it
+  // and acknowledged it. A close before that flushes it unsent, so a posted
+  // SEND counts as undelivered too, and so does what is queued behind
+  // credits or the SQ and what the peer has still to READ.
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (closed_) return true;
+    if (!advertised_.empty() || !backlog_.empty() || !outbox_.empty()) return false;
+    if (posted_.empty()) return true;
+    // Unsignaled SENDs complete only with a later signaled work request.
+    // With none outstanding, the tail would wait for the idle keepalive (or
+    // for ever, with keepalive_ms = 0): post a signaled zero-byte WRITE
+    // behind it. It takes a SEND sequence number, so its completion retires
+    // the SENDs before it; it needs no address or rkey (IBA C9-88) and uses
+    // no receive slot or credit of the peer's.
+    if (signaled_outstanding_ != 0 || sq_used_ + rd_atom_ + 1 > sq_depth_) return false;
+    const uint32_t seq = next_seq_++;
+    ibv_send_wr& wr = QueueLocked().wr;
+    wr.wr_id = WrId(kWrSend, serial_, seq, true);
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    Posted& posted = posted_.emplace_back();
+    posted.seq = seq;
+    posted.slot = -1;
+    ++sq_used_;
+    ++signaled_outstanding_;
+  }
+  FlushOutbox().IgnoreError();
+  return false;
 }
 
 void RdmaConnection::ReleaseAdvertisedLocked(uint64_t token) {

@@ -1,6 +1,6 @@
-// How frames go out: no lock held across a post, credits and the backlog
-// behind them, a SEND that finds the SRQ empty (retried and counted), and
-// strict credits that keep the windows within the SRQ.
+// How frames go out: no lock held across a post, when a frame counts as
+// delivered, credits and the backlog behind them, a SEND that finds the SRQ empty (retried and
+// counted), and strict credits that keep the windows within the SRQ.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -96,6 +96,38 @@ TEST(RdmaTransport, SendDoesNotWaitForAnotherThreadsPost) {
   EXPECT_TRUE(r2.payload_status.ok() && Matches(r2.payload, 100, 2));
   EXPECT_TRUE(r3.payload_status.ok() && Matches(r3.payload, 100, 3));
   (*conn)->Close();
+}
+
+// Delivered() holds a frame undelivered until its SEND has completed, not
+// only until it is posted: a close before the completion flushes it unsent.
+// A small SEND goes unsignaled (signal_every), and on a connection with no
+// keepalive and nothing else to send nothing would ever complete it, so
+// Delivered() itself must get the tail completed. A server shutting down
+// polls it before it closes its connections.
+TEST(RdmaTransport, DeliveredWaitsUntilTheLastSendHasCompleted) {
+  Fixture fx;
+  Waiter& waiter = fx.NewWaiter();
+  RdmaOptions client_opts;
+  client_opts.keepalive_ms = 0;
+  client_opts.signal_every = 64;
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_opts));
+  auto conn = fx.Connect(&waiter);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(Call(**conn, waiter, 1, Filled(**conn, 100, 1)).ok());
+  auto response = waiter.Expect(2);
+  ASSERT_TRUE((*conn)->Send(Request(2, Filled(**conn, 100, 2))).ok());
+  EXPECT_FALSE((*conn)->Delivered()) << "a SEND just posted, unsignaled, counted as delivered";
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  bool delivered = false;
+  while (!(delivered = (*conn)->Delivered()) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_TRUE(delivered) << "an unsignaled SEND on an idle connection never completed";
+  ASSERT_EQ(response.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  InboundMessage r = response.get();
+  EXPECT_TRUE(r.payload_status.ok() && Matches(r.payload, 100, 2));
+  (*conn)->Close();
+  EXPECT_TRUE((*conn)->Delivered()) << "a closed connection has nothing more to deliver";
 }
 
 // An echo whose server I/O thread stops in the first request until Open():
