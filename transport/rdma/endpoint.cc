@@ -686,28 +686,38 @@ bool Endpoint::TryOwnIo() {
 
 void Endpoint::ReleaseIo() { io_thread_.store(std::thread::id(), std::memory_order_release); }
 
-bool Endpoint::PollOnce(int* completions) {
-  RDMARPC_STAGE(kPoll);
+int Endpoint::PollCompletions(bool until_empty) {
   ibv_wc wcs[kPollBatch];
   int found = 0;
   const size_t queues = cq_count_.load(std::memory_order_acquire);
   for (size_t q = 0; q < queues; ++q) {
     CompletionQueue& cq = cqs_[q];
-    const int n = ibv_poll_cq(cq.cq, kPollBatch, wcs);
-    for (int i = 0; i < n; ++i) {
-      HandleCompletion(wcs[i]);
-      // After each completion, not each batch: a frame's credit may go back
-      // to its peer while it is handled, and the slot it took must be
-      // posted again before more than refill_below_ allows are missing
-      // (StrictUnpostedSlots). One compare; the refill itself is batched.
-      if (posted_ < refill_below_) RefillSrq();
-    }
-    found += std::max(n, 0);
-    if (cq.returning != 0 && n < kPollBatch) {
-      ReturnCompletions(cq.cq, static_cast<uint32_t>(cq.returning));
-      cq.returning = 0;
-    }
+    int n;
+    do {
+      n = ibv_poll_cq(cq.cq, kPollBatch, wcs);
+      for (int i = 0; i < n; ++i) {
+        HandleCompletion(wcs[i]);
+        // After each completion, not each batch: a frame's credit may go
+        // back to its peer while it is handled, and the slot it took must be
+        // posted again before more than refill_below_ allows are missing
+        // (StrictUnpostedSlots). One compare; the refill itself is batched.
+        if (posted_ < refill_below_) RefillSrq();
+      }
+      found += std::max(n, 0);
+      if (cq.returning != 0 && n < kPollBatch) {
+        ReturnCompletions(cq.cq, static_cast<uint32_t>(cq.returning));
+        cq.returning = 0;
+      }
+    } while (until_empty && n == kPollBatch);
   }
+  return found;
+}
+
+void Endpoint::DrainCompletions() { PollCompletions(/*until_empty=*/true); }
+
+bool Endpoint::PollOnce(int* completions) {
+  RDMARPC_STAGE(kPoll);
+  const int found = PollCompletions(/*until_empty=*/false);
   if (completions != nullptr) *completions = found;
   std::vector<std::function<void()>> tasks;
   if (has_tasks_.load(std::memory_order_acquire)) {

@@ -163,6 +163,11 @@ class Endpoint {
 
   void RunOnPoller(std::function<void()> task);
   void RunOnPollerAndWait(std::function<void()> task);
+  // Handles every completion waiting on the CQs, however many batches that
+  // takes: a round of polling handles one batch per CQ before its tasks, so
+  // a task that ends a connection calls this first, or what the peer sent
+  // last and the device already placed would be dropped. I/O context only.
+  void DrainCompletions();
   // True on the thread that owns the I/O context right now.
   bool OwnsIo() const {
     return io_thread_.load(std::memory_order_relaxed) == std::this_thread::get_id();
@@ -242,6 +247,9 @@ class Endpoint {
   void ReleaseIo();
   // One round of I/O work; true when there was any. I/O context only.
   bool PollOnce(int* completions = nullptr);
+  // Handles one batch of completions from each CQ, or with `until_empty`
+  // as many as they hold; returns how many. I/O context only.
+  int PollCompletions(bool until_empty);
   bool DrivenRecently() const;
   // Timers (RdmaConnection::ExpireTimeouts: release timeouts, stalled
   // READs, keepalives), looked at every

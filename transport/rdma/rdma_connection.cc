@@ -913,6 +913,10 @@ void RdmaConnection::Close() {
 
 void RdmaConnection::OnPeerGone(absl::Status why) {
   if (freed_) return;
+  // The peer's last frames completed before it disconnected (a server
+  // shutting down waits for that), but may still wait on our CQ behind more
+  // than one batch; once torn down, this connection would drop them.
+  endpoint_->DrainCompletions();
   rdma_disconnect(id_);
   why = RevocationHint(std::move(why));
   Teardown(absl::Status(why.code(), absl::StrCat(why.message(), LocationNote())));

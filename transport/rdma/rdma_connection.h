@@ -219,8 +219,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // Ends the connection: observer->OnClosed, then waits for the QP to drain
   // and frees everything. Idempotent.
   void Teardown(absl::Status why);
-  // The peer disconnected (rdma_cm event): answer its DREQ at once, then
-  // tear down. I/O context.
+  // The peer disconnected (rdma_cm event): handle what it sent before,
+  // answer its DREQ, then tear down. I/O context.
   void OnPeerGone(absl::Status why);
   // The device reported this QP, or the CQ, SRQ or device it uses, failed
   // (device_events.h): tear down with `why`. I/O context.

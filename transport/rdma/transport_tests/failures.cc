@@ -1,5 +1,6 @@
 // Connections that fail, are refused or are abandoned, and what they leave
-// behind: a fork while calls are in flight, a failed post, 1000
+// behind: a fork while calls are in flight, a failed post, a peer that
+// closes right after its last frames, 1000
 // connect/disconnect cycles, connects refused or cut short, a shutdown
 // while connecting, observers and listeners outliving their transport, and
 // a client killed in the middle of the server's READ.
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -427,6 +429,84 @@ TEST(RdmaTransport, DetachedObserverHearsNothingMore) {
     EXPECT_TRUE(fx.echo.closed.empty()) << "a detached observer was told the connection closed";
   }
   ExpectServesANewClient(fx);
+}
+
+// A client observer: calls (ids below kFirst) as Waiter, and frames from
+// kFirst on counted, the first of them holding the I/O thread until Open().
+struct HeldReceiver : Waiter {
+  static constexpr uint64_t kFirst = 100;
+  void OnMessage(Connection& conn, InboundMessage&& msg) override {
+    if (msg.header.call_id < kFirst) return Waiter::OnMessage(conn, std::move(msg));
+    std::unique_lock<std::mutex> lock(mu);
+    ++received;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int received = 0;   // guarded by mu
+  bool open = false;  // guarded by mu
+};
+
+// A peer that closes once its frames are delivered (a server shutting down
+// gracefully) loses none of them, however many still wait on our CQ when
+// its disconnect comes: the client's I/O thread is held in the first of 48
+// frames while the server sends the rest, waits until they are delivered
+// and closes, so the rdma_cm DISCONNECTED comes while most of them are
+// still unpolled. A round of polling handles one batch (32) per CQ before
+// it runs the task that tears the connection down.
+TEST(RdmaTransport, FramesAPeerSentBeforeDisconnectingAreAllHandled) {
+  constexpr int kFrames = 48;
+  HeldReceiver held;  // outlives the client transport, which calls it
+  Fixture fx;
+  // A failed assertion must not leave the client's I/O thread held: the
+  // transport's shutdown would wait for it.
+  struct OpenAtExit {
+    HeldReceiver& held;
+    ~OpenAtExit() { held.Open(); }
+  } open_at_exit{held};
+  RdmaOptions client_opts;
+  client_opts.client_receive_slots = 128;
+  client_opts.credits = 64;  // the server sends all 48 without credit back
+  client_opts.keepalive_ms = 0;
+  ASSERT_TRUE(fx.Start(RdmaOptions(), client_opts));
+  auto conn = fx.Connect(&held);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(Call(**conn, held, 1, Filled(**conn, 100, 1)).ok());
+  std::shared_ptr<Connection> server_end = fx.LastAccepted();
+  ASSERT_TRUE(server_end);
+  for (uint64_t id = HeldReceiver::kFirst; id < HeldReceiver::kFirst + kFrames; ++id) {
+    OutboundMessage m;
+    m.header.kind = MessageKind::kResponse;
+    m.header.call_id = id;
+    m.payload = Filled(*server_end, 100, id);
+    ASSERT_TRUE(server_end->Send(std::move(m)).ok());
+  }
+  {
+    std::unique_lock<std::mutex> lock(held.mu);
+    ASSERT_TRUE(held.cv.wait_for(lock, std::chrono::seconds(20), [&] { return held.received > 0; }))
+        << "the client never received the first frame";
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (!server_end->Delivered() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(server_end->Delivered()) << "the held client's device never acknowledged the frames";
+  server_end->Close();
+  // Time for the client's rdma_cm thread to hand the DISCONNECTED to the
+  // held I/O thread: it then runs right after the batch in hand.
+  absl::SleepFor(absl::Seconds(1));
+  held.Open();
+  const absl::Time closed_by = absl::Now() + absl::Seconds(30);
+  while (!held.FinishedClosing() && absl::Now() < closed_by) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(held.FinishedClosing()) << "the client never noticed the server's close";
+  std::lock_guard<std::mutex> lock(held.mu);
+  EXPECT_EQ(held.received, kFrames) << "frames delivered before the disconnect were dropped";
 }
 
 // A listener destroyed after its transport has shut down (its CM thread
