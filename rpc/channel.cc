@@ -57,13 +57,15 @@ class Channel::Watch final : public transport::ConnectionObserver {
  public:
   explicit Watch(Channel* channel) : channel_(channel) {}
   void OnMessage(transport::Connection& conn, InboundMessage&& msg) override {
+    if (msg.header.kind == MessageKind::kGoAway) return channel_->OnGoAway(*this, conn);
     channel_->OnMessage(conn, std::move(msg));
   }
   void OnClosed(transport::Connection& conn, const absl::Status& why) override {
     channel_->OnClosed(*this, conn, why);
   }
 
-  bool lost = false;  // Channel::mu_
+  bool lost = false;     // Channel::mu_
+  bool go_away = false;  // Channel::mu_: the server's GOAWAY came on it
   bool done = false;  // Channel::watch_mu_
   // Twice the requests being sent on this connection outside mu_ (they
   // started under mu_ while it was conn_), plus one once the server's GOAWAY
@@ -616,23 +618,39 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
             : Status(StatusCode::kUnavailable,
                      absl::StrCat("cannot reach ", target_, ": ", conn.status().message()));
   }
-  std::lock_guard<InlineMutex> lock(mu_);
-  connecting_ = false;
-  state_changed_.notify_all();
-  if (failure.ok() && watch->lost) {
-    failure = Status(StatusCode::kUnavailable,
-                     absl::StrCat("connection to ", target_, " lost as soon as it was made"));
-  }
-  if (!failure.ok()) {
+  bool acknowledge = false;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    connecting_ = false;
+    state_changed_.notify_all();
+    if (failure.ok() && watch->lost) {
+      failure = Status(StatusCode::kUnavailable,
+                       absl::StrCat("connection to ", target_, " lost as soon as it was made"));
+    } else if (failure.ok() && watch->go_away) {
+      // The server began to shut down as we connected, and its GOAWAY came
+      // before we took the connection. It takes no call; it drains like any
+      // other until the server closes it, and the server waits for its
+      // acknowledgment. Nothing was sent on it, so the acknowledgment is ours.
+      watch->sending.fetch_or(1, std::memory_order_acq_rel);
+      acknowledge = true;
+      draining_.push_back(*conn);
+      ++stats_.go_aways;
+      failure =
+          Status(StatusCode::kUnavailable,
+                 absl::StrCat(target_, " is shutting down (GOAWAY as the connection was made)"));
+    }
+    if (failure.ok()) {
+      backoff_ = absl::ZeroDuration();
+      retry_after_ = absl::InfinitePast();
+      conn_ = *conn;
+      conn_watch_ = watch;
+      return conn_;
+    }
     StartBackoffLocked(start, failure);
     ++stats_.connect_failures;
-    return failure;
   }
-  backoff_ = absl::ZeroDuration();
-  retry_after_ = absl::InfinitePast();
-  conn_ = *conn;
-  conn_watch_ = watch;
-  return conn_;
+  if (acknowledge) AckGoAway(**conn);
+  return failure;
 }
 
 void Channel::StartBackoffLocked(absl::Time start, const Status& failure) {
@@ -921,7 +939,6 @@ void Channel::PostCounted(absl::AnyInvocable<void() &&> run) {
 
 void Channel::OnMessage(transport::Connection& conn, InboundMessage&& msg) {
   if (msg.header.kind != MessageKind::kResponse) {
-    if (msg.header.kind == MessageKind::kGoAway) return OnGoAway(conn);
     fprintf(stderr, "rdmarpc[channel %s]: ignoring message kind %d from %s\n", target_.c_str(),
             static_cast<int>(msg.header.kind), conn.peer().c_str());
     return;
@@ -945,12 +962,15 @@ void Channel::OnMessage(transport::Connection& conn, InboundMessage&& msg) {
   }
 }
 
-void Channel::OnGoAway(transport::Connection& conn) {
+void Channel::OnGoAway(Watch& watch, transport::Connection& conn) {
   // The next call connects anew: to the server's successor, or it fails to
   // connect (waits, if wait-for-ready) instead of being refused by a server
   // that is going away.
   {
     std::lock_guard<InlineMutex> lock(mu_);
+    watch.go_away = true;
+    // Not conn_: draining already, or not adopted yet (EnsureConnected
+    // then sees go_away).
     if (conn_.get() != &conn) return;
     draining_.push_back(std::move(conn_));  // leaves conn_ null
     ++stats_.go_aways;

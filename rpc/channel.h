@@ -309,8 +309,9 @@ class Channel {
 
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg);
   // Moves the connection to draining_ and acknowledges the GOAWAY once the
-  // requests under way on it are sent (Watch::sending).
-  void OnGoAway(transport::Connection& conn);
+  // requests under way on it are sent (Watch::sending). One that comes
+  // before EnsureConnected adopts the connection is left to it.
+  void OnGoAway(Watch& watch, transport::Connection& conn);
   // Around the send of a request on conn_, begun under mu_ while it is
   // conn_: BeginSendLocked returns conn_'s Watch, to pass to EndSend.
   Watch* BeginSendLocked();
