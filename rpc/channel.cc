@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <condition_variable>
 #include <iterator>
 #include <thread>
@@ -189,7 +190,7 @@ void Channel::LeaveTransport() {
   std::vector<std::shared_ptr<transport::Connection>> conns;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    conns = draining_;
+    for (const Draining& d : draining_) conns.push_back(d.conn);
     if (conn_) conns.push_back(conn_);
   }
   for (auto& conn : conns) conn->Close();
@@ -633,8 +634,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
       // acknowledgment. Nothing was sent on it, so the acknowledgment is ours.
       watch->sending.fetch_or(1, std::memory_order_acq_rel);
       acknowledge = true;
-      draining_.push_back(*conn);
-      ++stats_.go_aways;
+      DrainLocked(*conn);
       failure =
           Status(StatusCode::kUnavailable,
                  absl::StrCat(target_, " is shutting down (GOAWAY as the connection was made)"));
@@ -649,7 +649,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
     StartBackoffLocked(start, failure);
     ++stats_.connect_failures;
   }
-  if (acknowledge) AckGoAway(**conn);
+  if (acknowledge) AckGoAway(**conn);  // and closes it: no call went on it
   return failure;
 }
 
@@ -743,14 +743,18 @@ ChannelStats Channel::stats() const {
 void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tell_server) {
   Pending p;
   std::shared_ptr<transport::Connection> conn;
+  std::shared_ptr<transport::Connection> idle;  // a draining connection this call was last on
   {
-    std::lock_guard<InlineMutex> lock(mu_);
+    std::unique_lock<InlineMutex> lock(mu_);
     // A cancel or the deadline (tell_server) ends a call for good.
     if (options_.retry.max_attempts > 1 && !tell_server && !status.ok() &&
-        RetryLocked(id, status)) {
+        RetryLocked(id, status, &idle)) {
+      lock.unlock();
+      if (idle) idle->Close();
       return;
     }
     if (!pending_.Take(id, &p)) return;  // already ended (late response, timer, cancel)
+    if (!draining_.empty()) idle = LeaveDrainingLocked(p.conn);
     if (p.conn == nullptr && status.code() == StatusCode::kDeadlineExceeded) {
       status =
           Status(StatusCode::kDeadlineExceeded,
@@ -765,8 +769,8 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
       if (conn_.get() == p.conn) {
         conn = conn_;
       } else {
-        for (const auto& d : draining_) {
-          if (d.get() == p.conn) conn = d;
+        for (const Draining& d : draining_) {
+          if (d.conn.get() == p.conn) conn = d.conn;
         }
       }
     }
@@ -778,6 +782,7 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
     cancel.header.call_id = id;
     conn->Send(std::move(cancel)).IgnoreError();  // best effort: the call is over here
   }
+  if (idle) idle->Close();
   // Errors made here get the method's name; a handler's own status reaches
   // the caller unchanged. UNIMPLEMENTED is the server runtime's, which knows
   // only the method id.
@@ -843,7 +848,8 @@ std::unique_ptr<Channel::Retry> Channel::MakeRetry(const MethodInfo& method,
   return retry;
 }
 
-bool Channel::RetryLocked(uint64_t id, const Status& status) {
+bool Channel::RetryLocked(uint64_t id, const Status& status,
+                          std::shared_ptr<transport::Connection>* idle) {
   Pending* p = pending_.Get(id);
   if (p == nullptr || p->retry == nullptr) return false;
   const RetryPolicy& policy = options_.retry;
@@ -859,6 +865,7 @@ bool Channel::RetryLocked(uint64_t id, const Status& status) {
   ++retry.attempts;
   retry.backoff = std::min(retry.backoff * policy.multiplier, policy.max_backoff);
   ++stats_.retries;
+  if (!draining_.empty()) *idle = LeaveDrainingLocked(p->conn);
   p->conn = nullptr;  // a cancel meanwhile has no server to tell
   // The id stays the call's: its deadline timer and cancel hook still find
   // it, and a retry finds nothing once either has ended it.
@@ -972,13 +979,33 @@ void Channel::OnGoAway(Watch& watch, transport::Connection& conn) {
     // Not conn_: draining already, or not adopted yet (EnsureConnected
     // then sees go_away).
     if (conn_.get() != &conn) return;
-    draining_.push_back(std::move(conn_));  // leaves conn_ null
-    ++stats_.go_aways;
+    DrainLocked(std::move(conn_));  // leaves conn_ null
     state_changed_.notify_all();
-    Watch* watch = std::exchange(conn_watch_, nullptr);
-    if (watch->sending.fetch_or(1, std::memory_order_acq_rel) != 0) return;  // EndSend acks
+    conn_watch_ = nullptr;
+    // With a send under way there is a call on it, and EndSend acks.
+    if (watch.sending.fetch_or(1, std::memory_order_acq_rel) != 0) return;
   }
   AckGoAway(conn);
+}
+
+void Channel::DrainLocked(std::shared_ptr<transport::Connection> conn) {
+  size_t calls = 0;
+  pending_.ForEach([&](uint64_t, Pending& p) {
+    if (p.conn == conn.get()) ++calls;
+  });
+  draining_.push_back(Draining{std::move(conn), calls});
+  ++stats_.go_aways;
+}
+
+std::shared_ptr<transport::Connection> Channel::LeaveDrainingLocked(
+    const transport::Connection* conn) {
+  if (conn == nullptr || conn == conn_.get()) return nullptr;
+  for (Draining& d : draining_) {
+    if (d.conn.get() != conn) continue;
+    assert(d.calls > 0 && "only the calls counted by DrainLocked leave a draining connection");
+    return --d.calls == 0 ? d.conn : nullptr;
+  }
+  return nullptr;
 }
 
 Channel::Watch* Channel::BeginSendLocked() {
@@ -994,6 +1021,17 @@ void Channel::AckGoAway(transport::Connection& conn) {
   OutboundMessage ack;
   ack.header.kind = MessageKind::kGoAway;
   conn.Send(std::move(ack)).IgnoreError();  // lost with its connection, which ends the wait
+  // No call on it: none was when the GOAWAY came, or the last ended while
+  // the acknowledgment waited for a send (its LeaveDrainingLocked may then
+  // have closed it already; Close is idempotent).
+  bool idle = false;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    for (const Draining& d : draining_) {
+      if (d.conn.get() == &conn) idle = d.calls == 0;
+    }
+  }
+  if (idle) conn.Close();
 }
 
 void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why) {
@@ -1007,7 +1045,7 @@ void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::St
       state_changed_.notify_all();
     }
     draining_.erase(std::remove_if(draining_.begin(), draining_.end(),
-                                   [&](const auto& c) { return c.get() == &conn; }),
+                                   [&](const Draining& d) { return d.conn.get() == &conn; }),
                     draining_.end());
     pending_.ForEach([&](uint64_t id, Pending& p) {
       if (p.conn == &conn) lost.push_back(id);

@@ -299,7 +299,9 @@ class Channel {
   // Under a RetryPolicy: whether the call `id`, whose attempt ended with
   // `status`, is sent again; if so it stays pending and Resend queues it
   // for the connector after its backoff.
-  bool RetryLocked(uint64_t id, const Status& status);
+  // A call that leaves a draining connection puts it in *idle when it was
+  // the last one there.
+  bool RetryLocked(uint64_t id, const Status& status, std::shared_ptr<transport::Connection>* idle);
   // Out of line, apart from the fast path: ChannelOptions::interceptors.
   void InterceptStart(ClientContext& ctx, const MethodInfo& method);
   void InterceptEnd(const Pending& p, const Status& status);
@@ -312,12 +314,20 @@ class Channel {
   // requests under way on it are sent (Watch::sending). One that comes
   // before EnsureConnected adopts the connection is left to it.
   void OnGoAway(Watch& watch, transport::Connection& conn);
+  // Moves `conn` (conn_, or one not yet adopted) to draining_, with the
+  // calls on it counted.
+  void DrainLocked(std::shared_ptr<transport::Connection> conn);
+  // A pending call on `conn` ended or leaves it for another attempt: when
+  // conn is draining and that was its last call, returns it to be closed
+  // (outside mu_).
+  std::shared_ptr<transport::Connection> LeaveDrainingLocked(const transport::Connection* conn);
   // Around the send of a request on conn_, begun under mu_ while it is
   // conn_: BeginSendLocked returns conn_'s Watch, to pass to EndSend.
   Watch* BeginSendLocked();
   void EndSend(Watch* watch, transport::Connection& conn);
-  // Tells the server that no new call follows on `conn`.
-  static void AckGoAway(transport::Connection& conn);
+  // Tells the server that no new call follows on `conn`, and closes it when
+  // no call is left on it.
+  void AckGoAway(transport::Connection& conn);
   void OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why);
 
   const std::string target_;
@@ -330,8 +340,14 @@ class Channel {
   Watch* conn_watch_ = nullptr;                                 // conn_'s, guarded by mu_
   // Connections the server said it drains (kGoAway): no new call goes on
   // them; the calls on them end there, or in their OnClosed, which drops
-  // them from here. Guarded by mu_.
-  std::vector<std::shared_ptr<transport::Connection>> draining_;
+  // them from here. The channel closes one once the last of its calls has
+  // left it (LeaveDrainingLocked): the server needs nothing more of it.
+  // Guarded by mu_.
+  struct Draining {
+    std::shared_ptr<transport::Connection> conn;
+    size_t calls;  // pending calls that went on it
+  };
+  std::vector<Draining> draining_;
   // Reconnect backoff, guarded by mu_: the wait after the last failed
   // attempt (zero after a success), when the next may start, and its status.
   absl::Duration backoff_;

@@ -69,11 +69,11 @@ class RawConnection {
     }
     return f;
   }
-  // True when the peer closed this connection (EOF within 10 s).
-  bool ClosedByPeer() {
+  // True when the peer closed this connection (EOF within `timeout_ms`).
+  bool ClosedByPeer(int timeout_ms = 10000) {
     char c;
     pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 10000) <= 0) return false;
+    if (poll(&p, 1, timeout_ms) <= 0) return false;
     return read(fd_, &c, 1) == 0;
   }
 

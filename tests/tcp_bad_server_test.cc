@@ -4,9 +4,9 @@
 // nobody made, or garbage. Each bad answer ends only its own call, with a
 // status naming what was wrong; lost framing ends the connection's calls
 // UNAVAILABLE, and the channel connects again for the next call. A GOAWAY
-// that comes as the connection is made is acknowledged. A server that never
-// reads pins no more of the client's memory than the channel's
-// TcpOptions allow.
+// that comes as the connection is made is acknowledged, and a draining
+// connection is closed once its last call ends. A server that never reads
+// pins no more of the client's memory than the channel's TcpOptions allow.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -237,16 +237,21 @@ TEST_F(BadServerTest, GarbageEndsPendingCallsUnavailableAndTheChannelReconnects)
   ExpectNextCallServed();  // on a new connection
 }
 
+// A channel's options that send a failed call once more, 10 ms later.
+ChannelOptions RetryOnce() {
+  ChannelOptions options;
+  options.retry.max_attempts = 2;
+  options.retry.initial_backoff = absl::Milliseconds(10);
+  return options;
+}
+
 // Under a RetryPolicy a call whose connection is lost after its request went
 // out is sent again, on a new connection and with the same call id: the
 // server sees the request twice (which RetryPolicy warns of), and the call
 // succeeds.
 TEST(RetryPolicy, ACallWhoseConnectionIsLostIsSentAgainOnANewOne) {
   RawServer server;
-  ChannelOptions options;
-  options.retry.max_attempts = 2;
-  options.retry.initial_backoff = absl::Milliseconds(10);
-  auto ch = Channel::Create(server.address(), options);
+  auto ch = Channel::Create(server.address(), RetryOnce());
   ASSERT_TRUE(ch.ok()) << ch.status();
   PendingCall call(**ch, "twice");
   auto first = server.Accept();
@@ -320,6 +325,76 @@ TEST(GoAway, OneThatComesAsTheConnectionIsMadeIsAcknowledged) {
   }
   printf("the GOAWAY came before the channel took its connection in %d of %d rounds\n", early,
          kRounds);
+}
+
+// The channel closes a connection the server drains once the last call on
+// it has ended, and at once (after its acknowledgment) when none is: the
+// server needs nothing more of it, and it is not held until the server
+// closes it at the end of its shutdown.
+TEST(GoAway, TheChannelClosesADrainingConnectionOnceItsLastCallEnds) {
+  RawServer server;
+  auto ch = Channel::Create(server.address(), ChannelOptions());
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  Header go_away;
+  go_away.kind = MessageKind::kGoAway;
+  PendingCall call(**ch, "last");
+  auto peer = server.Accept();
+  ASSERT_TRUE(peer) << "the channel never connected";
+  auto request = peer->ReadFrame();
+  ASSERT_TRUE(request) << "the request never arrived";
+  peer->SendFrame(go_away, "", "");
+  auto ack = peer->ReadFrame();
+  ASSERT_TRUE(ack) << "the GOAWAY was never acknowledged";
+  EXPECT_EQ(ack->header.kind, MessageKind::kGoAway);
+  EXPECT_FALSE(peer->ClosedByPeer(200)) << "closed with a call still on it";
+  peer->SendFrame(Response(request->header.call_id), "", EchoResponseBytes("last"));
+  const Status s = call.Wait();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(peer->ClosedByPeer()) << "the draining connection stayed open after its last call";
+
+  PendingCall next(**ch, "next");
+  auto idle = server.Accept();
+  ASSERT_TRUE(idle) << "the next call did not connect anew";
+  request = idle->ReadFrame();
+  ASSERT_TRUE(request) << "the request never arrived";
+  idle->SendFrame(Response(request->header.call_id), "", EchoResponseBytes("next"));
+  ASSERT_TRUE(next.Wait().ok());
+  idle->SendFrame(go_away, "", "");
+  ack = idle->ReadFrame();
+  ASSERT_TRUE(ack) << "the GOAWAY was never acknowledged";
+  EXPECT_EQ(ack->header.kind, MessageKind::kGoAway);
+  EXPECT_TRUE(idle->ClosedByPeer()) << "a draining connection with no call stayed open";
+  EXPECT_EQ((*ch)->stats().go_aways, 2u);
+}
+
+// A call that leaves a draining connection for another attempt (a
+// RetryPolicy) leaves it as one that ends does: the last one out closes it.
+TEST(GoAway, ACallSentAgainElsewhereLeavesItsDrainingConnectionClosed) {
+  RawServer server;
+  auto ch = Channel::Create(server.address(), RetryOnce());
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  PendingCall call(**ch, "again");
+  auto first = server.Accept();
+  ASSERT_TRUE(first) << "the channel never connected";
+  auto request = first->ReadFrame();
+  ASSERT_TRUE(request) << "the request never arrived";
+  Header go_away;
+  go_away.kind = MessageKind::kGoAway;
+  first->SendFrame(go_away, "", "");
+  auto ack = first->ReadFrame();
+  ASSERT_TRUE(ack) << "the GOAWAY was never acknowledged";
+  first->SendFrame(
+      Response(request->header.call_id, static_cast<uint16_t>(StatusCode::kUnavailable)), "",
+      "server is shutting down");
+  EXPECT_TRUE(first->ClosedByPeer()) << "the draining connection stayed open after the retry";
+  auto second = server.Accept();
+  ASSERT_TRUE(second) << "the call was not sent again";
+  request = second->ReadFrame();
+  ASSERT_TRUE(request) << "the request never arrived again";
+  second->SendFrame(Response(request->header.call_id), "", EchoResponseBytes("again"));
+  const Status s = call.Wait();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ((*ch)->stats().retries, 1u);
 }
 
 // The channel's TcpOptions reach its transport: with a 1 MiB send queue, a
