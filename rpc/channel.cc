@@ -67,7 +67,7 @@ class Channel::Watch final : public transport::ConnectionObserver {
 
   bool lost = false;     // Channel::mu_
   bool go_away = false;  // Channel::mu_: the server's GOAWAY came on it
-  bool done = false;  // Channel::watch_mu_
+  bool done = false;     // Channel::watch_mu_
   // Twice the requests being sent on this connection outside mu_ (they
   // started under mu_ while it was conn_), plus one once the server's GOAWAY
   // came. The acknowledgment promises the server that no request follows,
@@ -629,9 +629,9 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
                        absl::StrCat("connection to ", target_, " lost as soon as it was made"));
     } else if (failure.ok() && watch->go_away) {
       // The server began to shut down as we connected, and its GOAWAY came
-      // before we took the connection. It takes no call; it drains like any
-      // other until the server closes it, and the server waits for its
-      // acknowledgment. Nothing was sent on it, so the acknowledgment is ours.
+      // before we took the connection. It takes no call: it is acknowledged
+      // (the server waits for that; nothing was sent on it, so the
+      // acknowledgment is ours) and then closed.
       watch->sending.fetch_or(1, std::memory_order_acq_rel);
       acknowledge = true;
       DrainLocked(*conn);

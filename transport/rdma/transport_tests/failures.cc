@@ -1,9 +1,9 @@
 // Connections that fail, are refused or are abandoned, and what they leave
 // behind: a fork while calls are in flight, a failed post, a peer that
-// closes right after its last frames, 1000
-// connect/disconnect cycles, connects refused or cut short, a shutdown
-// while connecting, observers and listeners outliving their transport, and
-// a client killed in the middle of the server's READ.
+// closes right after its last frames, 1000 connect/disconnect cycles,
+// connects refused or cut short, a shutdown while connecting, observers and
+// listeners outliving their transport, and a client killed in the middle of
+// the server's READ.
 #include <dirent.h>
 #include <signal.h>
 #include <spawn.h>

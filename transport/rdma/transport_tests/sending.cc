@@ -1,6 +1,7 @@
 // How frames go out: no lock held across a post, when a frame counts as
-// delivered, credits and the backlog behind them, a SEND that finds the SRQ empty (retried and
-// counted), and strict credits that keep the windows within the SRQ.
+// delivered, credits and the backlog behind them, a SEND that finds the SRQ
+// empty (retried and counted), and strict credits that keep the windows
+// within the SRQ.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
