@@ -3,9 +3,10 @@
 // that does not exist, a payload over the channel's limit, answers to calls
 // nobody made, or garbage. Each bad answer ends only its own call, with a
 // status naming what was wrong; lost framing ends the connection's calls
-// UNAVAILABLE, and the channel connects again for the next call. A GOAWAY
-// that comes as the connection is made is acknowledged, and a draining
-// connection is closed once its last call ends. A server that never reads
+// UNAVAILABLE, and the channel connects again for the next call; under a
+// RetryPolicy the lost call is sent again. A GOAWAY that comes as the
+// connection is made is acknowledged, and a draining connection is closed
+// once its last call ends. A server that never reads
 // pins no more of the client's memory than the channel's TcpOptions allow.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -109,6 +110,13 @@ Header Response(uint64_t call_id, uint16_t status = 0) {
   h.kind = MessageKind::kResponse;
   h.call_id = call_id;
   h.status = status;
+  return h;
+}
+
+// A server's GOAWAY: it is shutting down, no new call on this connection.
+Header GoAway() {
+  Header h;
+  h.kind = MessageKind::kGoAway;
   return h;
 }
 
@@ -294,9 +302,7 @@ TEST(GoAway, OneThatComesAsTheConnectionIsMadeIsAcknowledged) {
     PendingCall call(**ch, "late", /*wait_for_ready=*/true);
     auto first = server.Accept();
     ASSERT_TRUE(first) << "the channel never connected";
-    Header go_away;
-    go_away.kind = MessageKind::kGoAway;
-    first->SendFrame(go_away, "", "");
+    first->SendFrame(GoAway(), "", "");
     std::optional<RawConnection::Frame> request;  // the call's, if it came on `first`
     bool acknowledged = false;
     while (auto f = first->ReadFrame()) {
@@ -335,14 +341,12 @@ TEST(GoAway, TheChannelClosesADrainingConnectionOnceItsLastCallEnds) {
   RawServer server;
   auto ch = Channel::Create(server.address(), ChannelOptions());
   ASSERT_TRUE(ch.ok()) << ch.status();
-  Header go_away;
-  go_away.kind = MessageKind::kGoAway;
   PendingCall call(**ch, "last");
   auto peer = server.Accept();
   ASSERT_TRUE(peer) << "the channel never connected";
   auto request = peer->ReadFrame();
   ASSERT_TRUE(request) << "the request never arrived";
-  peer->SendFrame(go_away, "", "");
+  peer->SendFrame(GoAway(), "", "");
   auto ack = peer->ReadFrame();
   ASSERT_TRUE(ack) << "the GOAWAY was never acknowledged";
   EXPECT_EQ(ack->header.kind, MessageKind::kGoAway);
@@ -359,7 +363,7 @@ TEST(GoAway, TheChannelClosesADrainingConnectionOnceItsLastCallEnds) {
   ASSERT_TRUE(request) << "the request never arrived";
   idle->SendFrame(Response(request->header.call_id), "", EchoResponseBytes("next"));
   ASSERT_TRUE(next.Wait().ok());
-  idle->SendFrame(go_away, "", "");
+  idle->SendFrame(GoAway(), "", "");
   ack = idle->ReadFrame();
   ASSERT_TRUE(ack) << "the GOAWAY was never acknowledged";
   EXPECT_EQ(ack->header.kind, MessageKind::kGoAway);
@@ -378,9 +382,7 @@ TEST(GoAway, ACallSentAgainElsewhereLeavesItsDrainingConnectionClosed) {
   ASSERT_TRUE(first) << "the channel never connected";
   auto request = first->ReadFrame();
   ASSERT_TRUE(request) << "the request never arrived";
-  Header go_away;
-  go_away.kind = MessageKind::kGoAway;
-  first->SendFrame(go_away, "", "");
+  first->SendFrame(GoAway(), "", "");
   auto ack = first->ReadFrame();
   ASSERT_TRUE(ack) << "the GOAWAY was never acknowledged";
   first->SendFrame(
