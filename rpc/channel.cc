@@ -434,7 +434,8 @@ void Channel::ConnectForWaiting() {
   // Bounded by connect_timeout alone, not by the calls' deadlines: calls
   // that come while it runs may have later ones. A deadline ends its call by
   // the call's timer.
-  auto connected = EnsureConnected();
+  bool refused_by_go_away = false;
+  auto connected = EnsureConnected(&refused_by_go_away);
   {
     // The destructor ends the waiting calls.
     std::lock_guard<std::mutex> lock(connector_->mu);
@@ -452,10 +453,16 @@ void Channel::ConnectForWaiting() {
   inline_scopes = &scope;
   // A call that found no connection ends with `why`, unless it is
   // wait-for-ready: then it waits for the next attempt (unless nothing ever
-  // could connect).
+  // could connect). One that a GOAWAY kept from being sent waits for the
+  // next attempt once in any case: the server never saw it, and a call made
+  // a moment later would get that attempt too (as gRPC's calls get when
+  // their connection goes idle on a GOAWAY).
   std::vector<Waiting> again;
-  const auto not_sent = [&](Waiting& w, const Status& why) {
-    if (w.wait_for_ready && !absl::IsInvalidArgument(why)) {
+  Status last_not_sent;
+  const auto not_sent = [&](Waiting& w, const Status& why, bool go_away) {
+    if ((w.wait_for_ready && !absl::IsInvalidArgument(why)) ||
+        (go_away && !std::exchange(w.after_go_away, true))) {
+      last_not_sent = why;
       again.push_back(std::move(w));
     } else {
       Complete(w.id, why, nullptr, false);
@@ -463,7 +470,7 @@ void Channel::ConnectForWaiting() {
   };
   for (Waiting& w : batch) {
     if (!connected.ok()) {
-      not_sent(w, connected.status());
+      not_sent(w, connected.status(), refused_by_go_away);
       continue;
     }
     OutboundMessage msg;
@@ -475,6 +482,8 @@ void Channel::ConnectForWaiting() {
     // connection made above may be lost already.
     std::shared_ptr<transport::Connection> conn;
     Watch* watch = nullptr;
+    Status cleared_why;
+    bool cleared_by_go_away = false;
     {
       std::lock_guard<InlineMutex> lock(mu_);
       Pending* p = pending_.Get(w.id);
@@ -483,6 +492,9 @@ void Channel::ConnectForWaiting() {
       if (conn) {
         p->conn = conn.get();
         watch = BeginSendLocked();
+      } else {
+        cleared_why = conn_cleared_why_;
+        cleared_by_go_away = conn_cleared_by_go_away_;
       }
       const absl::Time deadline = p->ctx->deadline();
       if (deadline != absl::InfiniteFuture()) {
@@ -491,8 +503,10 @@ void Channel::ConnectForWaiting() {
       }
     }
     if (!conn) {
-      not_sent(w, Status(StatusCode::kUnavailable, absl::StrCat("connection to ", target_,
-                                                                " lost before the call was sent")));
+      not_sent(w,
+               Status(StatusCode::kUnavailable,
+                      absl::StrCat(cleared_why.message(), " before the call was sent")),
+               cleared_by_go_away);
       continue;
     }
     Status sent =
@@ -508,12 +522,11 @@ void Channel::ConnectForWaiting() {
     waiting_.insert(waiting_.begin(), std::make_move_iterator(again.begin()),
                     std::make_move_iterator(again.end()));
     queueing_ = !waiting_.empty();
-    // A connection lost before it carried a call is no success: without a
-    // backoff, a server that accepts and drops would be retried at once.
+    // A connection lost (or drained) before it carried a call is no
+    // success: without a backoff, a server that accepts and drops would be
+    // retried at once.
     if (connected.ok() && !again.empty() && backoff_ == absl::ZeroDuration()) {
-      StartBackoffLocked(absl::Now(), Status(StatusCode::kUnavailable,
-                                             absl::StrCat("connection to ", target_,
-                                                          " lost before the call was sent")));
+      StartBackoffLocked(absl::Now(), last_not_sent);
     }
     another_round = !again.empty() || (!conn_ && connect_waiters_ > 0);
   }
@@ -565,7 +578,7 @@ uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn) {
   return id;
 }
 
-StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
+StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(bool* go_away) {
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;
@@ -638,6 +651,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected() {
       failure =
           Status(StatusCode::kUnavailable,
                  absl::StrCat(target_, " is shutting down (GOAWAY as the connection was made)"));
+      if (go_away != nullptr) *go_away = true;
     }
     if (failure.ok()) {
       backoff_ = absl::ZeroDuration();
@@ -980,6 +994,9 @@ void Channel::OnGoAway(Watch& watch, transport::Connection& conn) {
     // then sees go_away).
     if (conn_.get() != &conn) return;
     DrainLocked(std::move(conn_));  // leaves conn_ null
+    conn_cleared_why_ =
+        Status(StatusCode::kUnavailable, absl::StrCat(target_, " is shutting down (GOAWAY)"));
+    conn_cleared_by_go_away_ = true;
     state_changed_.notify_all();
     conn_watch_ = nullptr;
     // With a send under way there is a call on it, and EndSend acks.
@@ -1003,7 +1020,7 @@ std::shared_ptr<transport::Connection> Channel::LeaveDrainingLocked(
   for (Draining& d : draining_) {
     if (d.conn.get() != conn) continue;
     assert(d.calls > 0 && "only the calls counted by DrainLocked leave a draining connection");
-    return --d.calls == 0 ? d.conn : nullptr;
+    return --d.calls == 0 && d.acknowledged ? d.conn : nullptr;
   }
   return nullptr;
 }
@@ -1021,14 +1038,16 @@ void Channel::AckGoAway(transport::Connection& conn) {
   OutboundMessage ack;
   ack.header.kind = MessageKind::kGoAway;
   conn.Send(std::move(ack)).IgnoreError();  // lost with its connection, which ends the wait
-  // No call on it: none was when the GOAWAY came, or the last ended while
-  // the acknowledgment waited for a send (its LeaveDrainingLocked may then
-  // have closed it already; Close is idempotent).
+  // Closed here when no call is left on it: none was when the GOAWAY came,
+  // or the last ended while the acknowledgment waited for a send. Else the
+  // last call to leave closes it.
   bool idle = false;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    for (const Draining& d : draining_) {
-      if (d.conn.get() == &conn) idle = d.calls == 0;
+    for (Draining& d : draining_) {
+      if (d.conn.get() != &conn) continue;
+      d.acknowledged = true;
+      idle = d.calls == 0;
     }
   }
   if (idle) conn.Close();
@@ -1041,6 +1060,10 @@ void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::St
     watch.lost = true;
     if (conn_.get() == &conn) {
       conn_.reset();
+      conn_cleared_why_ =
+          Status(StatusCode::kUnavailable,
+                 absl::StrCat("connection to ", conn.peer(), " lost (", why.message(), ")"));
+      conn_cleared_by_go_away_ = false;
       conn_watch_ = nullptr;
       state_changed_.notify_all();
     }

@@ -259,8 +259,9 @@ class Channel {
                                                google::protobuf::MessageLite* response,
                                                CallCallback done, bool inline_done);
   // Connects (within connect_timeout) if need be, unless a failed attempt
-  // was too recent (reconnect_backoff).
-  StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected();
+  // was too recent (reconnect_backoff). *go_away, when given, says whether
+  // it failed because the server's GOAWAY came as the connection was made.
+  StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected(bool* go_away = nullptr);
   // The failed attempt's status while its backoff lasts at `now`, else OK.
   Status BackoffLocked(absl::Time now) const;
   // Starts (or lengthens) the backoff after an attempt begun at `start`
@@ -318,15 +319,15 @@ class Channel {
   // calls on it counted.
   void DrainLocked(std::shared_ptr<transport::Connection> conn);
   // A pending call on `conn` ended or leaves it for another attempt: when
-  // conn is draining and that was its last call, returns it to be closed
-  // (outside mu_).
+  // conn is draining, acknowledged, and that was its last call, returns it
+  // to be closed (outside mu_).
   std::shared_ptr<transport::Connection> LeaveDrainingLocked(const transport::Connection* conn);
   // Around the send of a request on conn_, begun under mu_ while it is
   // conn_: BeginSendLocked returns conn_'s Watch, to pass to EndSend.
   Watch* BeginSendLocked();
   void EndSend(Watch* watch, transport::Connection& conn);
-  // Tells the server that no new call follows on `conn`, and closes it when
-  // no call is left on it.
+  // Tells the server that no new call follows on `conn` (draining), and
+  // closes it when no call is left on it.
   void AckGoAway(transport::Connection& conn);
   void OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why);
 
@@ -338,14 +339,23 @@ class Channel {
   mutable InlineMutex mu_;
   std::shared_ptr<transport::Connection> conn_;                 // guarded by mu_
   Watch* conn_watch_ = nullptr;                                 // conn_'s, guarded by mu_
+  // Why conn_ was last cleared, for the calls the connector then finds no
+  // connection for: the server's GOAWAY or the connection's loss. Guarded
+  // by mu_.
+  Status conn_cleared_why_;
+  bool conn_cleared_by_go_away_ = false;
   // Connections the server said it drains (kGoAway): no new call goes on
   // them; the calls on them end there, or in their OnClosed, which drops
-  // them from here. The channel closes one once the last of its calls has
-  // left it (LeaveDrainingLocked): the server needs nothing more of it.
+  // them from here. The channel closes one once it has acknowledged the
+  // GOAWAY and the last of its calls has left it (LeaveDrainingLocked): the
+  // server needs nothing more of it. Not before the acknowledgment: a close
+  // can lose what is still being sent (Connection::Delivered), and the
+  // acknowledgment may wait for the send of a call that has ended already.
   // Guarded by mu_.
   struct Draining {
     std::shared_ptr<transport::Connection> conn;
-    size_t calls;  // pending calls that went on it
+    size_t calls;               // pending calls that went on it
+    bool acknowledged = false;  // AckGoAway has sent the acknowledgment
   };
   std::vector<Draining> draining_;
   // Reconnect backoff, guarded by mu_: the wait after the last failed
@@ -393,6 +403,9 @@ class Channel {
     std::string metadata;  // encoded
     Attachment attachment;
     bool wait_for_ready;  // a failed attempt puts it back (ClientContext)
+    // A GOAWAY kept it from being sent once already: it got its one more
+    // attempt, and the next failure ends it.
+    bool after_go_away = false;
   };
   std::vector<Waiting> waiting_;
   // Calls wait for the connector or are being sent by it: a new call, even

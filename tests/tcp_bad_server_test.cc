@@ -5,8 +5,9 @@
 // status naming what was wrong; lost framing ends the connection's calls
 // UNAVAILABLE, and the channel connects again for the next call; under a
 // RetryPolicy the lost call is sent again. A GOAWAY that comes as the
-// connection is made is acknowledged, and a draining connection is closed
-// once its last call ends. A server that never reads
+// connection is made is acknowledged, calls it kept from being sent get one
+// more connection, and a draining connection is closed once its last call
+// ends. A server that never reads
 // pins no more of the client's memory than the channel's TcpOptions allow.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -18,6 +19,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,24 +42,26 @@ using transport::MessageKind;
 
 class RawServer {
  public:
-  RawServer() {
+  // Not `listening`: its port refuses connections until Listen().
+  explicit RawServer(bool listening = true) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    EXPECT_EQ(listen(fd_, 4), 0) << strerror(errno);
+    if (listening) Listen();
     socklen_t len = sizeof a;
     getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
     address_ = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
   }
   ~RawServer() { close(fd_); }
   const std::string& address() const { return address_; }
+  void Listen() { EXPECT_EQ(listen(fd_, 4), 0) << strerror(errno); }
 
-  // The next connection, or null when none comes within 10 s.
-  std::unique_ptr<RawConnection> Accept() {
+  // The next connection, or null when none comes within `timeout_ms`.
+  std::unique_ptr<RawConnection> Accept(int timeout_ms = 10000) {
     pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 10000) <= 0) return nullptr;
+    if (poll(&p, 1, timeout_ms) <= 0) return nullptr;
     const int c = accept(fd_, nullptr, nullptr);
     return c < 0 ? nullptr : std::make_unique<RawConnection>(c);
   }
@@ -331,6 +335,170 @@ TEST(GoAway, OneThatComesAsTheConnectionIsMadeIsAcknowledged) {
   }
   printf("the GOAWAY came before the channel took its connection in %d of %d rounds\n", early,
          kRounds);
+}
+
+// Sends a GOAWAY on `peer` and answers, with its own bytes, each request
+// that comes until the acknowledgment (true) or a 10 s silence (false).
+// `answered` counts the requests.
+bool DrainAndEchoUntilAcknowledged(RawConnection& peer, int* answered) {
+  peer.SendFrame(GoAway(), "", "");
+  while (auto f = peer.ReadFrame()) {
+    if (f->header.kind == MessageKind::kGoAway) return true;
+    EXPECT_EQ(f->header.kind, MessageKind::kRequest);
+    peer.SendFrame(Response(f->header.call_id), "", f->payload);
+    ++*answered;
+  }
+  return false;
+}
+
+// A channel whose first attempt was refused, and calls that all wait for
+// its next one, in one batch. Call 0 made that attempt: wait-for-ready, it
+// waits for the next too; else it ended with the refusal. `server` listens
+// only once the attempt has failed.
+struct BatchBehindABackoff {
+  static constexpr int kCalls = 1000;
+
+  BatchBehindABackoff(RawServer& server, bool first_waits_for_ready) {
+    ChannelOptions options;
+    options.reconnect_backoff = absl::Milliseconds(300);
+    options.reconnect_backoff_max = absl::Milliseconds(300);
+    auto ch = Channel::Create(server.address(), options);
+    EXPECT_TRUE(ch.ok()) << ch.status();
+    if (!ch.ok()) return;
+    channel = *ch;
+    calls.push_back(std::make_unique<PendingCall>(*channel, "0", first_waits_for_ready));
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (channel->stats().connect_failures == 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_EQ(channel->stats().connect_failures, 1u) << "the first attempt was not refused";
+    server.Listen();
+    for (int i = 1; i < kCalls; ++i) {
+      calls.push_back(std::make_unique<PendingCall>(*channel, absl::StrCat(i)));
+    }
+    // Else the backoff ended before the last call was made (a very slow
+    // machine), and they may not all be in one batch.
+    in_one_batch = channel->stats().connect_attempts == 1;
+  }
+  bool AllEnded() {
+    for (auto& call : calls) {
+      if (!call->Ended(std::chrono::milliseconds(0))) return false;
+    }
+    return true;
+  }
+  // The next connection of the batch's calls, as soon as it is made; with
+  // `adopted`, once the channel has also taken it for its calls (READY).
+  // Null when none comes within `timeout`, or when every call has ended.
+  std::unique_ptr<RawConnection> NextConnection(RawServer& server, bool adopted,
+                                                absl::Duration timeout) {
+    const absl::Time give_up = absl::Now() + timeout;
+    if (adopted) {
+      ChannelState state = channel->GetState(false);
+      while (state != ChannelState::kReady && absl::Now() < give_up) {
+        channel->WaitForStateChange(state, give_up);
+        state = channel->GetState(false);
+      }
+    }
+    std::unique_ptr<RawConnection> peer;
+    while (!peer && !AllEnded() && absl::Now() < give_up) peer = server.Accept(10);
+    return peer;
+  }
+  // Checks how each call ended, from `from` on; an OK one must have been
+  // answered with its own bytes.
+  void ExpectEnded(int from, const std::function<void(int, const Status&)>& check) {
+    for (int i = from; i < kCalls; ++i) {
+      const Status s = calls[i]->Wait();
+      check(i, s);
+      if (s.ok()) {
+        EXPECT_EQ(calls[i]->response.data(), absl::StrCat(i));
+      }
+    }
+  }
+
+  std::vector<std::unique_ptr<PendingCall>> calls;  // outlive the channel
+  std::shared_ptr<Channel> channel;
+  bool in_one_batch = false;
+};
+
+// Calls that wait for a connection and find it drained, by a GOAWAY as it
+// was made or before the connector sent them, were never seen by the
+// server: they go on the next connection, wait-for-ready or not, as calls
+// made a moment later would. Even rounds drain the connection as soon as it
+// is made (the GOAWAY mostly comes before the channel takes it), odd ones
+// once the channel has taken it (the GOAWAY comes while the connector sends
+// the batch, or after).
+TEST(GoAway, CallsItKeptFromBeingSentGoOnTheNextConnection) {
+  int exercised[2] = {0, 0};
+  for (int round = 0; round < 30 && (exercised[0] < 2 || exercised[1] < 2); ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    const bool adopted = round % 2;
+    RawServer server(/*listening=*/false);
+    BatchBehindABackoff batch(server, /*first_waits_for_ready=*/true);
+    ASSERT_TRUE(batch.channel);
+    if (!batch.in_one_batch) continue;
+    auto first = batch.NextConnection(server, adopted, absl::Seconds(10));
+    ASSERT_TRUE(first) << "the channel never connected";
+    int answered = 0;
+    ASSERT_TRUE(DrainAndEchoUntilAcknowledged(*first, &answered))
+        << "the GOAWAY was never acknowledged";
+    const int left = BatchBehindABackoff::kCalls - answered;
+    if (left > 0) {
+      ++exercised[adopted];
+      auto second = batch.NextConnection(server, false, absl::Seconds(10));
+      ASSERT_TRUE(second) << left << " calls not sent on the drained connection never came again";
+      for (int i = 0; i < left; ++i) {
+        auto f = second->ReadFrame();
+        ASSERT_TRUE(f) << "only " << i << " of the " << left
+                       << " calls came on the next connection";
+        second->SendFrame(Response(f->header.call_id), "", f->payload);
+      }
+    }
+    batch.ExpectEnded(0, [](int i, const Status& s) { EXPECT_TRUE(s.ok()) << i << ": " << s; });
+    EXPECT_EQ(batch.channel->stats().go_aways, 1u);
+    printf("round %d: %d calls went on the drained connection, %d on the next\n", round, answered,
+           left);
+  }
+  EXPECT_GT(exercised[0], 0) << "no GOAWAY as the connection was made kept a call from it";
+  EXPECT_GT(exercised[1], 0) << "the GOAWAY never came before the last call of the batch was sent";
+}
+
+// A call gets one more attempt after a GOAWAY, not more: against a server
+// that drains every connection, the calls it kept from being sent twice
+// end UNAVAILABLE naming the server's shutdown, after two connections.
+TEST(GoAway, ACallItKeptFromBeingSentTwiceEndsNamingTheShutdown) {
+  int exercised[2] = {0, 0};
+  for (int round = 0; round < 30 && (exercised[0] < 2 || exercised[1] < 2); ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    const bool adopted = round % 2;
+    RawServer server(/*listening=*/false);
+    BatchBehindABackoff batch(server, /*first_waits_for_ready=*/false);
+    ASSERT_TRUE(batch.channel);
+    if (!batch.in_one_batch) continue;
+    int answered = 0;
+    std::vector<std::unique_ptr<RawConnection>> peers;
+    // A third connection is not expected: it is waited for briefly.
+    while (auto peer =
+               batch.NextConnection(server, adopted, absl::Seconds(peers.size() < 2 ? 10 : 1))) {
+      ASSERT_TRUE(DrainAndEchoUntilAcknowledged(*peer, &answered))
+          << "the GOAWAY was never acknowledged";
+      peers.push_back(std::move(peer));
+    }
+    int refused = 0;
+    batch.ExpectEnded(1, [&](int i, const Status& s) {
+      if (s.ok()) return;
+      ++refused;
+      EXPECT_EQ(s.code(), StatusCode::kUnavailable) << i << ": " << s;
+      EXPECT_NE(s.message().find("is shutting down (GOAWAY"), std::string::npos) << i << ": " << s;
+    });
+    if (refused > 0) {
+      ++exercised[adopted];
+      EXPECT_EQ(peers.size(), 2u) << "calls not sent had more than one more attempt";
+    }
+    printf("round %d: %d calls answered, %d refused, on %zu connections\n", round, answered,
+           refused, peers.size());
+  }
+  EXPECT_GT(exercised[0], 0) << "no GOAWAY as the connection was made kept a call from it";
+  EXPECT_GT(exercised[1], 0) << "the GOAWAY never came before the last call of the batch was sent";
 }
 
 // The channel closes a connection the server drains once the last call on
