@@ -7,8 +7,8 @@
 // RetryPolicy the lost call is sent again. A GOAWAY that comes as the
 // connection is made is acknowledged, calls it kept from being sent get one
 // more connection, and a draining connection is closed once its last call
-// ends. A server that never reads
-// pins no more of the client's memory than the channel's TcpOptions allow.
+// ends. A server that never reads pins no more of the client's memory than
+// the channel's TcpOptions allow.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
