@@ -69,12 +69,15 @@ class RawConnection {
     }
     return f;
   }
+  // True when there is something to read (or EOF) within `timeout_ms`.
+  bool Readable(int timeout_ms) {
+    pollfd p{fd_, POLLIN, 0};
+    return poll(&p, 1, timeout_ms) > 0;
+  }
   // True when the peer closed this connection (EOF within `timeout_ms`).
   bool ClosedByPeer(int timeout_ms = 10000) {
     char c;
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, timeout_ms) <= 0) return false;
-    return read(fd_, &c, 1) == 0;
+    return Readable(timeout_ms) && read(fd_, &c, 1) == 0;
   }
 
  protected:

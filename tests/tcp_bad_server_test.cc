@@ -7,8 +7,9 @@
 // RetryPolicy the lost call is sent again. A GOAWAY that comes as the
 // connection is made is acknowledged, calls it kept from being sent get one
 // more connection, and a draining connection is closed once its last call
-// ends. A server that never reads pins no more of the client's memory than
-// the channel's TcpOptions allow.
+// ends. Wait-for-ready calls a lost connection kept from being sent go on
+// the next one. A server that never reads pins no more of the client's
+// memory than the channel's TcpOptions allow.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -353,12 +354,14 @@ bool DrainAndEchoUntilAcknowledged(RawConnection& peer, int* answered) {
 
 // A channel whose first attempt was refused, and calls that all wait for
 // its next one, in one batch. Call 0 made that attempt: wait-for-ready, it
-// waits for the next too; else it ended with the refusal. `server` listens
-// only once the attempt has failed.
+// waits for the next too; else it ended with the refusal. The others are
+// wait-for-ready when `rest_wait_for_ready`. `server` listens only once the
+// attempt has failed.
 struct BatchBehindABackoff {
   static constexpr int kCalls = 1000;
 
-  BatchBehindABackoff(RawServer& server, bool first_waits_for_ready) {
+  BatchBehindABackoff(RawServer& server, bool first_waits_for_ready,
+                      bool rest_wait_for_ready = false) {
     ChannelOptions options;
     options.reconnect_backoff = absl::Milliseconds(300);
     options.reconnect_backoff_max = absl::Milliseconds(300);
@@ -374,7 +377,8 @@ struct BatchBehindABackoff {
     EXPECT_EQ(channel->stats().connect_failures, 1u) << "the first attempt was not refused";
     server.Listen();
     for (int i = 1; i < kCalls; ++i) {
-      calls.push_back(std::make_unique<PendingCall>(*channel, absl::StrCat(i)));
+      calls.push_back(
+          std::make_unique<PendingCall>(*channel, absl::StrCat(i), rest_wait_for_ready));
     }
     // Else the backoff ended before the last call was made (a very slow
     // machine), and they may not all be in one batch.
@@ -499,6 +503,50 @@ TEST(GoAway, ACallItKeptFromBeingSentTwiceEndsNamingTheShutdown) {
   }
   EXPECT_GT(exercised[0], 0) << "no GOAWAY as the connection was made kept a call from it";
   EXPECT_GT(exercised[1], 0) << "the GOAWAY never came before the last call of the batch was sent";
+}
+
+// Wait-for-ready calls that find their connection lost before the
+// connector sent them wait for the next one; those sent on it end with its
+// loss (without a RetryPolicy a request that went out is not sent again).
+TEST(LostConnection, WaitForReadyCallsItKeptFromBeingSentGoOnTheNextOne) {
+  int exercised = 0;
+  for (int round = 0; round < 30 && exercised < 2; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    RawServer server(/*listening=*/false);
+    BatchBehindABackoff batch(server, /*first_waits_for_ready=*/true,
+                              /*rest_wait_for_ready=*/true);
+    ASSERT_TRUE(batch.channel);
+    if (!batch.in_one_batch) continue;
+    // Closed once the channel has taken it: the loss comes while the
+    // connector sends the batch, or after.
+    ASSERT_TRUE(batch.NextConnection(server, /*adopted=*/true, absl::Seconds(10)))
+        << "the channel never connected";
+    int on_second = 0;
+    if (auto second = batch.NextConnection(server, /*adopted=*/false, absl::Seconds(10))) {
+      // Every call ends on the first connection or comes here.
+      const absl::Time give_up = absl::Now() + absl::Seconds(20);
+      while (!batch.AllEnded() && absl::Now() < give_up) {
+        if (!second->Readable(10)) continue;
+        auto f = second->ReadFrame();
+        ASSERT_TRUE(f) << "the channel closed its new connection";
+        second->SendFrame(Response(f->header.call_id), "", f->payload);
+        ++on_second;
+      }
+    }
+    int lost = 0;
+    batch.ExpectEnded(0, [&](int i, const Status& s) {
+      if (s.ok()) return;
+      ++lost;
+      EXPECT_EQ(s.code(), StatusCode::kUnavailable) << i << ": " << s;
+      EXPECT_EQ(s.message().find("before the call was sent"), std::string::npos)
+          << i << " was not sent, and ended instead of waiting for the next connection: " << s;
+    });
+    EXPECT_EQ(lost + on_second, BatchBehindABackoff::kCalls);
+    if (on_second > 0) ++exercised;
+    printf("round %d: %d calls lost with the connection, %d sent on the next\n", round, lost,
+           on_second);
+  }
+  EXPECT_GT(exercised, 0) << "the connection was never lost before the last call was sent";
 }
 
 // The channel closes a connection the server drains once the last call on
