@@ -16,11 +16,13 @@
 # perftest's.
 # The peer framework measured beside them is UCX (ucx_perftest: tag_lat, the
 # eager SEND path of a whole messaging stack, and ucp_get, an RDMA READ).
+# Last, gRPC beside rdmarpc's tcp:// and rdma:// (bench/grpc_bench.cc): the
+# RPC framework our users know, with the same service and calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${RDMARPC_VM_ROLE:-}" ]; then
   tools/deps.sh --bench
-  bazel build -c opt //bench:rpc_bench //transport/rdma:pingpong_probe
+  bazel build -c opt //bench:rpc_bench //bench:grpc_bench //transport/rdma:pingpong_probe
   export RDMARPC_VM_DIR=${RDMARPC_VM_DIR:-$PWD/.cache/vm}
   exec tools/vm/run.sh bench/run_bench.sh
 fi
@@ -254,3 +256,21 @@ END {
   printf "ratio best small-call RTT / (2 x best ib_send_lat) = %.2f (UCX tag_lat %.2f, frame %.2f)\n", s / (2 * lat), ul / lat, t / (2 * lat);
   printf "ratio best 1 MiB call pull / best ib_read_bw = %.2f (attachment %.2f, in the default mode %.2f, transport %.2f, UCX ucp_get %.2f)\n", b / rb, ab / rb, dab / rb, tb / rb, ub / rb;
 }'
+
+# gRPC (HTTP/2 over TCP) beside rdmarpc over tcp:// and over rdma://, the
+# same service in one process, in blocks that take turns (grpc_bench.cc says
+# how): blocking calls one at a time, adaptive pollers.
+grpc=$(timeout 600 bazel-bin/bench/grpc_bench --rounds 8 2>&1 || true)
+g() { field "$grpc" "$1"; }
+if [ -n "$(g rdmarpc_rdma_pull_over_grpc)" ]; then
+  echo "gRPC beside rdmarpc: small-call RTT gRPC $(g grpc_small_rtt_p50_us) us," \
+       "rdmarpc tcp:// $(g rdmarpc_tcp_small_rtt_p50_us) us, rdma:// $(g rdmarpc_rdma_small_rtt_p50_us) us;" \
+       "1 MiB pull gRPC $(g grpc_pull_1mib_mib_per_s) MiB/s, rdmarpc tcp://" \
+       "$(g rdmarpc_tcp_pull_1mib_mib_per_s), rdma:// $(g rdmarpc_rdma_pull_1mib_mib_per_s)"
+  echo "ratio small-call RTT rdmarpc rdma:// / gRPC = $(g rdmarpc_rdma_small_rtt_over_grpc)" \
+       "(median over rounds in turns; tcp:// $(g rdmarpc_tcp_small_rtt_over_grpc); below 1 is faster)"
+  echo "ratio 1 MiB pull rdmarpc rdma:// / gRPC = $(g rdmarpc_rdma_pull_over_grpc)" \
+       "(tcp:// $(g rdmarpc_tcp_pull_over_grpc); above 1 is faster)"
+else
+  echo "no gRPC figure: $(echo "$grpc" | grep -v '^rdmarpc\[' | tail -2)"
+fi

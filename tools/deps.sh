@@ -16,6 +16,9 @@ packages=(
   qemu-system-x86 busybox-static kmod cpio
   # the VM runner's watchdog prints a hung test's stacks with it
   gdb
+  # bench/grpc_bench measures gRPC beside rdmarpc (its smoke test runs in
+  # make test)
+  libgrpc++-dev protobuf-compiler-grpc
 )
 
 # --bench: also what bench/ measures beside rdmarpc (UCX) and with (callgrind,

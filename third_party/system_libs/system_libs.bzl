@@ -2,7 +2,10 @@
 
 pkg-config runs once when the repository is fetched; each library becomes a
 cc_library with only linkopts and defines (headers live in /usr/include, a
-built-in include directory). Missing packages fail here, naming what to install.
+built-in include directory). Missing packages fail here, naming what to install,
+except the optional ones (_OPTIONAL_LIBS: what rdmarpc itself does not need,
+so a workspace that uses rdmarpc need not install it): their target then fails
+when something builds it, with the same words.
 """
 
 # target name -> (pkg-config modules, extra linkopts, Debian package)
@@ -26,23 +29,50 @@ _LIBS = {
     "rdmacm": (["librdmacm"], [], "librdmacm-dev"),
 }
 
+_OPTIONAL_LIBS = {
+    # bench/grpc_bench: gRPC measured beside rdmarpc.
+    "grpc": (["grpc++"], [], "libgrpc++-dev"),
+}
+
 def _pkg_config(ctx, flag, modules, package):
+    """The flags, or a string saying what failed and what to install."""
     result = ctx.execute(["pkg-config", flag] + modules)
     if result.return_code != 0:
-        fail("pkg-config %s %s failed: %s\nInstall the Debian package %s (make deps)." %
-             (flag, " ".join(modules), result.stderr, package))
+        return "pkg-config %s %s failed: %s\nInstall the Debian package %s (make deps)." % (
+            flag,
+            " ".join(modules),
+            result.stderr.strip(),
+            package,
+        )
     return [f for f in result.stdout.strip().split(" ") if f]
 
 def _system_libs_impl(ctx):
     lines = ['package(default_visibility = ["//visibility:public"])', ""]
-    for name, (modules, extra, package) in _LIBS.items():
-        libs = _pkg_config(ctx, "--libs", modules, package) + extra
+    for name, (modules, extra, package) in _LIBS.items() + _OPTIONAL_LIBS.items():
+        libs = _pkg_config(ctx, "--libs", modules, package)
         cflags = _pkg_config(ctx, "--cflags", modules, package)
+        missing = [r for r in [libs, cflags] if type(r) == "string"]
+        if missing and name not in _OPTIONAL_LIBS:
+            fail(missing[0])
+        if missing:
+            # Fails only what builds it, saying why.
+            why = "pkg-config finds no %s: install the Debian package %s (make deps)" % (
+                " ".join(modules),
+                package,
+            )
+            lines.append("genrule(")
+            lines.append("    name = %r," % (name + "_missing"))
+            lines.append("    outs = [%r]," % (name + "_missing.h"))
+            lines.append("    cmd = %r," % ("echo '%s' >&2; exit 1" % why))
+            lines.append(")")
+            lines.append("cc_library(name = %r, hdrs = [%r])" % (name, name + "_missing.h"))
+            lines.append("")
+            continue
         defines = [f[2:] for f in cflags if f.startswith("-D")]
         lines.append("cc_library(")
         lines.append("    name = %r," % name)
         lines.append("    defines = %r," % defines)
-        lines.append("    linkopts = %r," % (libs + ["-lpthread"]))
+        lines.append("    linkopts = %r," % (libs + extra + ["-lpthread"]))
         lines.append(")")
         lines.append("")
     ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)

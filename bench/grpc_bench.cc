@@ -1,0 +1,289 @@
+// gRPC beside rdmarpc: the same service (bench.proto's Ping and Pull), served
+// and called in one process by gRPC (HTTP/2 over TCP), by rdmarpc over tcp://
+// and by rdmarpc over rdma://, all to the same address. The three take turns
+// in blocks, round after round, so that each round's figures share the
+// emulated machine's spell of speed (transport/rdma/bench/bare_pingpong.h
+// says why that matters); a ratio is the median over the rounds of the
+// round's ratio. bench/run_bench.sh runs it in the Soft-RoCE VM.
+//
+// What is measured, the same way for all three: blocking calls, one at a
+// time, from one thread; a small call sends 64 bytes each way (Ping), a pull
+// sends 1 MiB in a bytes field and gets a small answer (Pull). gRPC's
+// synchronous server runs as it comes, which runs a handler on the thread
+// that polled its request; rdmarpc's runs handlers on its I/O thread
+// (--workers 0) to match. rdmarpc's pollers run in their default adaptive
+// mode: busy ones would keep a CPU from gRPC's threads in its turns.
+//
+// Output lines (machine-readable), for each SYSTEM of grpc, rdmarpc_tcp and
+// rdmarpc_rdma:
+//   SYSTEM_small_rtt_p50_us <value>   (over every measured call)
+//   SYSTEM_pull_1mib_mib_per_s <value>   (median over the rounds)
+// and for each rdmarpc SYSTEM:
+//   SYSTEM_small_rtt_over_grpc <ratio>   (below 1: faster than gRPC)
+//   SYSTEM_pull_over_grpc <ratio>   (above 1: faster than gRPC)
+// then grpc_bench_failed <0 or 1> and the RDMA transport's counters.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/bench.rdmarpc.pb.h"
+#include "bench/grpc_bench.grpc.pb.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "transport/rdma/counters.h"
+
+ABSL_FLAG(std::string, ip, "", "the address all three use; default $RDMARPC_TEST_ADDR");
+ABSL_FLAG(int, rounds, 10, "rounds of blocks, one block of each system per round");
+ABSL_FLAG(int, calls, 250, "small calls measured per block (after 50 not counted)");
+ABSL_FLAG(int, pulls, 20, "1 MiB requests measured per block (after 2 not counted); 0: none");
+ABSL_FLAG(std::string, systems, "grpc,tcp,rdma",
+          "which of grpc, tcp (rdmarpc's tcp://) and rdma (rdmarpc's rdma://) run, in this "
+          "order in each round; the ratios need grpc first");
+ABSL_FLAG(int, workers, 0,
+          "rdmarpc's server worker threads (ServerBuilder::SetWorkerThreads): 0 runs handlers "
+          "on the I/O thread, as gRPC's synchronous server runs them on the thread that polled "
+          "the request; -1: one per core");
+
+namespace {
+
+using rdmarpc::bench::Ack;
+using rdmarpc::bench::Blob;
+
+constexpr int kSettleCalls = 50;
+constexpr int kSettlePulls = 2;
+constexpr size_t kSmallBytes = 64;
+constexpr size_t kPullBytes = 1 << 20;
+
+class GrpcService final : public rdmarpc::bench_grpc::Bench::Service {
+  grpc::Status Ping(grpc::ServerContext*, const Blob* req, Blob* resp) override {
+    resp->set_data(req->data());
+    return grpc::Status::OK;
+  }
+  grpc::Status Pull(grpc::ServerContext*, const Blob* req, Ack* resp) override {
+    resp->set_bytes(req->data().size());
+    return grpc::Status::OK;
+  }
+};
+
+class RdmarpcService final : public rdmarpc::bench::Bench::Service {
+  rdmarpc::Status Ping(rdmarpc::ServerContext*, const Blob* req, Blob* resp) override {
+    resp->set_data(req->data());
+    return rdmarpc::Status();
+  }
+  rdmarpc::Status Pull(rdmarpc::ServerContext*, const Blob* req, Ack* resp) override {
+    resp->set_bytes(req->data().size());
+    return rdmarpc::Status();
+  }
+};
+
+// One system's server and client. Ping and Pull make one blocking call and
+// return its error, empty when it succeeded as it should.
+struct System {
+  std::string name;
+  std::function<std::string(const Blob& req, Blob* resp)> ping;
+  std::function<std::string(const Blob& req, Ack* resp)> pull;
+  std::function<void()> stop;
+  std::vector<double> rtt_us;        // every measured small call
+  std::vector<double> block_rtt_us;  // the median of each round's block
+  std::vector<double> pull_mib_per_s;
+};
+
+// gRPC on `ip`, on a port it picks.
+std::unique_ptr<System> StartGrpc(const std::string& ip, std::string* error) {
+  auto service = std::make_shared<GrpcService>();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(ip + ":0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service.get());
+  std::shared_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    *error = absl::StrCat("gRPC could not listen on ", ip);
+    return nullptr;
+  }
+  std::shared_ptr<rdmarpc::bench_grpc::Bench::Stub> stub = rdmarpc::bench_grpc::Bench::NewStub(
+      grpc::CreateChannel(absl::StrCat(ip, ":", port), grpc::InsecureChannelCredentials()));
+  auto system = std::make_unique<System>();
+  system->name = "grpc";
+  system->ping = [stub](const Blob& req, Blob* resp) {
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub->Ping(&ctx, req, resp);
+    return s.ok() ? std::string() : s.error_message();
+  };
+  system->pull = [stub](const Blob& req, Ack* resp) {
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub->Pull(&ctx, req, resp);
+    return s.ok() ? std::string() : s.error_message();
+  };
+  system->stop = [server, service] { server->Shutdown(); };
+  return system;
+}
+
+// rdmarpc on `scheme`://`ip`, on a port it picks.
+std::unique_ptr<System> StartRdmarpc(const std::string& scheme, const std::string& ip,
+                                     std::string* error) {
+  auto service = std::make_shared<RdmarpcService>();
+  auto server = rdmarpc::ServerBuilder()
+                    .AddListeningPort(absl::StrCat(scheme, "://", ip, ":0"))
+                    .RegisterService(service.get())
+                    .SetWorkerThreads(absl::GetFlag(FLAGS_workers))
+                    .BuildAndStart();
+  if (!server.ok()) {
+    *error = server.status().ToString();
+    return nullptr;
+  }
+  std::shared_ptr<rdmarpc::Server> shared_server = std::move(*server);
+  auto channel = rdmarpc::Channel::Create(shared_server->addresses()[0]);
+  if (!channel.ok()) {
+    *error = channel.status().ToString();
+    return nullptr;
+  }
+  std::shared_ptr<rdmarpc::bench::Bench::Stub> stub = rdmarpc::bench::Bench::NewStub(*channel);
+  auto system = std::make_unique<System>();
+  system->name = "rdmarpc_" + scheme;
+  system->ping = [stub](const Blob& req, Blob* resp) {
+    rdmarpc::ClientContext ctx;
+    const rdmarpc::Status s = stub->Ping(&ctx, req, resp);
+    return s.ok() ? std::string() : s.ToString();
+  };
+  system->pull = [stub](const Blob& req, Ack* resp) {
+    rdmarpc::ClientContext ctx;
+    const rdmarpc::Status s = stub->Pull(&ctx, req, resp);
+    return s.ok() ? std::string() : s.ToString();
+  };
+  system->stop = [shared_server, service, stub] { shared_server->Shutdown(absl::Seconds(1)); };
+  return system;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// `n` small calls; appends each one's round trip when `rtt_us` is given.
+// Empty, or what went wrong.
+std::string SmallCalls(System& system, int n, std::vector<double>* rtt_us) {
+  Blob req;
+  req.set_data(std::string(kSmallBytes, 's'));
+  Blob resp;
+  for (int i = 0; i < n; ++i) {
+    const absl::Time t0 = absl::Now();
+    std::string error = system.ping(req, &resp);
+    const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (error.empty() && resp.data() != req.data()) error = "the echo differs";
+    if (!error.empty()) return absl::StrCat(system.name, " small call: ", error);
+    if (rtt_us != nullptr) rtt_us->push_back(us);
+  }
+  return "";
+}
+
+// `n` pulls of 1 MiB; their rate in MiB/s when `mib_per_s` is given.
+std::string Pulls(System& system, const Blob& big, int n, double* mib_per_s) {
+  Ack ack;
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < n; ++i) {
+    std::string error = system.pull(big, &ack);
+    if (error.empty() && ack.bytes() != big.data().size()) error = "the server saw other bytes";
+    if (!error.empty()) return absl::StrCat(system.name, " pull: ", error);
+  }
+  if (mib_per_s != nullptr) {
+    *mib_per_s =
+        n * (big.data().size() / double{1 << 20}) / absl::ToDoubleSeconds(absl::Now() - t0);
+  }
+  return "";
+}
+
+// One round: a block of each system in turn. Round 0 warms up.
+std::string Round(std::vector<std::unique_ptr<System>>& systems, const Blob& big, bool measured) {
+  const int calls = absl::GetFlag(FLAGS_calls);
+  const int pulls = absl::GetFlag(FLAGS_pulls);
+  for (auto& system : systems) {
+    std::vector<double> block;
+    std::string error = SmallCalls(*system, kSettleCalls, nullptr);
+    if (error.empty()) error = SmallCalls(*system, calls, measured ? &block : nullptr);
+    if (error.empty() && pulls > 0) {
+      double rate = 0;
+      error = Pulls(*system, big, kSettlePulls, nullptr);
+      if (error.empty()) error = Pulls(*system, big, pulls, &rate);
+      if (measured) system->pull_mib_per_s.push_back(rate);
+    }
+    if (!error.empty()) return error;
+    if (!measured) continue;
+    system->block_rtt_us.push_back(Median(block));
+    system->rtt_us.insert(system->rtt_us.end(), block.begin(), block.end());
+  }
+  return "";
+}
+
+// The median over the rounds of a's figure over b's.
+double MedianRatio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> ratios;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) ratios.push_back(a[i] / b[i]);
+  return Median(ratios);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::string ip = absl::GetFlag(FLAGS_ip);
+  if (ip.empty() && getenv("RDMARPC_TEST_ADDR") != nullptr) ip = getenv("RDMARPC_TEST_ADDR");
+  if (ip.empty()) {
+    fprintf(stderr, "set --ip or RDMARPC_TEST_ADDR (bench/run_bench.sh does)\n");
+    return 2;
+  }
+  std::vector<std::unique_ptr<System>> systems;
+  std::string error;
+  const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_systems), ',');
+  for (const std::string& scheme : names) {
+    if (scheme != "grpc" && scheme != "tcp" && scheme != "rdma") {
+      fprintf(stderr, "--systems: grpc, tcp or rdma, not '%s'\n", scheme.c_str());
+      return 2;
+    }
+    auto system = scheme == "grpc" ? StartGrpc(ip, &error) : StartRdmarpc(scheme, ip, &error);
+    if (!system) {
+      fprintf(stderr, "%s\n", error.c_str());
+      return 1;
+    }
+    systems.push_back(std::move(system));
+  }
+  Blob big;
+  big.set_data(std::string(kPullBytes, 'b'));
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  for (int round = 0; round <= rounds && error.empty(); ++round) {
+    error = Round(systems, big, round > 0);
+    if (round > 0) fprintf(stderr, "round %d of %d done\n", round, rounds);
+  }
+  if (!error.empty()) fprintf(stderr, "%s\n", error.c_str());
+  for (const auto& system : systems) {
+    printf("%s_small_rtt_p50_us %.2f\n", system->name.c_str(), Median(system->rtt_us));
+    if (absl::GetFlag(FLAGS_pulls) > 0) {
+      printf("%s_pull_1mib_mib_per_s %.1f\n", system->name.c_str(), Median(system->pull_mib_per_s));
+    }
+  }
+  const System& grpc_system = *systems[0];
+  for (size_t i = 1; i < systems.size() && grpc_system.name == "grpc"; ++i) {
+    const System& system = *systems[i];
+    printf("%s_small_rtt_over_grpc %.3f\n", system.name.c_str(),
+           MedianRatio(system.block_rtt_us, grpc_system.block_rtt_us));
+    if (absl::GetFlag(FLAGS_pulls) > 0) {
+      printf("%s_pull_over_grpc %.3f\n", system.name.c_str(),
+             MedianRatio(system.pull_mib_per_s, grpc_system.pull_mib_per_s));
+    }
+  }
+  printf("grpc_bench_failed %d\n", error.empty() ? 0 : 1);
+  printf("counters %s\n", rdmarpc::transport::rdma::Counters().ToString().c_str());
+  for (auto& system : systems) system->stop();
+  return error.empty() ? 0 : 1;
+}
