@@ -2257,6 +2257,20 @@ TEST_P(RpcSuite, ALoneChannelDestroyedByItsOwnInlineCallback) {
   ExpectDroppedByItsOwnCallback(std::move(ch));
 }
 
+// A lone channel dropped by its own callback on one of its callback
+// threads: its destructor stops that pool from the pool's own thread, which
+// it cannot join; the thread ends the callback after the pool is gone.
+TEST_P(RpcSuite, ALoneChannelDestroyedByItsOwnCallbackOnACallbackThread) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  std::shared_ptr<Channel> ch = MakeChannel(ts.address);
+  ASSERT_TRUE(ch);
+  ClientContext ctx;
+  EchoResponse resp;
+  ASSERT_TRUE(ch->Call(kEcho, &ctx, Req("connect"), &resp).ok());
+  ExpectDroppedByItsOwnCallback(std::move(ch));
+}
+
 TEST(ChannelGroupTest, RefusesNegativeCallbackThreadsAndBadAddresses) {
   ChannelOptions o;
   o.callback_threads = -1;

@@ -6,26 +6,26 @@ namespace rdmarpc::internal {
 
 ThreadPool::ThreadPool(int threads) {
   threads = std::max(threads, 1);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([queue = queue_] { Run(queue); });
 }
 
 bool ThreadPool::Post(absl::AnyInvocable<void() &&> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return false;
-    tasks_.push_back(std::move(task));
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    if (queue_->stopping) return false;
+    queue_->tasks.push_back(std::move(task));
   }
-  cv_.notify_one();
+  queue_->cv.notify_one();
   return true;
 }
 
 void ThreadPool::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && threads_.empty()) return;
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    if (queue_->stopping && threads_.empty()) return;
+    queue_->stopping = true;
   }
-  cv_.notify_all();
+  queue_->cv.notify_all();
   for (auto& t : threads_) {
     if (t.get_id() == std::this_thread::get_id()) {
       t.detach();  // stopping from a task: cannot join oneself
@@ -42,15 +42,15 @@ bool ThreadPool::InPool() const {
   return false;
 }
 
-void ThreadPool::Run() {
+void ThreadPool::Run(const std::shared_ptr<Queue>& queue) {
   for (;;) {
     absl::AnyInvocable<void() &&> task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      std::unique_lock<std::mutex> lock(queue->mu);
+      queue->cv.wait(lock, [&] { return queue->stopping || !queue->tasks.empty(); });
+      if (queue->tasks.empty()) return;
+      task = std::move(queue->tasks.front());
+      queue->tasks.pop_front();
     }
     std::move(task)();
   }

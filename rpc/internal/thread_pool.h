@@ -3,10 +3,16 @@
 // Server handlers and client callbacks run here, never on a transport's I/O
 // thread, so a slow handler cannot stall the network. Stop() runs what is
 // already queued, then joins; tasks posted after Stop() are refused.
+//
+// A task may destroy the pool (a callback that drops the last reference to
+// the channel that owns it): its own thread cannot be joined then, so it is
+// detached, and it finishes with the queue's state, which it shares, after
+// the pool is gone.
 #ifndef RDMARPC_RPC_INTERNAL_THREAD_POOL_H_
 #define RDMARPC_RPC_INTERNAL_THREAD_POOL_H_
 
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -31,12 +37,15 @@ class ThreadPool {
   bool InPool() const;
 
  private:
-  void Run();
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    RingFifo<absl::AnyInvocable<void() &&>> tasks;  // guarded by mu
+    bool stopping = false;                          // guarded by mu
+  };
+  static void Run(const std::shared_ptr<Queue>& queue);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  RingFifo<absl::AnyInvocable<void() &&>> tasks_;
-  bool stopping_ = false;
+  const std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
   std::vector<std::thread> threads_;
 };
 
