@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/ring_fifo.h"
 #include "base/stage_trace.h"
+#include "rpc/internal/own_thread.h"
 #include "rpc/internal/payload.h"
 
 namespace rdmarpc {
@@ -143,7 +144,7 @@ std::shared_ptr<Channel> Channel::Own(Channel* channel) {
       delete c;
       return;
     }
-    std::thread([c] { delete c; }).detach();
+    internal::RunOnOwnThread([c] { delete c; });
   });
 }
 
