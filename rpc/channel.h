@@ -114,7 +114,8 @@ struct ChannelOptions {
   // has returned, not inside it. The callbacks of calls that waited for a
   // connection run on the channel's connector thread when it ends them. A
   // callback that drops the channel's last reference has it destroyed on a
-  // thread of its own, just after.
+  // thread of its own, just after; a process that exits meanwhile waits for
+  // that destruction to end.
   int callback_threads = 2;
   // Run around every call of the channel (rpc/interceptor.h), in this order
   // as calls start and in the reverse order as they end.
