@@ -5,7 +5,7 @@ cc_library with only linkopts and defines (headers live in /usr/include, a
 built-in include directory). Missing packages fail here, naming what to install,
 except the optional ones (_OPTIONAL_LIBS: what rdmarpc itself does not need,
 so a workspace that uses rdmarpc need not install it): their target then fails
-when something builds it, with the same words.
+when something builds it, naming the package.
 """
 
 # target name -> (pkg-config modules, extra linkopts, Debian package)
