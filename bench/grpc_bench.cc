@@ -161,7 +161,7 @@ std::unique_ptr<System> StartRdmarpc(const std::string& scheme, const std::strin
     const rdmarpc::Status s = stub->Pull(&ctx, req, resp);
     return s.ok() ? std::string() : s.ToString();
   };
-  system->stop = [shared_server, service, stub] { shared_server->Shutdown(absl::Seconds(1)); };
+  system->stop = [shared_server, service] { shared_server->Shutdown(absl::Seconds(1)); };
   return system;
 }
 
