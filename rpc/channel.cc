@@ -475,7 +475,6 @@ void Channel::ConnectForWaiting() {
       continue;
     }
     OutboundMessage msg;
-    msg.metadata = std::move(w.metadata);
     msg.header.kind = MessageKind::kRequest;
     msg.header.method_id = w.method_id;
     msg.header.call_id = w.id;
@@ -510,6 +509,8 @@ void Channel::ConnectForWaiting() {
                cleared_by_go_away);
       continue;
     }
+    // Only now what the call may still need for the next connection.
+    msg.metadata = std::move(w.metadata);
     Status sent =
         internal::SendWithSerialized(*conn, std::move(msg), std::move(w.attachment), w.request);
     EndSend(watch, *conn);

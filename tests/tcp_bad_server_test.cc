@@ -76,9 +76,12 @@ class RawServer {
 // absl::Notification: TSan sees only what is built with it, and Debian's
 // abseil is not.)
 struct PendingCall {
-  PendingCall(Channel& ch, const std::string& data, bool wait_for_ready = false) {
+  // With `tagged`, the request carries metadata "call-data" = `data`.
+  PendingCall(Channel& ch, const std::string& data, bool wait_for_ready = false,
+              bool tagged = false) {
     ctx.set_timeout(absl::Seconds(20));
     ctx.set_wait_for_ready(wait_for_ready);
+    if (tagged) ctx.AddMetadata("call-data", data);
     request.set_data(data);
     ch.CallAsync(kEcho, &ctx, request, &response, [this](Status s) {
       std::lock_guard<std::mutex> lock(mu);
@@ -338,15 +341,20 @@ TEST(GoAway, OneThatComesAsTheConnectionIsMadeIsAcknowledged) {
          kRounds);
 }
 
-// Sends a GOAWAY on `peer` and answers, with its own bytes, each request
-// that comes until the acknowledgment (true) or a 10 s silence (false).
-// `answered` counts the requests.
+// Answers request `f` on `peer` with its own bytes and metadata.
+void Echo(RawConnection& peer, const RawConnection::Frame& f) {
+  peer.SendFrame(Response(f.header.call_id), f.metadata, f.payload);
+}
+
+// Sends a GOAWAY on `peer` and echoes each request that comes until the
+// acknowledgment (true) or a 10 s silence (false). `answered` counts the
+// requests.
 bool DrainAndEchoUntilAcknowledged(RawConnection& peer, int* answered) {
   peer.SendFrame(GoAway(), "", "");
   while (auto f = peer.ReadFrame()) {
     if (f->header.kind == MessageKind::kGoAway) return true;
     EXPECT_EQ(f->header.kind, MessageKind::kRequest);
-    peer.SendFrame(Response(f->header.call_id), "", f->payload);
+    Echo(peer, *f);
     ++*answered;
   }
   return false;
@@ -369,7 +377,8 @@ struct BatchBehindABackoff {
     EXPECT_TRUE(ch.ok()) << ch.status();
     if (!ch.ok()) return;
     channel = *ch;
-    calls.push_back(std::make_unique<PendingCall>(*channel, "0", first_waits_for_ready));
+    calls.push_back(std::make_unique<PendingCall>(*channel, "0", first_waits_for_ready,
+                                                  /*tagged=*/true));
     const absl::Time give_up = absl::Now() + absl::Seconds(10);
     while (channel->stats().connect_failures == 0 && absl::Now() < give_up) {
       absl::SleepFor(absl::Milliseconds(1));
@@ -377,8 +386,8 @@ struct BatchBehindABackoff {
     EXPECT_EQ(channel->stats().connect_failures, 1u) << "the first attempt was not refused";
     server.Listen();
     for (int i = 1; i < kCalls; ++i) {
-      calls.push_back(
-          std::make_unique<PendingCall>(*channel, absl::StrCat(i), rest_wait_for_ready));
+      calls.push_back(std::make_unique<PendingCall>(*channel, absl::StrCat(i), rest_wait_for_ready,
+                                                    /*tagged=*/true));
     }
     // Else the backoff ended before the last call was made (a very slow
     // machine), and they may not all be in one batch.
@@ -408,13 +417,16 @@ struct BatchBehindABackoff {
     return peer;
   }
   // Checks how each call ended, from `from` on; an OK one must have been
-  // answered with its own bytes.
+  // echoed, its own bytes and metadata (which a call sent on a later
+  // connection than the one it first waited for still carries).
   void ExpectEnded(int from, const std::function<void(int, const Status&)>& check) {
     for (int i = from; i < kCalls; ++i) {
       const Status s = calls[i]->Wait();
       check(i, s);
       if (s.ok()) {
         EXPECT_EQ(calls[i]->response.data(), absl::StrCat(i));
+        EXPECT_EQ(calls[i]->ctx.server_metadata(), Metadata({{"call-data", absl::StrCat(i)}}))
+            << "call " << i;
       }
     }
   }
@@ -454,7 +466,7 @@ TEST(GoAway, CallsItKeptFromBeingSentGoOnTheNextConnection) {
         auto f = second->ReadFrame();
         ASSERT_TRUE(f) << "only " << i << " of the " << left
                        << " calls came on the next connection";
-        second->SendFrame(Response(f->header.call_id), "", f->payload);
+        Echo(*second, *f);
       }
     }
     batch.ExpectEnded(0, [](int i, const Status& s) { EXPECT_TRUE(s.ok()) << i << ": " << s; });
@@ -529,7 +541,7 @@ TEST(LostConnection, WaitForReadyCallsItKeptFromBeingSentGoOnTheNextOne) {
         if (!second->Readable(10)) continue;
         auto f = second->ReadFrame();
         ASSERT_TRUE(f) << "the channel closed its new connection";
-        second->SendFrame(Response(f->header.call_id), "", f->payload);
+        Echo(*second, *f);
         ++on_second;
       }
     }
