@@ -1952,7 +1952,9 @@ TEST_P(RpcSuite, ARetryPolicySendsACallAgainWhileItsAttemptsAndDeadlineAllow) {
     ctx.set_retryable(retryable);
     EchoResponse resp;
     Status s = channel->Call(kEcho, &ctx, req, &resp);
-    if (s.ok()) EXPECT_EQ(resp.data(), req.data());
+    if (s.ok()) {
+      EXPECT_EQ(resp.data(), req.data());
+    }
     return s;
   };
   const auto attempts = [&](int failures) {
