@@ -28,7 +28,11 @@
 //
 // What not to rely on:
 // - The shared SRQ's receive slots (RdmaOptions::client_receive_slots) serve
-//   every channel's responses: a group of many busy channels may want more.
+//   every channel's responses: a group of many busy channels wants as many
+//   as it has calls in flight (ChannelOptions::transport.rdma). Beyond that
+//   a response may find the SRQ empty and wait on the server's RNR retry,
+//   which on Soft-RoCE (Linux 6.1) stalls the READs outstanding on that
+//   connection until the server ends it (the calls fail UNAVAILABLE).
 //   With RdmaOptions::strict_credits, a channel whose connection finds no
 //   slots left to grant fails its calls UNAVAILABLE, saying so (the default
 //   64 hold two channels' windows).

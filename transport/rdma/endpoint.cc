@@ -586,7 +586,8 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
             "response per call (and a credit frame now and then), so only with about as many "
             "calls in flight at once as there are slots can responses find the SRQ empty; their "
             "devices retry each after %u us (RNR NAK; "
-            "device_rnr_naks_sent in the counters). If that many calls run at once, raise "
+            "device_rnr_naks_sent in the counters; on Soft-RoCE such a retry can stall the "
+            "READs behind it until the connection ends). If that many calls run at once, raise "
             "RdmaOptions::client_receive_slots to the number in flight. Said once.\n",
             owner_.c_str(), device_name_.c_str(), by_qp_.size(), granted_credits_, target_,
             retry_us);

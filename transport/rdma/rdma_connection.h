@@ -42,6 +42,9 @@
 // windows it granted first add up past its SRQ's slots (AddConnection);
 // with RdmaOptions::strict_credits they never do: a connection is granted
 // what the slots not spoken for hold (Endpoint::StrictWindow), or refused.
+// Do not lean on the safety net: on Soft-RoCE (Linux 6.1) an RNR NAK on a
+// QP with READs outstanding can stall those READs until the connection is
+// ended (bench/RESULTS.md, "RNR retry is no safety net on Soft-RoCE").
 //
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
