@@ -28,11 +28,11 @@
 //
 // What not to rely on:
 // - The shared SRQ's receive slots (RdmaOptions::client_receive_slots) serve
-//   every channel's responses: a group of many busy channels wants as many
-//   as it has calls in flight (ChannelOptions::transport.rdma). Beyond that
-//   a response may find the SRQ empty and wait on the server's RNR retry,
-//   which on Soft-RoCE (Linux 6.1) stalls the READs outstanding on that
-//   connection until the server ends it (the calls fail UNAVAILABLE).
+//   every channel's responses, so they bound the group's calls in flight
+//   over RDMA (52 of the default 64 with one channel, 4 fewer per channel
+//   more): calls beyond wait to be sent until responses come back, so that
+//   no response ever meets an empty SRQ. A group of many busy channels
+//   raises it (ChannelOptions::transport.rdma) to its calls in flight.
 //   With RdmaOptions::strict_credits, a channel whose connection finds no
 //   slots left to grant fails its calls UNAVAILABLE, saying so (the default
 //   64 hold two channels' windows).

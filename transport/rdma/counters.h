@@ -56,7 +56,9 @@ struct RdmaCounters {
   uint64_t srq_slots_consumed = 0;
   uint64_t srq_short = 0;            // times the SRQ could not be refilled
   uint64_t rnr_retry_exhausted = 0;  // RNR retries ran out (the safety net failed)
-  uint64_t credit_stalls = 0;        // sends queued for lack of credit or slot
+  // Sends queued for lack of credit, a send slot or (a client's requests)
+  // response room.
+  uint64_t credit_stalls = 0;
   uint64_t credit_messages = 0;      // credit-only frames sent
   // Zero-byte WRITEs sent to peers silent for RdmaOptions::keepalive_ms.
   uint64_t keepalives = 0;

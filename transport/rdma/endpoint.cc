@@ -578,19 +578,15 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   told_overcommitted_ = true;
   const unsigned retry_us = RnrTimerMicros(RnrTimerCode(options_.rnr_wait_us));
   if (side_ == Side::kClient) {
-    // A server sends only responses to our calls, and credits; the calls in
-    // flight bound the burst more tightly than the windows do.
+    // A server sends only responses to our calls, and a few control frames:
+    // response room (TakeResponseRoom) bounds them, not the windows.
     fprintf(stderr,
-            "rdmarpc[%s]: %s: the %zu connections' servers may now send %zu frames at once into "
-            "%zu receive slots (credits are per connection, the SRQ is shared). They send one "
-            "response per call (and a credit frame now and then), so only with about as many "
-            "calls in flight at once as there are slots can responses find the SRQ empty; their "
-            "devices retry each after %u us (RNR NAK; "
-            "device_rnr_naks_sent in the counters; on Soft-RoCE such a retry can stall the "
-            "READs behind it until the connection ends). If that many calls run at once, raise "
-            "RdmaOptions::client_receive_slots to the number in flight. Said once.\n",
-            owner_.c_str(), device_name_.c_str(), by_qp_.size(), granted_credits_, target_,
-            retry_us);
+            "rdmarpc[%s]: %s: the %zu connections share %zu receive slots, which bound their "
+            "calls in flight to %zu at once (a posted slot for each response, so that none "
+            "meets an empty SRQ); calls beyond wait to be sent (credit_stalls in the "
+            "counters). If more calls run at once, raise RdmaOptions::client_receive_slots to "
+            "the number in flight. Said once.\n",
+            owner_.c_str(), device_name_.c_str(), by_qp_.size(), target_, ResponseRoomLimit());
     return;
   }
   fprintf(stderr,
@@ -639,6 +635,50 @@ std::string Endpoint::DescribeStrictRefusal() const {
   return absl::StrCat("strict_credits: no receive slots left to grant (", committed.connections,
                       " connections hold ", committed.slots, " of ", target_, ", ",
                       StrictUnpostedSlots(), " cover refills); raise ", receive_slots_option_);
+}
+
+size_t Endpoint::ResponseRoomLimit() const {
+  const size_t usable = target_ > StrictUnpostedSlots() ? target_ - StrictUnpostedSlots() : 0;
+  const size_t connections = std::max<uint32_t>(1, committed_.load().connections);
+  const size_t reserved = (kCreditFramesPerWindow + 1) * connections;
+  // Never none: one request at a time still makes progress when the
+  // connections outgrow the slots (their control frames then may not fit).
+  return usable > reserved ? usable - reserved : 1;
+}
+
+bool Endpoint::TakeResponseRoom() {
+  const size_t limit = ResponseRoomLimit();
+  size_t awaited = responses_awaited_.load();
+  while (awaited < limit) {
+    if (responses_awaited_.compare_exchange_weak(awaited, awaited + 1)) return true;
+  }
+  return false;
+}
+
+void Endpoint::ReturnResponseRoom(uint32_t n) {
+  if (n == 0) return;
+  responses_awaited_.fetch_sub(n);
+  // Seen after the room is back, or the waiter's second try sees the room.
+  if (has_room_waiters_.load()) RunOnPoller([this] { WakeRoomWaiters(); });
+}
+
+void Endpoint::WaitForResponseRoom(std::weak_ptr<RdmaConnection> conn) {
+  std::lock_guard<std::mutex> lock(room_waiters_mu_);
+  room_waiters_.push_back(std::move(conn));
+  has_room_waiters_.store(true);
+}
+
+void Endpoint::WakeRoomWaiters() {
+  std::vector<std::weak_ptr<RdmaConnection>> waiters;
+  {
+    std::lock_guard<std::mutex> lock(room_waiters_mu_);
+    waiters.swap(room_waiters_);
+    has_room_waiters_.store(false);
+  }
+  // One that still finds no room registers again.
+  for (const auto& weak : waiters) {
+    if (auto conn = weak.lock()) conn->RetryBacklog();
+  }
 }
 
 RdmaConnection* Endpoint::ReceiverOf(uint32_t qp_num) {

@@ -191,6 +191,23 @@ class Endpoint {
   // and the new connection's AddConnection.
   uint32_t StrictWindow(uint32_t wanted) const;
   std::string DescribeStrictRefusal() const;
+  // Response room (client endpoints): every response our requests await
+  // takes a posted receive slot, wherever it comes from, so the requests in
+  // flight over all connections are bounded by the slots the SRQ keeps
+  // posted, less its refill lag and, per connection, kCreditFramesPerWindow
+  // and one GOAWAY: then no response finds the SRQ empty, however many
+  // channels share it. Credits cannot promise that (they are per
+  // connection), and RNR retry is no safety net (rdma_connection.h, "Flow
+  // control"). A request without room waits in its connection's backlog;
+  // the connection registers with WaitForResponseRoom and is flushed when
+  // room comes back. Any thread.
+  bool bounds_responses() const { return side_ == Side::kClient; }
+  bool TakeResponseRoom();
+  void ReturnResponseRoom(uint32_t n);
+  void WaitForResponseRoom(std::weak_ptr<RdmaConnection> conn);
+  // The bound TakeResponseRoom keeps to, now; and the room taken.
+  size_t ResponseRoomLimit() const;
+  size_t responses_awaited() const { return responses_awaited_.load(); }
   // A torn-down connection waiting for its queue pair to drain; the poller
   // retries it every loop until RdmaConnection::FinishTeardown says done.
   void AddDraining(RdmaConnection* conn) { draining_.push_back(conn); }
@@ -367,8 +384,9 @@ class Endpoint {
   // connection, the SRQ is shared). Then a burst from all of them at once
   // can find the SRQ empty, which the senders' devices retry (RNR); said
   // once, the first time, with what to change if such bursts are expected.
-  // On a client's endpoint the peers send responses, so calls in flight,
-  // not windows, bound such a burst, and the line says so.
+  // On a client's endpoint the peers send responses, which response room
+  // bounds instead (TakeResponseRoom); the line then says what that bound
+  // is, since it now holds back calls that the windows would let go.
   size_t granted_credits_ = 0;       // poller thread
   bool told_overcommitted_ = false;  // poller thread
   // Strict credits: the slots the connections in by_qp_ hold (their windows
@@ -384,6 +402,13 @@ class Endpoint {
   std::atomic<Committed> committed_{Committed{}};
   void PublishCommitted();
   size_t StrictUnpostedSlots() const;
+  // Response room: responses awaited over all connections, and the
+  // connections whose backlogs wait for room.
+  std::atomic<size_t> responses_awaited_{0};
+  std::mutex room_waiters_mu_;
+  std::vector<std::weak_ptr<RdmaConnection>> room_waiters_;  // guarded by room_waiters_mu_
+  std::atomic<bool> has_room_waiters_{false};
+  void WakeRoomWaiters();
   // by_qp_'s entry for the last receive: frames come in runs from one
   // connection, and a hash lookup per frame is ~40 instructions. Reset
   // whenever by_qp_ changes; poller thread.

@@ -273,8 +273,26 @@ bool RdmaConnection::CanPostLocked(const Header& h) {
   const uint32_t entries = h.remote_payload() ? 2 : 1;
   if (sq_used_ + rd_atom_ + entries > sq_depth_) return false;
   const size_t frame = kHeaderSize + h.metadata_len + (h.remote_payload() ? 0 : h.payload_len);
-  if (frame <= max_inline_ || !free_send_slots_.empty()) return true;
-  return send_slots_held_ < endpoint_->options().send_slots && TakeSendSlotLocked();
+  if (frame > max_inline_ && free_send_slots_.empty() &&
+      !(send_slots_held_ < endpoint_->options().send_slots && TakeSendSlotLocked())) {
+    return false;
+  }
+  if (h.kind != MessageKind::kRequest || !endpoint_->bounds_responses()) return true;
+  if (endpoint_->TakeResponseRoom()) return true;
+  // Registered before the second try, so that room given back in between
+  // either shows in the try or wakes us.
+  endpoint_->WaitForResponseRoom(weak_from_this());
+  return endpoint_->TakeResponseRoom();
+}
+
+void RdmaConnection::RetryBacklog() {
+  bool queued;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    FlushBacklogLocked();
+    queued = !outbox_.empty();
+  }
+  if (queued) FlushOutbox().IgnoreError();
 }
 
 bool RdmaConnection::TakeSendSlotLocked() {
@@ -430,6 +448,9 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
   ++sq_used_;
   if (signaled) ++signaled_outstanding_;
   if (p.header.kind != MessageKind::kCredit) --credits_;
+  if (p.header.kind == MessageKind::kRequest && endpoint_->bounds_responses()) {
+    ++responses_awaited_;  // its room was taken by CanPostLocked
+  }
   Count(&RdmaCounters::sends);
   if (inl) Count(&RdmaCounters::sends_inline);
   return absl::OkStatus();
@@ -625,9 +646,16 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   if (h.kind != MessageKind::kCredit) owed_.fetch_add(1);
   bool queued;
   uint32_t peer_release_ms;
+  uint32_t room_back = 0;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     peer_release_ms = peer_release_timeout_ms_;
+    // Only for a response some request awaits: a peer that sends others
+    // cannot make room that was never taken.
+    if (h.kind == MessageKind::kResponse && responses_awaited_ > 0) {
+      --responses_awaited_;
+      room_back = 1;
+    }
     if (h.credits) {
       credits_ += h.credits;
       FlushBacklogLocked();
@@ -640,6 +668,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
     }
     queued = !outbox_.empty();
   }
+  endpoint_->ReturnResponseRoom(room_back);
   if (queued) FlushOutbox().IgnoreError();
   if (h.kind == MessageKind::kCredit || h.kind == MessageKind::kRelease) {
     endpoint_->ReleaseSlot(slot);
@@ -975,11 +1004,14 @@ void RdmaConnection::Teardown(absl::Status why) {
   }
   keep_alive_ = shared_from_this();
   teardown_started_ = absl::Now();
+  uint32_t room_back;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     closed_ = true;
     backlog_.clear();
+    room_back = std::exchange(responses_awaited_, 0);
   }
+  endpoint_->ReturnResponseRoom(room_back);
   // Moves the QP to the error state: outstanding work flushes and the peer
   // can no longer READ what we advertised.
   rdma_disconnect(id_);

@@ -44,7 +44,11 @@
 // what the slots not spoken for hold (Endpoint::StrictWindow), or refused.
 // Do not lean on the safety net: on Soft-RoCE (Linux 6.1) an RNR NAK on a
 // QP with READs outstanding can stall those READs until the connection is
-// ended (bench/RESULTS.md, "RNR retry is no safety net on Soft-RoCE").
+// ended (bench/RESULTS.md, "RNR retry is no safety net on Soft-RoCE"). A
+// client endpoint never relies on it: a request is sent only with response
+// room on the endpoint (Endpoint::TakeResponseRoom; CanPostLocked waits
+// for it as for credit), given back when its response arrives or the
+// connection is torn down.
 //
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
@@ -262,6 +266,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void set_on_freed(std::function<void(RdmaConnection*, rdma_cm_id*)> f) {
     on_freed_ = std::move(f);
   }
+  // Sends what waits in the backlog as far as credit and room allow: the
+  // endpoint calls it when response room comes back (Endpoint::
+  // TakeResponseRoom). I/O context.
+  void RetryBacklog();
 
  private:
   // Destroys the QP, if any, and gives its room on the CQ back: at once when
@@ -335,7 +343,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   absl::Status SendLocked(OutboundMessage& m);
   // Credit, SQ room and, for a frame that does not go inline, a free send
   // slot, taking one more from the endpoint when none is free and fewer than
-  // RdmaOptions::send_slots are held.
+  // RdmaOptions::send_slots are held; last, for a request on a client
+  // endpoint, room for its response, taken (the caller queues the frame).
   bool CanPostLocked(const Header& h);
   // One more send slot from the endpoint, free; false when it has none.
   bool TakeSendSlotLocked();
@@ -435,6 +444,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   InlineMutex mu_;        // send side
   bool closed_ = false;   // guarded by mu_
   uint32_t credits_ = 0;  // guarded by mu_
+  // Requests sent whose response has not come, each holding response room
+  // on the endpoint (client endpoints only); given back at teardown.
+  uint32_t responses_awaited_ = 0;  // guarded by mu_
   // What the peer granted at the handshake (credits_ starts there), for
   // DescribeTerms: credits_ may have moved by the time it is traced.
   uint32_t peer_credit_window_ = 0;  // guarded by mu_

@@ -38,8 +38,9 @@ struct RdmaOptions {
   // Bytes of one receive (and send) slot: header + metadata + inline payload.
   size_t slot_size = 8192;
   // Receive slots kept posted on the SRQ of a listening transport and of a
-  // connecting one (a client endpoint needs far fewer: one per call in
-  // flight on all its channels, so a busy ChannelGroup may want more).
+  // connecting one. A client endpoint needs far fewer: its slots bound its
+  // requests in flight over all its connections (Endpoint::
+  // TakeResponseRoom), so a busy ChannelGroup may want more.
   size_t server_receive_slots = 512;
   size_t client_receive_slots = 64;
   // Receive slots that may be out of the SRQ at once (held by the runtime

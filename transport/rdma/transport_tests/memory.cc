@@ -562,6 +562,10 @@ TEST(RdmaTransport, SlotsTheApplicationHoldsAreBoundedAndNothingIsLost) {
   const size_t bound = server_opts.server_receive_slots + server_opts.max_held_slots;
   RdmaOptions client_opts;
   client_opts.keepalive_ms = 0;  // the frames stalled on RNR would hold a probe up
+  // Room for the responses of every request sent: the client sends no more
+  // requests at once than its slots hold responses (Endpoint::
+  // TakeResponseRoom), and the hoarder answers none.
+  client_opts.client_receive_slots = 512;
   Waiter& waiter = fx.NewWaiter();
   std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter, server_opts, client_opts);
   ASSERT_TRUE(conn);
@@ -590,6 +594,7 @@ TEST(RdmaTransport, ReceiveSlotsThatCannotBeRegisteredLoseNothing) {
   server_opts.server_receive_slots = Endpoint::kSlotsPerRegion;
   RdmaOptions client_opts;
   client_opts.keepalive_ms = 0;
+  client_opts.client_receive_slots = 512;  // as above
   Waiter& waiter = fx.NewWaiter();
   std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter, server_opts, client_opts);
   ASSERT_TRUE(conn);

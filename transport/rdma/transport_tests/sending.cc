@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "transport/rdma/counters.h"
@@ -288,6 +289,67 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
     printf("this device exposes no count of RNR NAKs received; delivery was checked\n");
   }
   EXPECT_EQ(Counters().rnr_retry_exhausted, 0u);
+  for (auto& c : conns) c->Close();
+}
+
+// Credits cannot keep a client's SRQ from running empty: its connections
+// share it, and each server grants its own window. So a client endpoint
+// sends no more requests at once than its posted slots hold responses
+// (Endpoint::TakeResponseRoom): here 4 connections with windows of 16 want
+// 64 requests out at once over 32 slots, 12 go (32, less 4 of refill lag
+// and 4 per connection), the rest wait in their backlogs and go as
+// responses come back, and no response meets an empty SRQ.
+TEST(RdmaTransport, AClientSendsNoMoreRequestsThanItsSlotsHoldResponses) {
+  HeldEcho held;
+  constexpr int kConns = 4, kFrames = 16;
+  Fixture fx;
+  fx.server_observer = &held;
+  RdmaOptions server_opts;
+  server_opts.credits = kFrames;
+  RdmaOptions client_opts;
+  client_opts.client_receive_slots = 32;
+  ASSERT_TRUE(fx.Start(server_opts, client_opts));
+  std::vector<std::shared_ptr<Connection>> conns;
+  for (int i = 0; i < kConns; ++i) {
+    auto c = fx.Connect(&fx.NewWaiter());
+    ASSERT_TRUE(c.ok()) << c.status();
+    conns.push_back(*c);
+  }
+  Endpoint* const client = std::static_pointer_cast<RdmaConnection>(conns[0])->endpoint();
+  // The poller counts a connection in once it is established on our side.
+  for (const absl::Time by = absl::Now() + absl::Seconds(10);
+       client->ResponseRoomLimit() != 12 && absl::Now() < by;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(client->ResponseRoomLimit(), 12u);
+  const DeviceRnrNaks before = ReadDeviceRnrNaks();
+  const uint64_t stalls_before = Counters().credit_stalls;
+  std::vector<std::future<InboundMessage>> responses;
+  for (int i = 1; i <= kFrames; ++i) {
+    for (int c = 0; c < kConns; ++c) {
+      const uint64_t id = static_cast<uint64_t>(c * 100 + i);
+      responses.push_back(fx.waiters[c].Expect(id));
+      ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
+    }
+  }
+  ASSERT_TRUE(held.WaitForFirst());
+  // The server answers nothing yet: what went out is all the room there is.
+  EXPECT_EQ(client->responses_awaited(), 12u);
+  EXPECT_GE(Counters().credit_stalls - stalls_before, uint64_t{kConns * kFrames - 12});
+  held.Open();
+  for (size_t k = 0; k < responses.size(); ++k) {
+    ASSERT_EQ(responses[k].wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "request " << k << " never got its response";
+    InboundMessage r = responses[k].get();
+    EXPECT_TRUE(r.payload_status.ok() && Matches(r.payload, 64, r.header.call_id));
+  }
+  EXPECT_EQ(client->responses_awaited(), 0u);
+  const DeviceRnrNaks after = ReadDeviceRnrNaks();
+  printf("device RNR NAKs received %lld -> %lld, sent %lld -> %lld\n",
+         static_cast<long long>(before.received), static_cast<long long>(after.received),
+         static_cast<long long>(before.sent), static_cast<long long>(after.sent));
+  EXPECT_EQ(after.received, before.received) << "a response met the client's empty SRQ";
+  EXPECT_EQ(after.sent, before.sent);
   for (auto& c : conns) c->Close();
 }
 
