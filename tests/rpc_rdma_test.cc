@@ -256,17 +256,11 @@ TEST(RdmaChannelGroup, GroupedChannelsShareOneReceiveQueue) {
   }
   const std::string said = ::testing::internal::GetCapturedStderr();
   fputs(said.c_str(), stderr);
-  // The third channel's window overcommits the shared slots (3 x 32 > 64):
-  // said once, as a client's matter, with the bound on calls in flight that
-  // keeps every response a slot (64 less 8 of refill lag, 4 per connection).
-  const std::string bound =
-      "the 3 connections share 64 receive slots, which bound their calls in flight to 44 at once";
-  const size_t at = said.find(bound);
-  EXPECT_NE(at, std::string::npos) << said;
-  EXPECT_EQ(said.find("receive slots, which bound", at + bound.size()), std::string::npos) << said;
-  EXPECT_NE(said.find("raise RdmaOptions::client_receive_slots to the number in flight"),
-            std::string::npos)
-      << said;
+  // The third channel's window overcommits the shared slots (3 x 32 > 64),
+  // which is no matter to a client: response room keeps every response a
+  // slot, and one call at a time never runs out of it.
+  EXPECT_EQ(said.find("may now send"), std::string::npos) << said;
+  EXPECT_EQ(said.find("fill the room for responses"), std::string::npos) << said;
   const int64_t grouped = registered() - base;
   printf(
       "registered by the servers' first calls %lld, by one lone channel %lld, by %d grouped "

@@ -576,19 +576,10 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   PublishCommitted();
   if (granted_credits_ <= target_ || told_overcommitted_) return;
   told_overcommitted_ = true;
+  // A server sends only responses to our calls, and a few control frames:
+  // response room bounds them (TakeResponseRoom), whatever the windows.
+  if (side_ == Side::kClient) return;
   const unsigned retry_us = RnrTimerMicros(RnrTimerCode(options_.rnr_wait_us));
-  if (side_ == Side::kClient) {
-    // A server sends only responses to our calls, and a few control frames:
-    // response room (TakeResponseRoom) bounds them, not the windows.
-    fprintf(stderr,
-            "rdmarpc[%s]: %s: the %zu connections share %zu receive slots, which bound their "
-            "calls in flight to %zu at once (a posted slot for each response, so that none "
-            "meets an empty SRQ); calls beyond wait to be sent (credit_stalls in the "
-            "counters). If more calls run at once, raise RdmaOptions::client_receive_slots to "
-            "the number in flight. Said once.\n",
-            owner_.c_str(), device_name_.c_str(), by_qp_.size(), target_, ResponseRoomLimit());
-    return;
-  }
   fprintf(stderr,
           "rdmarpc[%s]: %s: the %zu connections' peers may now send %zu frames at once into "
           "%zu receive slots (credits are per connection, the SRQ is shared). A burst from all "
@@ -640,10 +631,12 @@ std::string Endpoint::DescribeStrictRefusal() const {
 size_t Endpoint::ResponseRoomLimit() const {
   const size_t usable = target_ > StrictUnpostedSlots() ? target_ - StrictUnpostedSlots() : 0;
   const size_t connections = std::max<uint32_t>(1, committed_.load().connections);
-  const size_t reserved = (kCreditFramesPerWindow + 1) * connections;
-  // Never none: one request at a time still makes progress when the
-  // connections outgrow the slots (their control frames then may not fit).
-  return usable > reserved ? usable - reserved : 1;
+  // At most a quarter for control frames: a server sends a kCredit only for
+  // half a window of requests it has not answered yet, and a GOAWAY once,
+  // so many connections seldom send them all at once; and a transport with
+  // hundreds of connections must still have calls in flight.
+  const size_t reserved = std::min((kCreditFramesPerWindow + 1) * connections, usable / 4);
+  return std::max<size_t>(1, usable - reserved);
 }
 
 bool Endpoint::TakeResponseRoom() {
@@ -653,6 +646,17 @@ bool Endpoint::TakeResponseRoom() {
     if (responses_awaited_.compare_exchange_weak(awaited, awaited + 1)) return true;
   }
   return false;
+}
+
+void Endpoint::SayRoomRanOut() {
+  if (told_room_ran_out_.exchange(true)) return;
+  fprintf(stderr,
+          "rdmarpc[%s]: %s: %zu calls in flight fill the room for responses in %zu receive "
+          "slots (a posted slot for each response, so that none meets an empty SRQ); further "
+          "calls wait to be sent until responses come back (credit_stalls in the counters). A "
+          "call parked on its server (a long poll) holds its room until it ends. If more calls "
+          "must run at once, raise RdmaOptions::client_receive_slots. Said once.\n",
+          owner_.c_str(), device_name_.c_str(), ResponseRoomLimit(), target_);
 }
 
 void Endpoint::ReturnResponseRoom(uint32_t n) {

@@ -195,16 +195,18 @@ class Endpoint {
   // takes a posted receive slot, wherever it comes from, so the requests in
   // flight over all connections are bounded by the slots the SRQ keeps
   // posted, less its refill lag and, per connection, kCreditFramesPerWindow
-  // and one GOAWAY: then no response finds the SRQ empty, however many
-  // channels share it. Credits cannot promise that (they are per
-  // connection), and RNR retry is no safety net (rdma_connection.h, "Flow
-  // control"). A request without room waits in its connection's backlog;
-  // the connection registers with WaitForResponseRoom and is flushed when
-  // room comes back. Any thread.
+  // and one GOAWAY (at most a quarter of the slots for those): then no
+  // response finds the SRQ empty, however many channels share it. Credits cannot promise that (they
+  // are per connection), and RNR retry is no safety net (rdma_connection.h, "Flow control"). A
+  // request without room waits in its connection's backlog; the connection registers with
+  // WaitForResponseRoom and is flushed when room comes back. Any thread.
   bool bounds_responses() const { return side_ == Side::kClient; }
   bool TakeResponseRoom();
   void ReturnResponseRoom(uint32_t n);
   void WaitForResponseRoom(std::weak_ptr<RdmaConnection> conn);
+  // The first time a request waits for room, says so on stderr, with the
+  // bound and what to raise.
+  void SayRoomRanOut();
   // The bound TakeResponseRoom keeps to, now; and the room taken.
   size_t ResponseRoomLimit() const;
   size_t responses_awaited() const { return responses_awaited_.load(); }
@@ -384,9 +386,8 @@ class Endpoint {
   // connection, the SRQ is shared). Then a burst from all of them at once
   // can find the SRQ empty, which the senders' devices retry (RNR); said
   // once, the first time, with what to change if such bursts are expected.
-  // On a client's endpoint the peers send responses, which response room
-  // bounds instead (TakeResponseRoom); the line then says what that bound
-  // is, since it now holds back calls that the windows would let go.
+  // Not said on a client's endpoint: its peers send responses, which
+  // response room bounds instead (TakeResponseRoom, SayRoomRanOut).
   size_t granted_credits_ = 0;       // poller thread
   bool told_overcommitted_ = false;  // poller thread
   // Strict credits: the slots the connections in by_qp_ hold (their windows
@@ -408,6 +409,7 @@ class Endpoint {
   std::mutex room_waiters_mu_;
   std::vector<std::weak_ptr<RdmaConnection>> room_waiters_;  // guarded by room_waiters_mu_
   std::atomic<bool> has_room_waiters_{false};
+  std::atomic<bool> told_room_ran_out_{false};
   void WakeRoomWaiters();
   // by_qp_'s entry for the last receive: frames come in runs from one
   // connection, and a hash lookup per frame is ~40 instructions. Reset

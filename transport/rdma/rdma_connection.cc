@@ -282,7 +282,9 @@ bool RdmaConnection::CanPostLocked(const Header& h) {
   // Registered before the second try, so that room given back in between
   // either shows in the try or wakes us.
   endpoint_->WaitForResponseRoom(weak_from_this());
-  return endpoint_->TakeResponseRoom();
+  if (endpoint_->TakeResponseRoom()) return true;
+  endpoint_->SayRoomRanOut();
+  return false;
 }
 
 void RdmaConnection::RetryBacklog() {

@@ -296,12 +296,14 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
 // share it, and each server grants its own window. So a client endpoint
 // sends no more requests at once than its posted slots hold responses
 // (Endpoint::TakeResponseRoom): here 4 connections with windows of 16 want
-// 64 requests out at once over 32 slots, 12 go (32, less 4 of refill lag
-// and 4 per connection), the rest wait in their backlogs and go as
+// 64 requests out at once over 32 slots, 21 go (32, less 4 of refill lag
+// and, for control frames, 4 per connection but at most a quarter of the
+// 28 left), the rest wait in their backlogs and go as
 // responses come back, and no response meets an empty SRQ.
 TEST(RdmaTransport, AClientSendsNoMoreRequestsThanItsSlotsHoldResponses) {
   HeldEcho held;
   constexpr int kConns = 4, kFrames = 16;
+  constexpr size_t kRoom = 21;
   Fixture fx;
   fx.server_observer = &held;
   RdmaOptions server_opts;
@@ -318,13 +320,14 @@ TEST(RdmaTransport, AClientSendsNoMoreRequestsThanItsSlotsHoldResponses) {
   Endpoint* const client = std::static_pointer_cast<RdmaConnection>(conns[0])->endpoint();
   // The poller counts a connection in once it is established on our side.
   for (const absl::Time by = absl::Now() + absl::Seconds(10);
-       client->ResponseRoomLimit() != 12 && absl::Now() < by;) {
+       client->ResponseRoomLimit() != kRoom && absl::Now() < by;) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  ASSERT_EQ(client->ResponseRoomLimit(), 12u);
+  ASSERT_EQ(client->ResponseRoomLimit(), kRoom);
   const DeviceRnrNaks before = ReadDeviceRnrNaks();
   const uint64_t stalls_before = Counters().credit_stalls;
   std::vector<std::future<InboundMessage>> responses;
+  ::testing::internal::CaptureStderr();
   for (int i = 1; i <= kFrames; ++i) {
     for (int c = 0; c < kConns; ++c) {
       const uint64_t id = static_cast<uint64_t>(c * 100 + i);
@@ -332,10 +335,18 @@ TEST(RdmaTransport, AClientSendsNoMoreRequestsThanItsSlotsHoldResponses) {
       ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
     }
   }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  fputs(said.c_str(), stderr);
+  // Said once, with the bound and what to raise.
+  const std::string ran_out = "21 calls in flight fill the room for responses in 32 receive slots";
+  const size_t at = said.find(ran_out);
+  EXPECT_NE(at, std::string::npos) << said;
+  EXPECT_EQ(said.find("fill the room", at + ran_out.size()), std::string::npos) << said;
+  EXPECT_NE(said.find("raise RdmaOptions::client_receive_slots"), std::string::npos) << said;
   ASSERT_TRUE(held.WaitForFirst());
   // The server answers nothing yet: what went out is all the room there is.
-  EXPECT_EQ(client->responses_awaited(), 12u);
-  EXPECT_GE(Counters().credit_stalls - stalls_before, uint64_t{kConns * kFrames - 12});
+  EXPECT_EQ(client->responses_awaited(), kRoom);
+  EXPECT_GE(Counters().credit_stalls - stalls_before, uint64_t{kConns * kFrames - kRoom});
   held.Open();
   for (size_t k = 0; k < responses.size(); ++k) {
     ASSERT_EQ(responses[k].wait_for(std::chrono::seconds(60)), std::future_status::ready)
