@@ -30,11 +30,11 @@
 // - The shared SRQ's receive slots (RdmaOptions::client_receive_slots) serve
 //   every channel's responses, so they bound the group's calls in flight
 //   over RDMA (52 of the default 64 with one channel, 4 fewer per channel
-//   more, 42 from four on): calls beyond wait to be sent until responses come back, so that
-//   no response ever meets an empty SRQ. Calls parked on one server (long
-//   polls) hold that room for the others too. A group of many busy
-//   channels raises it (ChannelOptions::transport.rdma) to its calls in
-//   flight; the first call held back says so on stderr.
+//   more, 42 from four on): calls beyond wait to be sent until responses
+//   come back, so that no response ever meets an empty SRQ. Calls parked
+//   on one server (long polls) hold that room for the others too. A group
+//   of many busy channels raises it (ChannelOptions::transport.rdma) to
+//   its calls in flight; the first call held back says so on stderr.
 //   With RdmaOptions::strict_credits, a channel whose connection finds no
 //   slots left to grant fails its calls UNAVAILABLE, saying so (the default
 //   64 hold two channels' windows).

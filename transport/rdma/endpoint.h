@@ -196,9 +196,10 @@ class Endpoint {
   // flight over all connections are bounded by the slots the SRQ keeps
   // posted, less its refill lag and, per connection, kCreditFramesPerWindow
   // and one GOAWAY (at most a quarter of the slots for those): then no
-  // response finds the SRQ empty, however many channels share it. Credits cannot promise that (they
-  // are per connection), and RNR retry is no safety net (rdma_connection.h, "Flow control"). A
-  // request without room waits in its connection's backlog; the connection registers with
+  // response finds the SRQ empty, however many channels share it. Credits
+  // cannot promise that (they are per connection), and RNR retry is no
+  // safety net (rdma_connection.h, "Flow control"). A request without room
+  // waits in its connection's backlog; the connection registers with
   // WaitForResponseRoom and is flushed when room comes back. Any thread.
   bool bounds_responses() const { return side_ == Side::kClient; }
   bool TakeResponseRoom();
