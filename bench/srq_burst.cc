@@ -1,10 +1,13 @@
 // srq_burst: what an empty shared receive queue costs a burst of small
 // frames. `--connections` connections each send `--frames` small requests at
 // once to one server, which echoes each; a round ends when every response is
-// in. Credits are per connection and the SRQ is shared (512 slots and 32
-// credits by default), so such a burst can find the SRQ empty before the
-// server's poller has refilled it: the sender's device is told to wait (RNR
-// NAK) for the receiver's RNR timer, then retries.
+// in. The server shares its SRQ's slots among its connections (512 slots
+// and windows of at most 32 by default; rdma_connection.h, "Flow control"),
+// so a burst waits in the clients' backlogs for credit; only past as many
+// connections as the slots hold frames (372 at the defaults; fewer with a
+// small --receive_slots) can it find the SRQ empty before the server's
+// poller has refilled it: then the sender's device is told to wait (RNR
+// NAK) for the receiver's RNR timer, and retries.
 //
 //   bazel build -c opt //bench:srq_burst && tools/vm/run.sh bazel-bin/bench/srq_burst
 //

@@ -29,8 +29,8 @@
 // What not to rely on:
 // - The shared SRQ's receive slots (RdmaOptions::client_receive_slots) serve
 //   every channel's responses, so they bound the group's calls in flight
-//   over RDMA (52 of the default 64 with one channel, 4 fewer per channel
-//   more, 42 from four on): calls beyond wait to be sent until responses
+//   over RDMA (51 of the default 64 with one channel, 46 with two, 42
+//   from three on): calls beyond wait to be sent until responses
 //   come back, so that no response ever meets an empty SRQ. Calls parked
 //   on one server (long polls) hold that room for the others too. A group
 //   of many busy channels raises it (ChannelOptions::transport.rdma) to

@@ -17,7 +17,8 @@
 //   6  u16 status       absl::StatusCode of a response (0 otherwise); any value
 //                       decodes, and the runtime reads a code it does not know
 //                       as UNKNOWN: one odd answer ends its call, not the link
-//   8  u64 call_id      chosen by the client, unique per connection while pending
+//   8  u64 call_id      chosen by the client, unique per connection while pending;
+//                       on a kShrink, the count of credits
 //  16  u32 method_id    MethodId("/pkg.Service/Method") (rpc/method_id.h)
 //  20  u32 metadata_len encoded Metadata, at most kMaxMetadataBytes
 //  24  u32 payload_len  attachment + serialized message (or error text), at
@@ -76,6 +77,13 @@ enum class MessageKind : uint8_t {
                   // connection (those in flight still end on it); then
                   // client -> server, the acknowledgment: no request follows
                   // this one, so the server serves those before it
+  kShrink = 7,    // RDMA only, costs no credit. From the receiver of a
+                  // connection's frames: take `call_id` credits back off the
+                  // window granted (its shared receive queue is being shared
+                  // among more connections); the other side takes them off
+                  // its credits, going into debt for any already spent, and
+                  // answers with a kShrink of the same count, behind every
+                  // frame it sent on those credits
 };
 
 inline constexpr uint16_t kFlagRemotePayload = 1 << 0;

@@ -60,6 +60,9 @@ struct RdmaCounters {
   // response room.
   uint64_t credit_stalls = 0;
   uint64_t credit_messages = 0;      // credit-only frames sent
+  // kShrink frames sent to take back credits past a peer's window, as a
+  // listening transport's windows shrink with more connections.
+  uint64_t credit_shrinks = 0;
   // Zero-byte WRITEs sent to peers silent for RdmaOptions::keepalive_ms.
   uint64_t keepalives = 0;
   // Of which sent behind READs in flight, none of which had completed for

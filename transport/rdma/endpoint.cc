@@ -97,7 +97,10 @@ Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, st
                                                   : "client_receive_slots"),
       owner_(std::move(owner)),
       spare_(static_cast<uint32_t>(target_ + options.max_held_slots)),
-      sweep_interval_(SweepInterval(options)) {}
+      sweep_interval_(SweepInterval(options)) {
+  shares_credits_ = side == Side::kServer && !options.strict_credits;
+  PublishCommitted();
+}
 
 absl::Status Endpoint::Init() {
   device_name_ = ibv_get_device_name(verbs_->device);
@@ -570,36 +573,50 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   by_serial_[conn->serial() & 0x07ffffff] = conn.get();
   last_receiver_ = nullptr;
   std::shared_ptr<RdmaConnection>& entry = by_qp_[conn->qp_num()];
-  if (entry) granted_credits_ -= entry->credit_window();
+  if (entry) {
+    granted_credits_ -= entry->credit_window();
+    GiveBackCredits(entry->peer_holds());
+  }
   granted_credits_ += conn->credit_window();
+  if (shares_credits_) TakeCredits(conn->credit_window());
   entry = std::move(conn);
+  const uint32_t window_was = credit_share_.window;
   PublishCommitted();
-  if (granted_credits_ <= target_ || told_overcommitted_) return;
+  if (!shares_credits_) return;
+  if (credit_share_.window < window_was) reshared_ = false;
+  if (credits_out_ > static_cast<int64_t>(credit_share_.budget)) Reshare();
+  if (by_qp_.size() <= credit_share_.budget || told_overcommitted_) return;
   told_overcommitted_ = true;
-  // A server sends only responses to our calls, and a few control frames:
-  // response room bounds them (TakeResponseRoom), whatever the windows.
-  if (side_ == Side::kClient) return;
   const unsigned retry_us = RnrTimerMicros(RnrTimerCode(options_.rnr_wait_us));
   fprintf(stderr,
-          "rdmarpc[%s]: %s: the %zu connections' peers may now send %zu frames at once into "
-          "%zu receive slots (credits are per connection, the SRQ is shared). A burst from all "
-          "of them would find the SRQ empty, and their devices retry each frame after %u us "
-          "(RNR NAK; device_rnr_naks_sent in the counters). If such bursts are expected, raise "
-          "RdmaOptions::%s to %zu or more, or lower RdmaOptions::credits to %zu, or set "
-          "RdmaOptions::strict_credits to grant only what the slots hold. Said once.\n",
-          owner_.c_str(), device_name_.c_str(), by_qp_.size(), granted_credits_, target_, retry_us,
-          receive_slots_option_, granted_credits_, std::max<size_t>(1, target_ / by_qp_.size()));
+          "rdmarpc[%s]: %s: %zu connections share %zu receive slots, and each may send at "
+          "least one frame: their windows no longer fit the %zu frames the slots hold besides "
+          "refills and control frames. A burst from all of them would find the SRQ empty, and "
+          "their devices retry each frame after %u us (RNR NAK; device_rnr_naks_sent in the "
+          "counters). If such bursts are expected, raise RdmaOptions::%s, or set "
+          "RdmaOptions::strict_credits to refuse connections past what the slots hold. Said "
+          "once.\n",
+          owner_.c_str(), device_name_.c_str(), by_qp_.size(), target_, credit_share_.budget,
+          retry_us, receive_slots_option_);
 }
 
 void Endpoint::RemoveConnection(RdmaConnection* conn) {
   by_serial_.erase(conn->serial() & 0x07ffffff);
   last_receiver_ = nullptr;
   auto it = by_qp_.find(conn->qp_num());
-  if (it != by_qp_.end() && it->second.get() == conn) {
-    granted_credits_ -= conn->credit_window();
-    by_qp_.erase(it);
-    PublishCommitted();
+  if (it == by_qp_.end() || it->second.get() != conn) return;
+  granted_credits_ -= conn->credit_window();
+  if (shares_credits_) GiveBackCredits(conn->peer_holds());
+  by_qp_.erase(it);
+  const uint32_t window_was = credit_share_.window;
+  PublishCommitted();
+  if (!shares_credits_) return;
+  // Windows grew: every connection may top its peer up, not only those
+  // that wait.
+  if (credit_share_.window > window_was) {
+    for (const auto& [qp_num, other] : by_qp_) WaitForCredits(other);
   }
+  WakeCreditWaiters();
 }
 
 void Endpoint::PublishCommitted() {
@@ -610,6 +627,45 @@ void Endpoint::PublishCommitted() {
   committed_.store(Committed{static_cast<uint32_t>(std::min<size_t>(slots, UINT32_MAX)),
                              static_cast<uint32_t>(by_qp_.size())},
                    std::memory_order_relaxed);
+  credit_share_ =
+      ShareReceiveBudget(ConfiguredWindow(), target_, StrictUnpostedSlots(), by_qp_.size());
+}
+
+uint32_t Endpoint::ConfiguredWindow() const {
+  return static_cast<uint32_t>(
+      std::max<size_t>(1, std::min<size_t>(options_.credits, target_ / 2)));
+}
+
+uint32_t Endpoint::JoiningWindow() const {
+  if (!shares_credits_) return ConfiguredWindow();
+  const uint32_t joined = committed_.load(std::memory_order_relaxed).connections + 1;
+  return ShareReceiveBudget(ConfiguredWindow(), target_, StrictUnpostedSlots(), joined).window;
+}
+
+size_t Endpoint::FreeCredits() const {
+  if (!shares_credits_) return SIZE_MAX;
+  const auto budget = static_cast<int64_t>(credit_share_.budget);
+  return credits_out_ < budget ? static_cast<size_t>(budget - credits_out_) : 0;
+}
+
+void Endpoint::WaitForCredits(std::weak_ptr<RdmaConnection> conn) {
+  credit_waiters_.push_back(std::move(conn));
+}
+
+void Endpoint::WakeCreditWaiters() {
+  // Each waiter tops up what the room allows and, if still short, waits
+  // again at the back: the rounds end when the room does.
+  for (size_t n = credit_waiters_.size(); n > 0 && FreeCredits() > 0; --n) {
+    std::shared_ptr<RdmaConnection> conn = credit_waiters_.front().lock();
+    credit_waiters_.pop_front();
+    if (conn) conn->TopUpCredits();
+  }
+  if (!credit_waiters_.empty() && FreeCredits() == 0 && !reshared_) Reshare();
+}
+
+void Endpoint::Reshare() {
+  reshared_ = true;
+  for (const auto& [qp_num, conn] : by_qp_) conn->AskForCreditsBack();
 }
 
 size_t Endpoint::StrictUnpostedSlots() const { return target_ + 1 - refill_below_; }
@@ -629,14 +685,8 @@ std::string Endpoint::DescribeStrictRefusal() const {
 }
 
 size_t Endpoint::ResponseRoomLimit() const {
-  const size_t usable = target_ > StrictUnpostedSlots() ? target_ - StrictUnpostedSlots() : 0;
-  const size_t connections = std::max<uint32_t>(1, committed_.load().connections);
-  // At most a quarter for control frames: a server sends a kCredit only for
-  // half a window of requests it has not answered yet, and a GOAWAY once,
-  // so many connections seldom send them all at once; and a transport with
-  // hundreds of connections must still have calls in flight.
-  const size_t reserved = std::min((kCreditFramesPerWindow + 1) * connections, usable / 4);
-  return std::max<size_t>(1, usable - reserved);
+  return ShareReceiveBudget(1, target_, StrictUnpostedSlots(), committed_.load().connections)
+      .budget;
 }
 
 bool Endpoint::TakeResponseRoom() {

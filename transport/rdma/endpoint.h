@@ -71,6 +71,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -179,8 +180,9 @@ class Endpoint {
   // thread, never by itself blocking.
   bool Drive(absl::FunctionRef<bool()> done);
 
-  // Poller thread only. The first connection that takes the credits granted
-  // past the SRQ's slots is told on stderr (see "Overcommitted credits").
+  // Poller thread only. A listening endpoint's first connection past as
+  // many as its budget holds frames is told on stderr (see "Shared
+  // windows").
   void AddConnection(std::shared_ptr<RdmaConnection> conn);
   void RemoveConnection(RdmaConnection* conn);
   // RdmaOptions::strict_credits: the window a new connection may be granted,
@@ -191,11 +193,35 @@ class Endpoint {
   // and the new connection's AddConnection.
   uint32_t StrictWindow(uint32_t wanted) const;
   std::string DescribeStrictRefusal() const;
+  // Shared windows (a listening endpoint without strict_credits). Credits
+  // are per connection and the SRQ is not, so the credits our peers hold or
+  // have in flight, over all connections, are kept within the SRQ's budget
+  // (ShareReceiveBudget): a connection tops its peer up to its window
+  // (CreditWindow) only as far as the budget has room (FreeCredits, taken
+  // with TakeCredits), and otherwise waits with WaitForCredits for credits
+  // to come back (GiveBackCredits). Windows shrink as connections join; a
+  // peer over its window is asked for the difference (kShrink, Reshare) when
+  // the budget is overdrawn or has no room for a connection below its
+  // window. Not sharing, CreditWindow is what was asked and the room has no
+  // bound. I/O context, but JoiningWindow: the rdma_cm thread's, for the
+  // handshake of the connection about to join.
+  bool shares_credits() const { return shares_credits_; }
+  // RdmaOptions::credits, at most half the slots.
+  uint32_t ConfiguredWindow() const;
+  uint32_t CreditWindow() const { return credit_share_.window; }
+  uint32_t JoiningWindow() const;
+  size_t FreeCredits() const;
+  void TakeCredits(size_t n) { credits_out_ += static_cast<int64_t>(n); }
+  void GiveBackCredits(int64_t n) { credits_out_ -= n; }
+  void WaitForCredits(std::weak_ptr<RdmaConnection> conn);
+  // Tops up the connections that wait, first come first, while there is
+  // room; and reshares when a waiter finds none.
+  void WakeCreditWaiters();
   // Response room (client endpoints): every response our requests await
   // takes a posted receive slot, wherever it comes from, so the requests in
   // flight over all connections are bounded by the slots the SRQ keeps
-  // posted, less its refill lag and, per connection, kCreditFramesPerWindow
-  // and one GOAWAY (at most a quarter of the slots for those): then no
+  // posted, less its refill lag and kControlFramesPerConnection per
+  // connection (ShareReceiveBudget's budget): then no
   // response finds the SRQ empty, however many channels share it. Credits
   // cannot promise that (they are per connection), and RNR retry is no
   // safety net (rdma_connection.h, "Flow control"). A request without room
@@ -382,15 +408,21 @@ class Endpoint {
   std::atomic<bool> has_tasks_{false};
   std::unordered_map<uint32_t, std::shared_ptr<RdmaConnection>> by_qp_;  // poller thread
   std::unordered_map<uint32_t, RdmaConnection*> by_serial_;              // poller thread
-  // Overcommitted credits: the credit windows granted to the connections in
-  // by_qp_ add up to this, and may exceed target_ (credits are per
-  // connection, the SRQ is shared). Then a burst from all of them at once
-  // can find the SRQ empty, which the senders' devices retry (RNR); said
-  // once, the first time, with what to change if such bursts are expected.
-  // Not said on a client's endpoint: its peers send responses, which
-  // response room bounds instead (TakeResponseRoom, SayRoomRanOut).
+  // The credit windows granted at the handshake to the connections in
+  // by_qp_ (for strict credits), and whether the one past the budget has
+  // been told.
   size_t granted_credits_ = 0;       // poller thread
   bool told_overcommitted_ = false;  // poller thread
+  // Shared windows: the budget and each connection's window for the
+  // connections in by_qp_ (PublishCommitted), the credits their peers hold
+  // or have in flight, those waiting for room, and whether the windows have
+  // been reshared since they last shrank. I/O context.
+  bool shares_credits_ = false;  // set once, at construction
+  ReceiveShare credit_share_;
+  int64_t credits_out_ = 0;
+  std::deque<std::weak_ptr<RdmaConnection>> credit_waiters_;
+  bool reshared_ = true;
+  void Reshare();
   // Strict credits: the slots the connections in by_qp_ hold (their windows
   // and kCreditFramesPerWindow each), published by the poller thread for
   // StrictWindow on the rdma_cm thread; and the slots that may be consumed,

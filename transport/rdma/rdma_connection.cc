@@ -32,6 +32,12 @@ using internal::WrId;
 // READ might still write into are leaked rather than reused.
 constexpr absl::Duration kDrainBound = absl::Seconds(5);
 
+// kCredit and kShrink frames are free, so that peers that both ran out can
+// still unblock each other; each side bounds how many it sends instead.
+bool CostsCredit(MessageKind kind) {
+  return kind != MessageKind::kCredit && kind != MessageKind::kShrink;
+}
+
 // What rdma_cm leaves a RoCE QP to when peer_timeout_ms is 0: ACK timeout
 // 2^19 x 4.096 us (CMA_IBOE_PACKET_LIFETIME 18, plus one), 8 tries.
 constexpr uint32_t kRdmaCmDefaultPeerTimeoutMs = 17000;
@@ -268,7 +274,7 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
 }
 
 bool RdmaConnection::CanPostLocked(const Header& h) {
-  if (h.kind != MessageKind::kCredit && credits_ == 0) return false;
+  if (CostsCredit(h.kind) && credits_ <= 0) return false;
   // A frame that advertises a window needs a second entry for the bind.
   const uint32_t entries = h.remote_payload() ? 2 : 1;
   if (sq_used_ + rd_atom_ + entries > sq_depth_) return false;
@@ -344,7 +350,7 @@ RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
 
 absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
                                               const absl::FunctionRef<void(char*)>* write) {
-  p.header.credits = owed_.exchange(0);
+  p.header.credits = to_return_.exchange(0, std::memory_order_relaxed);
   const size_t payload_size = write != nullptr ? p.header.payload_len : p.payload.size();
   const size_t frame = kHeaderSize + p.metadata.size() + payload_size;
   const bool inl = frame <= max_inline_;
@@ -449,7 +455,7 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
   posted.payload = std::move(held);
   ++sq_used_;
   if (signaled) ++signaled_outstanding_;
-  if (p.header.kind != MessageKind::kCredit) --credits_;
+  if (CostsCredit(p.header.kind)) --credits_;
   if (p.header.kind == MessageKind::kRequest && endpoint_->bounds_responses()) {
     ++responses_awaited_;  // its room was taken by CanPostLocked
   }
@@ -524,6 +530,7 @@ absl::Status RdmaConnection::PostTaken() {
 }
 
 void RdmaConnection::FlushBacklogLocked() {
+  SendShrinkLocked();
   while (!backlog_.empty() && !closed_ && CanPostLocked(backlog_.front().header)) {
     if (!QueueFrameLocked(backlog_.front()).ok()) return;
     backlog_.pop_front();
@@ -615,7 +622,7 @@ void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
     if (kind == MessageKind::kCredit) {
       // Credit-only frames jump the backlog (they need no credit); if there
       // is no room, the credit goes with a later frame instead.
-      if (owed_.load() == 0 || !CanPostLocked(p.header)) return;
+      if (!CreditWorthSending() || !CanPostLocked(p.header)) return;
       Count(&RdmaCounters::credit_messages);
       QueueFrameLocked(p).IgnoreError();
     } else if (!backlog_.empty() || !CanPostLocked(p.header)) {
@@ -645,13 +652,40 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
     return Fail(absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ", length,
                                                  " bytes received, header says ", expected)));
   }
-  if (h.kind != MessageKind::kCredit) owed_.fetch_add(1);
+  // A frame on credit, or our kShrink's answer, gives back what it took
+  // off the endpoint's budget; another connection may be waiting for it.
+  int64_t given_back = CostsCredit(h.kind) ? 1 : 0;
+  uint64_t shrink_asked = 0;
+  if (h.kind == MessageKind::kShrink) {
+    if (shrink_asked_ != 0 && h.call_id != shrink_asked_) {
+      endpoint_->ReleaseSlot(slot);
+      return Fail(
+          absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": a kShrink answering ",
+                                           shrink_asked_, " credits says ", h.call_id)));
+    }
+    if (shrink_asked_ != 0) {
+      given_back += shrink_asked_;
+      shrink_asked_ = 0;
+    } else {
+      shrink_asked = h.call_id;
+    }
+  }
+  peer_holds_ -= given_back;
+  if (endpoint_->shares_credits()) endpoint_->GiveBackCredits(given_back);
   bool queued;
   uint32_t peer_release_ms;
   uint32_t room_back = 0;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     peer_release_ms = peer_release_timeout_ms_;
+    if (shrink_asked != 0) {
+      // What the peer takes back may have been spent already: the debt is
+      // paid from the credits it returns next. Answered ahead of the
+      // backlog, which may wait for those very credits.
+      credits_ -= static_cast<int64_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
+      answer_to_send_ += static_cast<uint32_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
+      SendShrinkLocked();
+    }
     // Only for a response some request awaits: a peer that sends others
     // cannot make room that was never taken.
     if (h.kind == MessageKind::kResponse && responses_awaited_ > 0) {
@@ -662,6 +696,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       credits_ += h.credits;
       FlushBacklogLocked();
     }
+    if (given_back != 0) TopUpLocked();
     if (h.kind == MessageKind::kRelease) ReleaseAdvertisedLocked(h.remote.token);
     if (h.kind == MessageKind::kResponse && !request_tokens_.empty()) {
       auto range = request_tokens_.equal_range(h.call_id);
@@ -672,7 +707,14 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   }
   endpoint_->ReturnResponseRoom(room_back);
   if (queued) FlushOutbox().IgnoreError();
-  if (h.kind == MessageKind::kCredit || h.kind == MessageKind::kRelease) {
+  if (endpoint_->shares_credits() && given_back != 0) {
+    // Over its window the connection left what came back to the others;
+    // and still over it after an answer, the window shrank again.
+    if (peer_holds_ >= PeerWindow()) endpoint_->WakeCreditWaiters();
+    AskForCreditsBack();
+  }
+  if (h.kind == MessageKind::kCredit || h.kind == MessageKind::kRelease ||
+      h.kind == MessageKind::kShrink) {
     endpoint_->ReleaseSlot(slot);
   } else {
     if (h.metadata_len > 0) m.metadata.assign(data + kHeaderSize, h.metadata_len);
@@ -724,8 +766,76 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       }
     }
   }
-  if (owed_.load() >= std::max<uint32_t>(1, credit_window_ / 2)) {
-    SendControl(MessageKind::kCredit, 0);
+  if (CreditWorthSending()) SendControl(MessageKind::kCredit, 0);
+}
+
+uint32_t RdmaConnection::PeerWindow() const {
+  return endpoint_->shares_credits() ? endpoint_->CreditWindow() : credit_window_;
+}
+
+void RdmaConnection::TopUpLocked() {
+  const uint32_t window = PeerWindow();
+  if (closed_ || peer_holds_ >= window) return;
+  // One frame at least, whatever the budget: a peer with none could never
+  // send again (past as many connections as the budget holds frames, the
+  // endpoint has said so once, AddConnection).
+  const auto room = std::min<int64_t>(
+      window - peer_holds_,
+      std::max<int64_t>(1 - peer_holds_,
+                        static_cast<int64_t>(std::min<size_t>(endpoint_->FreeCredits(), window))));
+  peer_holds_ += room;
+  if (endpoint_->shares_credits()) endpoint_->TakeCredits(static_cast<size_t>(room));
+  to_return_.store(to_return_.load(std::memory_order_relaxed) + static_cast<uint32_t>(room),
+                   std::memory_order_relaxed);
+  if (peer_holds_ < window && !waiting_for_credits_) {
+    waiting_for_credits_ = true;
+    endpoint_->WaitForCredits(weak_from_this());
+  }
+}
+
+bool RdmaConnection::CreditWorthSending() const {
+  // In half windows, as a peer's kCreditFramesPerWindow counts on; but at
+  // once to a peer that holds none at all.
+  const uint32_t due = to_return_.load(std::memory_order_relaxed);
+  if (due == 0) return false;
+  return due >= std::max<uint32_t>(1, PeerWindow() / 2) || peer_holds_ == static_cast<int64_t>(due);
+}
+
+void RdmaConnection::TopUpCredits() {
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    waiting_for_credits_ = false;
+    TopUpLocked();
+  }
+  if (CreditWorthSending()) SendControl(MessageKind::kCredit, 0);
+}
+
+void RdmaConnection::AskForCreditsBack() {
+  const uint32_t window = PeerWindow();
+  if (shrink_asked_ != 0 || peer_holds_ <= window) return;
+  bool queued;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (closed_) return;
+    shrink_asked_ = static_cast<uint32_t>(peer_holds_ - window);
+    ask_to_send_ = shrink_asked_;
+    Count(&RdmaCounters::credit_shrinks);
+    SendShrinkLocked();
+    queued = !outbox_.empty();
+  }
+  if (queued) FlushOutbox().IgnoreError();
+}
+
+void RdmaConnection::SendShrinkLocked() {
+  for (uint32_t* count : {&ask_to_send_, &answer_to_send_}) {
+    if (*count == 0 || closed_) continue;
+    OutboundMessage p;
+    p.header.kind = MessageKind::kShrink;
+    p.header.call_id = *count;
+    // Without room now, FlushBacklogLocked sends it when room comes.
+    if (!CanPostLocked(p.header)) return;
+    *count = 0;
+    QueueFrameLocked(p).IgnoreError();
   }
 }
 

@@ -28,27 +28,43 @@
 // (advertised_payload_copies).
 //
 // Flow control. Credits count frames: at connect each side grants the other
-// RdmaOptions::credits (capped by half its receive slots), carried in the
-// rdma_cm private data. Every frame but kCredit costs the sender one credit;
-// the receiver returns credits in the `credits` field of any frame it sends,
-// or in a kCredit frame once half a window is owed. kCredit frames are free,
-// so two peers that both ran out can always unblock each other. Frames that
-// find no credit (or no send slot, or a full send queue) wait in a backlog, in
-// order (counted as credit_stalls). RNR retry (rnr_retry_count 7) is only the
-// safety net when the shared SRQ runs short (credits are per connection, the
-// SRQ is not); the device counts those NAKs (ReadDeviceRnrNaks), and the
+// a window, carried in the rdma_cm private data. Every frame but kCredit and
+// kShrink costs the sender one credit; the receiver returns credits in the
+// `credits` field of any frame it sends, or in a kCredit frame once half a
+// window is due (at once to a peer left with none). kCredit and kShrink
+// frames are free, so two peers that both ran out can always unblock each
+// other. Frames that find no credit (or no send slot, or a full send queue)
+// wait in a backlog, in order (counted as credit_stalls).
+//
+// Credits are per connection and the SRQ is not, so each endpoint keeps
+// what all its peers may send within its posted slots:
+//   - a listening one shares its SRQ's budget (ShareReceiveBudget) among its
+//     connections: a connection's window is its share, at most
+//     RdmaOptions::credits. The peer holds its window at most: we return a
+//     frame's credit only while the budget has room (Endpoint::FreeCredits),
+//     and otherwise wait for some to come back (Endpoint::WaitForCredits).
+//     As connections join, the windows shrink and a peer holding more than
+//     its window is asked for the difference in a kShrink; it takes that off
+//     its credits, into debt if it already spent them, and answers with a
+//     kShrink behind the frames it sent on them, after which the credits
+//     are the budget's again. As connections leave, the windows grow. Every
+//     peer may hold one credit, whatever the budget: past as many
+//     connections as the budget holds frames the windows overcommit the
+//     slots, which the endpoint says once (AddConnection);
+//   - with RdmaOptions::strict_credits, a listening endpoint grants a new
+//     connection what the slots not spoken for hold (Endpoint::
+//     StrictWindow), or refuses it, and never takes a window back;
+//   - a connecting one sends a request only with response room on the
+//     endpoint (Endpoint::TakeResponseRoom; CanPostLocked waits for it as
+//     for credit), given back when its response arrives or the connection
+//     is torn down: its peers send it responses and control frames only.
+// RNR retry (rnr_retry_count 7) is the safety net when the SRQ runs short
+// all the same; the device counts those NAKs (ReadDeviceRnrNaks), and the
 // sender waits RdmaOptions::rnr_wait_us before each retry, not rdma_cm's
-// 655 ms (RdmaTransport::SetRnrWait). An endpoint warns once when the
-// windows it granted first add up past its SRQ's slots (AddConnection);
-// with RdmaOptions::strict_credits they never do: a connection is granted
-// what the slots not spoken for hold (Endpoint::StrictWindow), or refused.
-// Do not lean on the safety net: on Soft-RoCE (Linux 6.1) an RNR NAK on a
-// QP with READs outstanding can stall those READs until the connection is
-// ended (bench/RESULTS.md, "RNR retry is no safety net on Soft-RoCE"). A
-// client endpoint never relies on it: a request is sent only with response
-// room on the endpoint (Endpoint::TakeResponseRoom; CanPostLocked waits
-// for it as for credit), given back when its response arrives or the
-// connection is torn down.
+// 655 ms (RdmaTransport::SetRnrWait). Do not lean on it: on Soft-RoCE
+// (Linux 6.1) an RNR NAK on a QP with READs outstanding can stall those
+// READs until the connection is ended (bench/RESULTS.md, "RNR retry is no
+// safety net on Soft-RoCE").
 //
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
@@ -217,8 +233,15 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void ReleaseId();
   uint32_t qp_num() const { return qp_num_; }
   rdma_cm_id* id() const { return id_; }
-  // Frames the peer may have in flight to us: what we granted it.
+  // What we granted the peer at the handshake.
   uint32_t credit_window() const { return credit_window_; }
+  // Shared windows (Endpoint::shares_credits), I/O context: the credits the
+  // peer holds or has in flight to us; the endpoint's room may let us top
+  // the peer up to its window (a kCredit when worth one); and a kShrink
+  // asks back what it holds past its window, unless one is unanswered.
+  int64_t peer_holds() const { return peer_holds_; }
+  void TopUpCredits();
+  void AskForCreditsBack();
 
   // I/O context (endpoint.h).
   void OnRecv(uint32_t slot, const char* data, uint32_t length);
@@ -393,7 +416,15 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // Posts posting_, lets the token go and posts again while others queued
   // meanwhile; never under mu_.
   absl::Status PostTaken();
+  // First the kShrink frames due, then what waits for credit.
   void FlushBacklogLocked();
+  // Credit: the peer's window now, topping it up to that as far as the
+  // endpoint's room allows (else waiting for room), whether a kCredit frame
+  // is worth its receive slot at the peer, and sending kShrink frames.
+  uint32_t PeerWindow() const;
+  void TopUpLocked();
+  bool CreditWorthSending() const;
+  void SendShrinkLocked();
   void ReleaseAdvertisedLocked(uint64_t token);
   void ExpireUnreleased(absl::Time now);
   // The keepalive is still unanswered at twice the device's retry time
@@ -443,7 +474,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
 
   InlineMutex mu_;        // send side
   bool closed_ = false;   // guarded by mu_
-  uint32_t credits_ = 0;  // guarded by mu_
+  // Credits the peer granted us, less the frames sent on them; below zero
+  // when the peer took back more than we had left (kShrink).
+  int64_t credits_ = 0;  // guarded by mu_
   // Requests sent whose response has not come, each holding response room
   // on the endpoint (client endpoints only); given back at teardown.
   uint32_t responses_awaited_ = 0;  // guarded by mu_
@@ -488,9 +521,22 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // the token go (PostTaken), without the lock.
   std::atomic<bool> outbox_waiting_{false};
   std::vector<Outgoing> posting_;  // the post token holder's
-  std::atomic<uint32_t> owed_{0};  // credits owed to the peer
+  // Credits for the peer that the next frame carries (TopUpLocked); written
+  // under mu_, read without it to decide on a kCredit frame.
+  std::atomic<uint32_t> to_return_{0};
+  // kShrink frames to send ahead of the backlog, as counts: our request
+  // (shared windows) and our answer to the peer's.
+  uint32_t ask_to_send_ = 0;     // guarded by mu_
+  uint32_t answer_to_send_ = 0;  // guarded by mu_
 
   // I/O context (endpoint.h).
+  // Credits the peer holds or has in flight to us: what we granted and
+  // returned, less the frames on credit we received and what a kShrink
+  // took back once answered; and the credits our kShrink asked back, not
+  // yet answered. Whether the connection waits for the endpoint's room.
+  int64_t peer_holds_ = credit_window_;
+  uint32_t shrink_asked_ = 0;
+  bool waiting_for_credits_ = false;
   std::map<uint32_t, ReadOp> reads_;  // op id -> op
   std::deque<uint32_t> read_queue_;   // ops waiting for a READ slot
   uint32_t next_read_op_ = 1;

@@ -48,19 +48,25 @@ struct RdmaOptions {
   // bytes per slot up front (the free list), the slots' memory only when used.
   size_t max_held_slots = 4096;
   // Frames a peer may send us on one connection before we return credit.
+  // A listening transport shares its SRQ's slots among its connections
+  // (ShareReceiveBudget): each gets at most this, and less when there are
+  // many, taken back from idle ones (kShrink) as connections join and given
+  // again as they leave.
   uint32_t credits = 32;
-  // Whether the credit windows one transport grants on a device must fit
-  // its SRQ together. Off (the default), every connection gets `credits`
-  // (at most half the slots): the windows may add up past the slots, a
-  // burst from all peers at once then meets an empty SRQ and waits on RNR
-  // retry, and the transport says so once on stderr when that becomes
-  // possible. On, a connection is granted only what the slots not yet
-  // spoken for still hold (StrictCreditWindow), so no SEND finds the SRQ
-  // empty while the runtime gives its slots back; one that would get none
-  // is refused, naming the slots and what holds them: a server rejects the
-  // connect request, a client's Connect fails RESOURCE_EXHAUSTED. What is
-  // granted is never taken back, so idle connections keep their share; it
-  // comes back when they close. RDMARPC_RDMA_STRICT_CREDITS=1.
+  // Whether a connection is refused rather than its window shrunk. Off (the
+  // default), a listening transport grants every connection its share of
+  // the slots, at least one frame: past as many connections as the slots
+  // hold frames, a burst from all of them at once meets an empty SRQ and
+  // waits on RNR retry, and the transport says so once on stderr. (A
+  // connecting transport bounds its requests by its slots instead,
+  // Endpoint::TakeResponseRoom.) On, a connection is granted only what the
+  // slots not yet spoken for still hold (StrictCreditWindow), so no SEND
+  // finds the SRQ empty while the runtime gives its slots back; one that
+  // would get none is refused, naming the slots and what holds them: a
+  // server rejects the connect request, a client's Connect fails
+  // RESOURCE_EXHAUSTED. What is granted is never taken back, so idle
+  // connections keep their share; it comes back when they close.
+  // RDMARPC_RDMA_STRICT_CREDITS=1.
   bool strict_credits = false;
   // Most send slots one connection holds, for SENDs too large to go inline:
   // slot-sized blocks taken from the transport's shared stock as the frames
@@ -241,6 +247,34 @@ inline uint32_t StrictCreditWindow(uint32_t wanted, size_t target, size_t unpost
   const size_t spoken_for = committed + kCreditFramesPerWindow;
   if (usable <= spoken_for) return 0;
   return static_cast<uint32_t>(std::min<size_t>(wanted, usable - spoken_for));
+}
+
+// Shared windows (a listening transport without strict_credits). Besides
+// its kCredit frames, a peer sends one free frame at a time: the answer to
+// our kShrink. A connecting transport counts a GOAWAY and our kShrink from
+// its peer besides the kCredit frames.
+inline constexpr size_t kControlFramesPerConnection = kCreditFramesPerWindow + 2;
+// What `connections` may have in flight into an SRQ that keeps `target`
+// slots posted, `unposted` of which may be consumed and not yet posted
+// again: the rest, less kControlFramesPerConnection per connection for
+// control frames, but at most a quarter (many connections seldom send them
+// all at once, and hundreds of connections must still have room for
+// calls); at least one. Each connection's window is then `budget` /
+// `connections`, at least one frame and at most `wanted`.
+struct ReceiveShare {
+  size_t budget = 1;
+  uint32_t window = 1;
+};
+inline ReceiveShare ShareReceiveBudget(uint32_t wanted, size_t target, size_t unposted,
+                                       size_t connections) {
+  const size_t usable = target > unposted ? target - unposted : 0;
+  const size_t n = std::max<size_t>(1, connections);
+  const size_t reserved = std::min(kControlFramesPerConnection * n, usable / 4);
+  ReceiveShare share;
+  share.budget = std::max<size_t>(1, usable - reserved);
+  share.window =
+      static_cast<uint32_t>(std::clamp<size_t>(share.budget / n, 1, std::max(1u, wanted)));
+  return share;
 }
 
 // The smallest slot: the header and a little metadata. A peer that offers

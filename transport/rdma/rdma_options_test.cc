@@ -182,6 +182,34 @@ TEST(StrictCreditWindow, GrantsWhatTheSlotsNotSpokenForHoldAndNothingBeyond) {
   }
 }
 
+// Shared windows: the slots past the refill lag, less control frames (five
+// per connection, at most a quarter), split evenly, at least one frame each.
+TEST(ShareReceiveBudget, SplitsWhatTheSlotsHoldAmongTheConnections) {
+  // The defaults: 512 slots, 16 of them refill lag, windows of 32.
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 1).budget, 491u);
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 1).window, 32u);
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 13).window, 32u);
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 14).window, 30u);  // the first to shrink
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 15).window, 28u);  // 421 / 15
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 17).budget, 411u);
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 17).window, 24u);
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 200).budget, 372u);  // the quarter caps control
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 200).window, 1u);
+  EXPECT_EQ(ShareReceiveBudget(32, 512, 16, 1000).window, 1u);  // never none
+  // A client's response room is the budget: 64 slots, 8 of them lag.
+  EXPECT_EQ(ShareReceiveBudget(1, 64, 8, 1).budget, 51u);
+  EXPECT_EQ(ShareReceiveBudget(1, 64, 8, 2).budget, 46u);
+  EXPECT_EQ(ShareReceiveBudget(1, 64, 8, 3).budget, 42u);  // the quarter caps control
+  EXPECT_EQ(ShareReceiveBudget(1, 64, 8, 40).budget, 42u);
+  EXPECT_EQ(ShareReceiveBudget(1, 64, 8, 0).budget, 51u);  // counted as one
+  EXPECT_EQ(ShareReceiveBudget(8, 8, 8, 1).budget, 1u);    // the lag is the whole SRQ
+  // While each gets more than one frame, the windows fit the budget.
+  for (size_t n = 1; n < 600; ++n) {
+    const ReceiveShare share = ShareReceiveBudget(32, 512, 16, n);
+    if (share.window > 1) EXPECT_LE(n * share.window, share.budget) << n;
+  }
+}
+
 TEST(CheckRdmaOptions, ListenAndConnectRefuseBadOptions) {
   RdmaOptions o;
   o.slot_size = 100;

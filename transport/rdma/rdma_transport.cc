@@ -303,10 +303,7 @@ void RdmaTransport::Track(const std::shared_ptr<RdmaConnection>& conn) {
 }
 
 uint32_t RdmaTransport::LocalCredits(const Endpoint& ep) const {
-  const size_t slots = server_ ? rdma_.server_receive_slots : rdma_.client_receive_slots;
-  const auto credits =
-      static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(rdma_.credits, slots / 2)));
-  return rdma_.strict_credits ? ep.StrictWindow(credits) : credits;
+  return rdma_.strict_credits ? ep.StrictWindow(ep.ConfiguredWindow()) : ep.JoiningWindow();
 }
 
 Handshake RdmaTransport::LocalHandshake(uint32_t credits) const {

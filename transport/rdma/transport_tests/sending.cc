@@ -163,6 +163,22 @@ class HeldEcho : public EchoObserver {
   bool open = false;        // guarded by gate_mu
 };
 
+// Every request came back, its 64 bytes echoed.
+void ExpectEchoed(std::vector<std::future<InboundMessage>>& responses) {
+  for (size_t k = 0; k < responses.size(); ++k) {
+    ASSERT_EQ(responses[k].wait_for(std::chrono::seconds(60)), std::future_status::ready)
+        << "request " << k << " never got its response";
+    InboundMessage r = responses[k].get();
+    EXPECT_TRUE(r.payload_status.ok() && Matches(r.payload, 64, r.header.call_id));
+  }
+}
+
+void PrintRnrNaks(const DeviceRnrNaks& before, const DeviceRnrNaks& after) {
+  printf("device RNR NAKs received %lld -> %lld, sent %lld -> %lld\n",
+         static_cast<long long>(before.received), static_cast<long long>(after.received),
+         static_cast<long long>(before.sent), static_cast<long long>(after.sent));
+}
+
 // A sender out of credit keeps its frames in a backlog, in order, and sends
 // them as credit returns: small ones, ones with metadata, and ones whose
 // payload goes by READ (advertised when queued, exposed when sent). Here the
@@ -210,23 +226,25 @@ TEST(RdmaTransport, FramesBeyondTheCreditsWaitInTheBacklogAndAllArrive) {
   (*conn)->Close();
 }
 
-// Credits are per connection and the SRQ is shared, so a burst from many
-// connections at once can empty it: then the device answers RNR NAK, the
-// sender retries, and nothing is lost; the device counts the NAKs. Here the
-// server's I/O thread is held in the first request's handler, so it cannot
-// refill its 16 slots while four connections send their 8 credits' worth.
+// A listening transport shares its SRQ's slots among its connections, but
+// each connection may send at least one frame: past as many connections as
+// the slots hold frames, a burst from all of them at once can empty the SRQ.
+// Then the device answers RNR NAK, the sender retries, and nothing is lost;
+// the device counts the NAKs. Here 16 slots (2 of refill lag, 3 for control
+// frames) hold 11 frames, and 20 connections burst while the server's I/O
+// thread is held in the first request's handler, so it cannot refill.
 TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
   HeldEcho held;
-  constexpr int kConns = 4, kFrames = 8;
+  constexpr int kConns = 20, kFrames = 4;
   Fixture fx;
   fx.server_observer = &held;
   RdmaOptions server_opts;
   server_opts.server_receive_slots = 16;
-  server_opts.credits = kFrames;
+  server_opts.credits = 8;
   ASSERT_TRUE(fx.Start(server_opts));
-  // Two windows of 8 fill the 16 slots; the third connection overcommits
-  // them, which the server says once, with what to change.
-  const std::string overcommitted = "peers may now send";
+  // The twelfth connection's one frame no longer fits, which the server
+  // says once, with what to change.
+  const std::string overcommitted = "connections share 16 receive slots";
   std::vector<std::shared_ptr<Connection>> conns;
   for (int i = 0; i < kConns; ++i) {
     ::testing::internal::CaptureStderr();
@@ -234,18 +252,19 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
     const std::string said = ::testing::internal::GetCapturedStderr();
     ASSERT_TRUE(c.ok()) << c.status();
     conns.push_back(*c);
-    if (i != 2) {
+    if (i != 11) {
       EXPECT_EQ(said.find(overcommitted), std::string::npos) << "connection " << i + 1 << said;
       continue;
     }
     const std::string device =
         std::static_pointer_cast<RdmaConnection>(*c)->endpoint()->device_name();
     for (const std::string& part :
-         {absl::StrCat("test-server]: ", device, ": the 3 connections' ", overcommitted,
-                       " 24 frames at once into 16 receive slots"),
+         {absl::StrCat("test-server]: ", device, ": 12 ", overcommitted,
+                       ", and each may send at least one frame: their windows no longer fit "
+                       "the 11 frames"),
           std::string("retry each frame after 640 us"),
-          std::string("raise RdmaOptions::server_receive_slots to 24 or more, or lower "
-                      "RdmaOptions::credits to 5, or set RdmaOptions::strict_credits")}) {
+          std::string("raise RdmaOptions::server_receive_slots, or set "
+                      "RdmaOptions::strict_credits")}) {
       EXPECT_NE(said.find(part), std::string::npos) << part << " not in: " << said;
     }
   }
@@ -275,9 +294,7 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
     EXPECT_TRUE(r.payload_status.ok() && Matches(r.payload, 64, r.header.call_id));
   }
   const DeviceRnrNaks after = ReadDeviceRnrNaks();
-  printf("device RNR NAKs received %lld -> %lld, sent %lld -> %lld\n",
-         static_cast<long long>(before.received), static_cast<long long>(after.received),
-         static_cast<long long>(before.sent), static_cast<long long>(after.sent));
+  PrintRnrNaks(before, after);
   // Soft-RoCE counts both sides; a hardware NIC may not.
   if (access("/sys/class/infiniband/rxe0", F_OK) == 0) {
     ASSERT_GE(after.received, 0) << "rxe's rcvd_rnr_err was not read";
@@ -297,7 +314,7 @@ TEST(RdmaTransport, EmptySrqIsRetriedAndCounted) {
 // sends no more requests at once than its posted slots hold responses
 // (Endpoint::TakeResponseRoom): here 4 connections with windows of 16 want
 // 64 requests out at once over 32 slots, 21 go (32, less 4 of refill lag
-// and, for control frames, 4 per connection but at most a quarter of the
+// and, for control frames, 5 per connection but at most a quarter of the
 // 28 left), the rest wait in their backlogs and go as
 // responses come back, and no response meets an empty SRQ.
 TEST(RdmaTransport, AClientSendsNoMoreRequestsThanItsSlotsHoldResponses) {
@@ -348,20 +365,100 @@ TEST(RdmaTransport, AClientSendsNoMoreRequestsThanItsSlotsHoldResponses) {
   EXPECT_EQ(client->responses_awaited(), kRoom);
   EXPECT_GE(Counters().credit_stalls - stalls_before, uint64_t{kConns * kFrames - kRoom});
   held.Open();
-  for (size_t k = 0; k < responses.size(); ++k) {
-    ASSERT_EQ(responses[k].wait_for(std::chrono::seconds(60)), std::future_status::ready)
-        << "request " << k << " never got its response";
-    InboundMessage r = responses[k].get();
-    EXPECT_TRUE(r.payload_status.ok() && Matches(r.payload, 64, r.header.call_id));
-  }
+  ExpectEchoed(responses);
   EXPECT_EQ(client->responses_awaited(), 0u);
   const DeviceRnrNaks after = ReadDeviceRnrNaks();
-  printf("device RNR NAKs received %lld -> %lld, sent %lld -> %lld\n",
-         static_cast<long long>(before.received), static_cast<long long>(after.received),
-         static_cast<long long>(before.sent), static_cast<long long>(after.sent));
+  PrintRnrNaks(before, after);
   EXPECT_EQ(after.received, before.received) << "a response met the client's empty SRQ";
   EXPECT_EQ(after.sent, before.sent);
   for (auto& c : conns) c->Close();
+}
+
+// A listening transport keeps the credits its peers hold within its SRQ's
+// slots, however many connect: each new connection shrinks the windows, and
+// a peer that holds more than its window gives the difference back
+// (kShrink), idle or not; as connections leave, the windows grow again.
+// Here 64 slots (8 of refill lag, 5 per connection for control frames, at
+// most 14) and windows of 32: one connection gets 32, two 23 each, three 14,
+// four 10 (40 of 42). The four then burst 32 requests each while the
+// server's I/O thread is held: every frame finds a posted slot, no RNR NAK,
+// where windows of 32 each would send 128 frames into 64 slots.
+TEST(RdmaTransport, AServerSharesItsSlotsAmongItsConnections) {
+  HeldEcho held;
+  constexpr int kConns = 4, kFrames = 32;
+  constexpr uint32_t kWindows[kConns] = {32, 23, 14, 10};
+  Fixture fx;
+  fx.server_observer = &held;
+  RdmaOptions server_opts;
+  server_opts.server_receive_slots = 64;
+  server_opts.credits = kFrames;
+  RdmaOptions client_opts;
+  client_opts.client_receive_slots = 512;  // room for every response: the server's slots are tested
+  ASSERT_TRUE(fx.Start(server_opts, client_opts));
+  const uint64_t shrinks_before = Counters().credit_shrinks;
+  std::vector<std::shared_ptr<Connection>> conns;
+  std::vector<std::shared_ptr<RdmaConnection>> accepted;
+  for (int i = 0; i < kConns; ++i) {
+    auto c = fx.Connect(&fx.NewWaiter());
+    ASSERT_TRUE(c.ok()) << c.status();
+    conns.push_back(*c);
+    accepted.push_back(std::static_pointer_cast<RdmaConnection>(fx.LastAccepted()));
+    ASSERT_NE(accepted.back(), nullptr);
+    EXPECT_EQ(accepted.back()->credit_window(), kWindows[i]) << "connection " << i + 1;
+  }
+  Endpoint* const server = accepted[0]->endpoint();
+  const auto holds = [&] {
+    std::vector<int64_t> h;
+    server->RunOnPollerAndWait([&] {
+      for (const auto& a : accepted) h.push_back(a->peer_holds());
+    });
+    return h;
+  };
+  const auto all_hold = [&](int64_t window) {
+    for (int64_t h : holds()) {
+      if (h != window) return false;
+    }
+    return true;
+  };
+  // The first three, idle since they connected, gave back what the later
+  // ones took.
+  for (const absl::Time by = absl::Now() + absl::Seconds(10);
+       !all_hold(kWindows[kConns - 1]) && absl::Now() < by;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  for (int64_t h : holds())
+    EXPECT_EQ(h, kWindows[kConns - 1]) << "a peer holds more than its window";
+  EXPECT_GE(Counters().credit_shrinks - shrinks_before, 3u);
+
+  const DeviceRnrNaks before = ReadDeviceRnrNaks();
+  std::vector<std::future<InboundMessage>> responses;
+  for (int i = 1; i <= kFrames; ++i) {
+    for (int c = 0; c < kConns; ++c) {
+      const uint64_t id = static_cast<uint64_t>(c * 100 + i);
+      responses.push_back(fx.waiters[c].Expect(id));
+      ASSERT_TRUE(conns[c]->Send(Request(id, Filled(*conns[c], 64, id))).ok());
+    }
+  }
+  ASSERT_TRUE(held.WaitForFirst());
+  // Time for every frame the windows allow to land (and any beyond the
+  // slots to be NAKed) while the server cannot refill.
+  absl::SleepFor(absl::Milliseconds(500));
+  const DeviceRnrNaks during = ReadDeviceRnrNaks();
+  held.Open();
+  ExpectEchoed(responses);
+  PrintRnrNaks(before, during);
+  EXPECT_EQ(during.received, before.received) << "a request met the server's empty SRQ";
+  EXPECT_EQ(during.sent, before.sent);
+
+  // Alone again, the first connection's window grows back to all of 32.
+  for (int c = 1; c < kConns; ++c) conns[c]->Close();
+  accepted.resize(1);
+  for (const absl::Time by = absl::Now() + absl::Seconds(20);
+       !all_hold(kWindows[0]) && absl::Now() < by;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(holds(), std::vector<int64_t>{kWindows[0]}) << "the window did not grow back";
+  conns[0]->Close();
 }
 
 // The window the server granted on the connection it accepted last.
