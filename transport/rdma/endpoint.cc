@@ -12,9 +12,11 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/stage_trace.h"
@@ -575,16 +577,14 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   std::shared_ptr<RdmaConnection>& entry = by_qp_[conn->qp_num()];
   if (entry) {
     granted_credits_ -= entry->credit_window();
-    GiveBackCredits(entry->peer_holds());
+    if (shares_credits_) GiveBackCredits(entry->peer_holds());
   }
   granted_credits_ += conn->credit_window();
   if (shares_credits_) TakeCredits(conn->credit_window());
   entry = std::move(conn);
-  const uint32_t window_was = credit_share_.window;
   PublishCommitted();
   if (!shares_credits_) return;
-  if (credit_share_.window < window_was) reshared_ = false;
-  if (credits_out_ > static_cast<int64_t>(credit_share_.budget)) Reshare();
+  Reshare(credits_out_ - static_cast<int64_t>(credit_share_.budget));
   if (by_qp_.size() <= credit_share_.budget || told_overcommitted_) return;
   told_overcommitted_ = true;
   const unsigned retry_us = RnrTimerMicros(RnrTimerCode(options_.rnr_wait_us));
@@ -608,15 +608,10 @@ void Endpoint::RemoveConnection(RdmaConnection* conn) {
   granted_credits_ -= conn->credit_window();
   if (shares_credits_) GiveBackCredits(conn->peer_holds());
   by_qp_.erase(it);
-  const uint32_t window_was = credit_share_.window;
   PublishCommitted();
-  if (!shares_credits_) return;
-  // Windows grew: every connection may top its peer up, not only those
-  // that wait.
-  if (credit_share_.window > window_was) {
-    for (const auto& [qp_num, other] : by_qp_) WaitForCredits(other);
-  }
-  WakeCreditWaiters();
+  // The windows that grew are topped up as their peers send (a kCredit to
+  // every idle peer at each close would cost a receive slot for nothing).
+  if (shares_credits_) WakeCreditWaiters();
 }
 
 void Endpoint::PublishCommitted() {
@@ -648,24 +643,46 @@ size_t Endpoint::FreeCredits() const {
   return credits_out_ < budget ? static_cast<size_t>(budget - credits_out_) : 0;
 }
 
-void Endpoint::WaitForCredits(std::weak_ptr<RdmaConnection> conn) {
+void Endpoint::WaitForCredits(std::weak_ptr<RdmaConnection> conn, int64_t short_by) {
   credit_waiters_.push_back(std::move(conn));
+  // The room may be held by peers over windows that shrank since, idle ones
+  // too: ask them, once the caller has let go of its connection's lock.
+  wanted_back_ += short_by;
+  if (reshare_queued_) return;
+  reshare_queued_ = true;
+  RunOnPoller([this] {
+    reshare_queued_ = false;
+    Reshare(std::exchange(wanted_back_, 0));
+  });
 }
 
 void Endpoint::WakeCreditWaiters() {
   // Each waiter tops up what the room allows and, if still short, waits
-  // again at the back: the rounds end when the room does.
+  // again at the back: the round ends when the room does.
   for (size_t n = credit_waiters_.size(); n > 0 && FreeCredits() > 0; --n) {
     std::shared_ptr<RdmaConnection> conn = credit_waiters_.front().lock();
     credit_waiters_.pop_front();
     if (conn) conn->TopUpCredits();
   }
-  if (!credit_waiters_.empty() && FreeCredits() == 0 && !reshared_) Reshare();
 }
 
-void Endpoint::Reshare() {
-  reshared_ = true;
-  for (const auto& [qp_num, conn] : by_qp_) conn->AskForCreditsBack();
+void Endpoint::Reshare(int64_t need) {
+  if (need <= 0) return;
+  // Largest excess first: the fewest kShrink frames, each taking a slot at
+  // a peer whose SRQ may be shared by many of our connections.
+  std::vector<std::pair<int64_t, RdmaConnection*>> over;
+  for (const auto& [qp_num, conn] : by_qp_) {
+    if (const int64_t excess = conn->CreditsOverWindow(); excess > 0) {
+      over.emplace_back(excess, conn.get());
+    }
+  }
+  std::sort(over.begin(), over.end(), std::greater<>());
+  for (const auto& [excess, conn] : over) {
+    if (need <= 0) break;
+    const int64_t asked = std::min(excess, need);
+    conn->AskForCreditsBack(static_cast<uint32_t>(asked));
+    need -= asked;
+  }
 }
 
 size_t Endpoint::StrictUnpostedSlots() const { return target_ + 1 - refill_below_; }

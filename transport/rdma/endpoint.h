@@ -199,12 +199,12 @@ class Endpoint {
   // (ShareReceiveBudget): a connection tops its peer up to its window
   // (CreditWindow) only as far as the budget has room (FreeCredits, taken
   // with TakeCredits), and otherwise waits with WaitForCredits for credits
-  // to come back (GiveBackCredits). Windows shrink as connections join; a
-  // peer over its window is asked for the difference (kShrink, Reshare) when
-  // the budget is overdrawn or has no room for a connection below its
-  // window. Not sharing, CreditWindow is what was asked and the room has no
-  // bound. I/O context, but JoiningWindow: the rdma_cm thread's, for the
-  // handshake of the connection about to join.
+  // to come back (GiveBackCredits). Windows shrink as connections join;
+  // peers over their windows are asked for credits back (kShrink, Reshare),
+  // as many as the budget is overdrawn by, or a waiter lacks. The windows
+  // that grow as connections leave are topped up as their peers send. Not
+  // sharing, the window is the one granted and the room has no bound. I/O context, but
+  // JoiningWindow: the rdma_cm thread's, for the handshake of the connection about to join.
   bool shares_credits() const { return shares_credits_; }
   // RdmaOptions::credits, at most half the slots.
   uint32_t ConfiguredWindow() const;
@@ -213,9 +213,9 @@ class Endpoint {
   size_t FreeCredits() const;
   void TakeCredits(size_t n) { credits_out_ += static_cast<int64_t>(n); }
   void GiveBackCredits(int64_t n) { credits_out_ -= n; }
-  void WaitForCredits(std::weak_ptr<RdmaConnection> conn);
+  void WaitForCredits(std::weak_ptr<RdmaConnection> conn, int64_t short_by);
   // Tops up the connections that wait, first come first, while there is
-  // room; and reshares when a waiter finds none.
+  // room.
   void WakeCreditWaiters();
   // Response room (client endpoints): every response our requests await
   // takes a posted receive slot, wherever it comes from, so the requests in
@@ -415,14 +415,18 @@ class Endpoint {
   bool told_overcommitted_ = false;  // poller thread
   // Shared windows: the budget and each connection's window for the
   // connections in by_qp_ (PublishCommitted), the credits their peers hold
-  // or have in flight, those waiting for room, and whether the windows have
-  // been reshared since they last shrank. I/O context.
+  // or have in flight, those waiting for room, and what they lack, to be
+  // asked back from peers over their windows by a task queued once.
+  // I/O context.
   bool shares_credits_ = false;  // set once, at construction
   ReceiveShare credit_share_;
   int64_t credits_out_ = 0;
   std::deque<std::weak_ptr<RdmaConnection>> credit_waiters_;
-  bool reshared_ = true;
-  void Reshare();
+  int64_t wanted_back_ = 0;
+  bool reshare_queued_ = false;
+  // Asks peers over their windows for `need` credits back, largest excess
+  // first.
+  void Reshare(int64_t need);
   // Strict credits: the slots the connections in by_qp_ hold (their windows
   // and kCreditFramesPerWindow each), published by the poller thread for
   // StrictWindow on the rdma_cm thread; and the slots that may be consumed,

@@ -707,11 +707,9 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   }
   endpoint_->ReturnResponseRoom(room_back);
   if (queued) FlushOutbox().IgnoreError();
-  if (endpoint_->shares_credits() && given_back != 0) {
-    // Over its window the connection left what came back to the others;
-    // and still over it after an answer, the window shrank again.
-    if (peer_holds_ >= PeerWindow()) endpoint_->WakeCreditWaiters();
-    AskForCreditsBack();
+  // At its window, the connection left what came back to the others.
+  if (endpoint_->shares_credits() && given_back != 0 && peer_holds_ >= PeerWindow()) {
+    endpoint_->WakeCreditWaiters();
   }
   if (h.kind == MessageKind::kCredit || h.kind == MessageKind::kRelease ||
       h.kind == MessageKind::kShrink) {
@@ -789,7 +787,7 @@ void RdmaConnection::TopUpLocked() {
                    std::memory_order_relaxed);
   if (peer_holds_ < window && !waiting_for_credits_) {
     waiting_for_credits_ = true;
-    endpoint_->WaitForCredits(weak_from_this());
+    endpoint_->WaitForCredits(weak_from_this(), window - peer_holds_);
   }
 }
 
@@ -810,15 +808,18 @@ void RdmaConnection::TopUpCredits() {
   if (CreditWorthSending()) SendControl(MessageKind::kCredit, 0);
 }
 
-void RdmaConnection::AskForCreditsBack() {
-  const uint32_t window = PeerWindow();
-  if (shrink_asked_ != 0 || peer_holds_ <= window) return;
+int64_t RdmaConnection::CreditsOverWindow() const {
+  return shrink_asked_ != 0 ? 0 : std::max<int64_t>(0, peer_holds_ - PeerWindow());
+}
+
+void RdmaConnection::AskForCreditsBack(uint32_t count) {
+  if (shrink_asked_ != 0 || count == 0) return;
   bool queued;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (closed_) return;
-    shrink_asked_ = static_cast<uint32_t>(peer_holds_ - window);
-    ask_to_send_ = shrink_asked_;
+    shrink_asked_ = count;
+    ask_to_send_ = count;
     Count(&RdmaCounters::credit_shrinks);
     SendShrinkLocked();
     queued = !outbox_.empty();

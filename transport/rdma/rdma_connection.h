@@ -238,10 +238,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // Shared windows (Endpoint::shares_credits), I/O context: the credits the
   // peer holds or has in flight to us; the endpoint's room may let us top
   // the peer up to its window (a kCredit when worth one); and a kShrink
-  // asks back what it holds past its window, unless one is unanswered.
+  // asks `count` of what it holds past its window back.
   int64_t peer_holds() const { return peer_holds_; }
   void TopUpCredits();
-  void AskForCreditsBack();
+  // What the peer holds past its window; 0 while a kShrink is unanswered.
+  int64_t CreditsOverWindow() const;
+  void AskForCreditsBack(uint32_t count);
 
   // I/O context (endpoint.h).
   void OnRecv(uint32_t slot, const char* data, uint32_t length);
