@@ -203,8 +203,9 @@ class Endpoint {
   // peers over their windows are asked for credits back (kShrink, Reshare),
   // as many as the budget is overdrawn by, or a waiter lacks. The windows
   // that grow as connections leave are topped up as their peers send. Not
-  // sharing, the window is the one granted and the room has no bound. I/O context, but
-  // JoiningWindow: the rdma_cm thread's, for the handshake of the connection about to join.
+  // sharing, the window is the one granted and the room has no bound.
+  // I/O context, but JoiningWindow: the rdma_cm thread's, for the handshake
+  // of the connection about to join.
   bool shares_credits() const { return shares_credits_; }
   // RdmaOptions::credits, at most half the slots.
   uint32_t ConfiguredWindow() const;
@@ -221,8 +222,8 @@ class Endpoint {
   // takes a posted receive slot, wherever it comes from, so the requests in
   // flight over all connections are bounded by the slots the SRQ keeps
   // posted, less its refill lag and kControlFramesPerConnection per
-  // connection (ShareReceiveBudget's budget): then no
-  // response finds the SRQ empty, however many channels share it. Credits
+  // connection (ShareReceiveBudget's budget): then no response finds the
+  // SRQ empty, however many channels share it. Credits
   // cannot promise that (they are per connection), and RNR retry is no
   // safety net (rdma_connection.h, "Flow control"). A request without room
   // waits in its connection's backlog; the connection registers with

@@ -47,7 +47,11 @@
 //     its window is asked for the difference in a kShrink; it takes that off
 //     its credits, into debt if it already spent them, and answers with a
 //     kShrink behind the frames it sent on them, after which the credits
-//     are the budget's again. As connections leave, the windows grow. Every
+//     are the budget's again. Only as many are asked back as the budget is
+//     overdrawn by (or a connection waiting for room lacks), largest
+//     excess first: each kShrink takes a slot at a peer whose SRQ may serve
+//     many of our connections. As connections leave, the windows grow, and
+//     are topped up as their peers send. Every
 //     peer may hold one credit, whatever the budget: past as many
 //     connections as the budget holds frames the windows overcommit the
 //     slots, which the endpoint says once (AddConnection);
@@ -164,7 +168,7 @@ namespace rdmarpc::transport::rdma {
 // The rdma_cm private data both sides send (16 bytes, little-endian).
 struct Handshake {
   static constexpr uint16_t kMagic = 0x4852;  // "RH"
-  static constexpr uint8_t kVersion = 1;
+  static constexpr uint8_t kVersion = 2;      // 2: kShrink frames (shared windows)
   uint16_t magic = kMagic;
   uint8_t version = kVersion;
   uint8_t reserved = 0;

@@ -50,8 +50,9 @@ struct RdmaOptions {
   // Frames a peer may send us on one connection before we return credit.
   // A listening transport shares its SRQ's slots among its connections
   // (ShareReceiveBudget): each gets at most this, and less when there are
-  // many, taken back from idle ones (kShrink) as connections join and given
-  // again as they leave.
+  // many; when joining connections overdraw the slots, those whose peers
+  // hold the most past their windows, idle or not, are asked for credits
+  // back (kShrink), and the windows grow again as connections leave.
   uint32_t credits = 32;
   // Whether a connection is refused rather than its window shrunk. Off (the
   // default), a listening transport grants every connection its share of
