@@ -51,10 +51,10 @@
 //     overdrawn by (or a connection waiting for room lacks), largest
 //     excess first: each kShrink takes a slot at a peer whose SRQ may serve
 //     many of our connections. As connections leave, the windows grow, and
-//     are topped up as their peers send. Every
-//     peer may hold one credit, whatever the budget: past as many
-//     connections as the budget holds frames the windows overcommit the
-//     slots, which the endpoint says once (AddConnection);
+//     are topped up as their peers send. Every peer may hold one credit,
+//     whatever the budget: past as many connections as the budget holds
+//     frames the windows overcommit the slots, which the endpoint says once
+//     (AddConnection);
 //   - with RdmaOptions::strict_credits, a listening endpoint grants a new
 //     connection what the slots not spoken for hold (Endpoint::
 //     StrictWindow), or refuses it, and never takes a window back;
