@@ -584,7 +584,7 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   entry = std::move(conn);
   PublishCommitted();
   if (!shares_credits_) return;
-  Reshare(credits_out_ - static_cast<int64_t>(credit_share_.budget));
+  Reshare();
   if (by_qp_.size() <= credit_share_.budget || told_overcommitted_) return;
   told_overcommitted_ = true;
   const unsigned retry_us = RnrTimerMicros(RnrTimerCode(options_.rnr_wait_us));
@@ -644,15 +644,15 @@ size_t Endpoint::FreeCredits() const {
 }
 
 void Endpoint::WaitForCredits(std::weak_ptr<RdmaConnection> conn, int64_t short_by) {
-  credit_waiters_.push_back(std::move(conn));
+  credit_waiters_.emplace_back(std::move(conn), short_by);
+  waiters_short_ += short_by;
   // The room may be held by peers over windows that shrank since, idle ones
   // too: ask them, once the caller has let go of its connection's lock.
-  wanted_back_ += short_by;
   if (reshare_queued_) return;
   reshare_queued_ = true;
   RunOnPoller([this] {
     reshare_queued_ = false;
-    Reshare(std::exchange(wanted_back_, 0));
+    Reshare();
   });
 }
 
@@ -660,22 +660,30 @@ void Endpoint::WakeCreditWaiters() {
   // Each waiter tops up what the room allows and, if still short, waits
   // again at the back: the round ends when the room does.
   for (size_t n = credit_waiters_.size(); n > 0 && FreeCredits() > 0; --n) {
-    std::shared_ptr<RdmaConnection> conn = credit_waiters_.front().lock();
+    auto [waiter, short_by] = std::move(credit_waiters_.front());
     credit_waiters_.pop_front();
-    if (conn) conn->TopUpCredits();
+    waiters_short_ -= short_by;
+    if (std::shared_ptr<RdmaConnection> conn = waiter.lock()) conn->TopUpCredits();
   }
 }
 
-void Endpoint::Reshare(int64_t need) {
-  if (need <= 0) return;
+void Endpoint::OnEstablished() {
+  if (shares_credits_) Reshare();
+}
+
+void Endpoint::Reshare() {
   // Largest excess first: the fewest kShrink frames, each taking a slot at
   // a peer whose SRQ may be shared by many of our connections.
   std::vector<std::pair<int64_t, RdmaConnection*>> over;
+  int64_t coming_back = 0;
   for (const auto& [qp_num, conn] : by_qp_) {
+    coming_back += conn->credits_asked_back();
     if (const int64_t excess = conn->CreditsOverWindow(); excess > 0) {
       over.emplace_back(excess, conn.get());
     }
   }
+  int64_t need =
+      credits_out_ + waiters_short_ - static_cast<int64_t>(credit_share_.budget) - coming_back;
   std::sort(over.begin(), over.end(), std::greater<>());
   for (const auto& [excess, conn] : over) {
     if (need <= 0) break;

@@ -218,6 +218,9 @@ class Endpoint {
   // Tops up the connections that wait, first come first, while there is
   // room.
   void WakeCreditWaiters();
+  // rdma_cm said a connection is established: its peer can receive now, so
+  // what it holds past its window may be asked back.
+  void OnEstablished();
   // Response room (client endpoints): every response our requests await
   // takes a posted receive slot, wherever it comes from, so the requests in
   // flight over all connections are bounded by the slots the SRQ keeps
@@ -416,18 +419,19 @@ class Endpoint {
   bool told_overcommitted_ = false;  // poller thread
   // Shared windows: the budget and each connection's window for the
   // connections in by_qp_ (PublishCommitted), the credits their peers hold
-  // or have in flight, those waiting for room, and what they lack, to be
-  // asked back from peers over their windows by a task queued once.
-  // I/O context.
+  // or have in flight, and the connections waiting for room with what each
+  // lacked when it asked (in all, waiters_short_). I/O context.
   bool shares_credits_ = false;  // set once, at construction
   ReceiveShare credit_share_;
   int64_t credits_out_ = 0;
-  std::deque<std::weak_ptr<RdmaConnection>> credit_waiters_;
-  int64_t wanted_back_ = 0;
-  bool reshare_queued_ = false;
-  // Asks peers over their windows for `need` credits back, largest excess
-  // first.
-  void Reshare(int64_t need);
+  std::deque<std::pair<std::weak_ptr<RdmaConnection>, int64_t>> credit_waiters_;
+  int64_t waiters_short_ = 0;
+  bool reshare_queued_ = false;  // a waiter's Reshare task
+  // Asks peers over their windows for what the budget lacks (its overdraft
+  // and what the waiters lack), less what kShrinks already sent will bring
+  // back; largest excess first. Peers not yet established are not asked
+  // (RdmaConnection::CreditsOverWindow): OnEstablished asks again.
+  void Reshare();
   // Strict credits: the slots the connections in by_qp_ hold (their windows
   // and kCreditFramesPerWindow each), published by the poller thread for
   // StrictWindow on the rdma_cm thread; and the slots that may be consumed,

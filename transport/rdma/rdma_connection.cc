@@ -90,7 +90,9 @@ void RdmaConnection::DestroyQp(bool used) {
 
 void RdmaConnection::SetPeer(const Handshake& peer) {
   std::lock_guard<InlineMutex> lock(mu_);
-  credits_ = peer.credits;
+  // Added, not set: a kShrink may be received before the handshake is, and
+  // its debt stands.
+  credits_ += peer.credits;
   peer_credit_window_ = peer.credits;
   peer_release_timeout_ms_ = peer.release_timeout_ms;
   if (peer.slot_size) frame_limit_ = std::min<size_t>(endpoint_->slot_size(), peer.slot_size);
@@ -808,8 +810,17 @@ void RdmaConnection::TopUpCredits() {
   if (CreditWorthSending()) SendControl(MessageKind::kCredit, 0);
 }
 
+int64_t RdmaConnection::credits_held() {
+  std::lock_guard<InlineMutex> lock(mu_);
+  return credits_;
+}
+
 int64_t RdmaConnection::CreditsOverWindow() const {
-  return shrink_asked_ != 0 ? 0 : std::max<int64_t>(0, peer_holds_ - PeerWindow());
+  // Not before rdma_cm says the peer is connected: until its QP is ready to
+  // receive, which may be after ours is ready to send, its device drops the
+  // kShrink and ours resends it only after the ACK timeout.
+  if (shrink_asked_ != 0 || !established_.load(std::memory_order_acquire)) return 0;
+  return std::max<int64_t>(0, peer_holds_ - PeerWindow());
 }
 
 void RdmaConnection::AskForCreditsBack(uint32_t count) {

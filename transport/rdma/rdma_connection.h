@@ -48,9 +48,13 @@
 //     its credits, into debt if it already spent them, and answers with a
 //     kShrink behind the frames it sent on them, after which the credits
 //     are the budget's again. Only as many are asked back as the budget is
-//     overdrawn by (or a connection waiting for room lacks), largest
-//     excess first: each kShrink takes a slot at a peer whose SRQ may serve
-//     many of our connections. As connections leave, the windows grow, and
+//     overdrawn by (or a connection waiting for room lacks), less what
+//     kShrinks already out will bring back, largest excess first: each
+//     kShrink takes a slot at a peer whose SRQ may serve many of our
+//     connections. A peer is asked only once rdma_cm says it is
+//     established: before, its QP may not receive yet. A kShrink may reach
+//     the peer before the handshake's terms do; its debt stands (SetPeer
+//     adds the window). As connections leave, the windows grow, and
 //     are topped up as their peers send. Every peer may hold one credit,
 //     whatever the budget: past as many connections as the budget holds
 //     frames the windows overcommit the slots, which the endpoint says once
@@ -244,9 +248,15 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // the peer up to its window (a kCredit when worth one); and a kShrink
   // asks `count` of what it holds past its window back.
   int64_t peer_holds() const { return peer_holds_; }
+  // The credits we hold to send on; below 0 while a kShrink's debt is paid
+  // back. Any thread.
+  int64_t credits_held();
   void TopUpCredits();
-  // What the peer holds past its window; 0 while a kShrink is unanswered.
+  // What the peer holds past its window; 0 while a kShrink is unanswered
+  // or before the connection is established.
   int64_t CreditsOverWindow() const;
+  // What our unanswered kShrink asked back; 0 when none.
+  uint32_t credits_asked_back() const { return shrink_asked_; }
   void AskForCreditsBack(uint32_t count);
 
   // I/O context (endpoint.h).
@@ -277,7 +287,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // RdmaOptions::trace.
   std::string DescribeTerms();
   // rdma_cm says both sides are connected: keepalives may start (one
-  // posted before the QP is ready to send would fail the connection).
+  // posted before the QP is ready to send would fail the connection), and
+  // kShrinks (CreditsOverWindow).
   void MarkEstablished() { established_.store(true, std::memory_order_release); }
   // True when ExpireTimeouts has something to do at `now`: a release
   // timeout passed, a READ or keepalive overdue, a keepalive to send;

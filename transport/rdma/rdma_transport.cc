@@ -518,6 +518,7 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         break;
       case RDMA_CM_EVENT_ESTABLISHED:  // an accepted connection
         conn->MarkEstablished();
+        conn->endpoint()->RunOnPoller([conn] { conn->endpoint()->OnEstablished(); });
         break;
       default:
         break;

@@ -45,7 +45,7 @@ bool Fixture::Start(RdmaOptions server_opts, RdmaOptions client_opts) {
       server->Listen(*ParseAddress("rdma://" + (listen_host.empty() ? ip : listen_host) + ":0"),
                      [this](std::shared_ptr<Connection> c) {
                        std::lock_guard<std::mutex> lock(accepted_mu);
-                       last_accepted = c;
+                       accepted.push_back(c);
                        return server_observer;
                      });
   EXPECT_TRUE(l.ok()) << l.status();

@@ -132,7 +132,7 @@ struct Fixture {
   ConnectionObserver* server_observer = &echo;  // a test may put its own
   std::string listen_host;                      // default: the test address
   std::mutex accepted_mu;
-  std::weak_ptr<Connection> last_accepted;
+  std::vector<std::weak_ptr<Connection>> accepted;  // in the order accepted
   std::unique_ptr<RdmaTransport> server;
   std::unique_ptr<Listener> listener;
   std::unique_ptr<RdmaTransport> client;
@@ -143,7 +143,16 @@ struct Fixture {
   // The server's side of the connection accepted last, while the server keeps it.
   std::shared_ptr<Connection> LastAccepted() {
     std::lock_guard<std::mutex> lock(accepted_mu);
-    return last_accepted.lock();
+    return accepted.empty() ? nullptr : accepted.back().lock();
+  }
+  // The server's sides of the connections it accepted and keeps.
+  std::vector<std::shared_ptr<Connection>> Accepted() {
+    std::lock_guard<std::mutex> lock(accepted_mu);
+    std::vector<std::shared_ptr<Connection>> kept;
+    for (const auto& a : accepted) {
+      if (auto c = a.lock()) kept.push_back(std::move(c));
+    }
+    return kept;
   }
   absl::StatusOr<std::shared_ptr<Connection>> Connect(ConnectionObserver* observer) {
     return client->Connect(addr, observer, absl::Now() + absl::Seconds(30));
