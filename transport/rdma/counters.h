@@ -63,6 +63,8 @@ struct RdmaCounters {
   // kShrink frames sent to take back credits past a peer's window, as a
   // listening transport's windows shrink with more connections.
   uint64_t credit_shrinks = 0;
+  // Of which not answered within RdmaOptions::shrink_answer_timeout_ms.
+  uint64_t credit_shrinks_overdue = 0;
   // Zero-byte WRITEs sent to peers silent for RdmaOptions::keepalive_ms.
   uint64_t keepalives = 0;
   // Of which sent behind READs in flight, none of which had completed for

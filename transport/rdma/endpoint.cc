@@ -70,7 +70,7 @@ void PrepareForFork() {
 // A quarter of the shortest timer the sweep serves, within 1-100 ms.
 std::chrono::nanoseconds SweepInterval(const RdmaOptions& o) {
   uint32_t shortest_ms = 400;
-  for (uint32_t ms : {o.release_timeout_ms, o.keepalive_ms}) {
+  for (uint32_t ms : {o.release_timeout_ms, o.keepalive_ms, o.shrink_answer_timeout_ms}) {
     if (ms != 0) shortest_ms = std::min(shortest_ms, ms);
   }
   return std::max<std::chrono::nanoseconds>(std::chrono::milliseconds(shortest_ms) / 4,
@@ -577,7 +577,7 @@ void Endpoint::AddConnection(std::shared_ptr<RdmaConnection> conn) {
   std::shared_ptr<RdmaConnection>& entry = by_qp_[conn->qp_num()];
   if (entry) {
     granted_credits_ -= entry->credit_window();
-    if (shares_credits_) GiveBackCredits(entry->peer_holds());
+    if (shares_credits_) GiveBackCredits(entry->credits_on_budget());
   }
   granted_credits_ += conn->credit_window();
   if (shares_credits_) TakeCredits(conn->credit_window());
@@ -606,7 +606,7 @@ void Endpoint::RemoveConnection(RdmaConnection* conn) {
   auto it = by_qp_.find(conn->qp_num());
   if (it == by_qp_.end() || it->second.get() != conn) return;
   granted_credits_ -= conn->credit_window();
-  if (shares_credits_) GiveBackCredits(conn->peer_holds());
+  if (shares_credits_) GiveBackCredits(conn->credits_on_budget());
   by_qp_.erase(it);
   PublishCommitted();
   // The windows that grew are topped up as their peers send (a kCredit to
@@ -648,6 +648,10 @@ void Endpoint::WaitForCredits(std::weak_ptr<RdmaConnection> conn, int64_t short_
   waiters_short_ += short_by;
   // The room may be held by peers over windows that shrank since, idle ones
   // too: ask them, once the caller has let go of its connection's lock.
+  QueueReshare();
+}
+
+void Endpoint::QueueReshare() {
   if (reshare_queued_) return;
   reshare_queued_ = true;
   RunOnPoller([this] {

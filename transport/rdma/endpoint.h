@@ -215,6 +215,9 @@ class Endpoint {
   void TakeCredits(size_t n) { credits_out_ += static_cast<int64_t>(n); }
   void GiveBackCredits(int64_t n) { credits_out_ -= n; }
   void WaitForCredits(std::weak_ptr<RdmaConnection> conn, int64_t short_by);
+  // Reshare, as a task of its own (at most one queued): for callers amid
+  // a connection's work.
+  void QueueReshare();
   // Tops up the connections that wait, first come first, while there is
   // room.
   void WakeCreditWaiters();
@@ -426,7 +429,7 @@ class Endpoint {
   int64_t credits_out_ = 0;
   std::deque<std::pair<std::weak_ptr<RdmaConnection>, int64_t>> credit_waiters_;
   int64_t waiters_short_ = 0;
-  bool reshare_queued_ = false;  // a waiter's Reshare task
+  bool reshare_queued_ = false;  // QueueReshare's task
   // Asks peers over their windows for what the budget lacks (its overdraft
   // and what the waiters lack), less what kShrinks already sent will bring
   // back; largest excess first. Peers not yet established are not asked

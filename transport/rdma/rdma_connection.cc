@@ -60,6 +60,7 @@ RdmaConnection::RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string p
       unacked_limit_(absl::Milliseconds(endpoint->options().peer_timeout_ms
                                             ? endpoint->options().peer_timeout_ms
                                             : kRdmaCmDefaultPeerTimeoutMs)),
+      shrink_answer_timeout_(absl::Milliseconds(endpoint->options().shrink_answer_timeout_ms)),
       keepalive_(absl::Milliseconds(endpoint->options().keepalive_ms)),
       silent_since_(absl::Now()) {
   SetPeer(peer_handshake);
@@ -658,6 +659,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   // off the endpoint's budget; another connection may be waiting for it.
   int64_t given_back = CostsCredit(h.kind) ? 1 : 0;
   uint64_t shrink_asked = 0;
+  bool answered = false;
   if (h.kind == MessageKind::kShrink) {
     if (shrink_asked_ != 0 && h.call_id != shrink_asked_) {
       endpoint_->ReleaseSlot(slot);
@@ -668,12 +670,27 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
     if (shrink_asked_ != 0) {
       given_back += shrink_asked_;
       shrink_asked_ = 0;
+      shrink_overdue_ = false;
+      answered = true;
     } else {
       shrink_asked = h.call_id;
     }
   }
   peer_holds_ -= given_back;
-  if (endpoint_->shares_credits()) endpoint_->GiveBackCredits(given_back);
+  if (endpoint_->shares_credits()) {
+    // What was written off went back to the budget then; an answer means
+    // the peer is back, and what it still holds past its window counts
+    // again.
+    const int64_t repaid = std::min(written_off_, given_back);
+    written_off_ -= repaid;
+    endpoint_->GiveBackCredits(given_back - repaid);
+    if (answered) {
+      endpoint_->TakeCredits(static_cast<size_t>(std::exchange(written_off_, 0)));
+      // What was asked may no longer cover what the budget lacks (windows
+      // shrank since, connections wait), and only a Reshare asks for more.
+      endpoint_->QueueReshare();
+    }
+  }
   bool queued;
   uint32_t peer_release_ms;
   uint32_t room_back = 0;
@@ -830,6 +847,7 @@ void RdmaConnection::AskForCreditsBack(uint32_t count) {
     std::lock_guard<InlineMutex> lock(mu_);
     if (closed_) return;
     shrink_asked_ = count;
+    shrink_asked_at_ = absl::Now();
     ask_to_send_ = count;
     Count(&RdmaCounters::credit_shrinks);
     SendShrinkLocked();

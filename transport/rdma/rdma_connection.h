@@ -54,7 +54,10 @@
 //     connections. A peer is asked only once rdma_cm says it is
 //     established: before, its QP may not receive yet. A kShrink may reach
 //     the peer before the handshake's terms do; its debt stands (SetPeer
-//     adds the window). As connections leave, the windows grow, and
+//     adds the window). A peer that does not answer in time stops holding
+//     the others back (WriteOffUnansweredShrink); each answer is followed
+//     by a Reshare, since what it brought back may no longer be what the
+//     budget lacks. As connections leave, the windows grow, and
 //     are topped up as their peers send. Every peer may hold one credit,
 //     whatever the budget: past as many connections as the budget holds
 //     frames the windows overcommit the slots, which the endpoint says once
@@ -248,6 +251,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // the peer up to its window (a kCredit when worth one); and a kShrink
   // asks `count` of what it holds past its window back.
   int64_t peer_holds() const { return peer_holds_; }
+  // What of peer_holds counts against the endpoint's budget: all of it but
+  // what an unanswered kShrink wrote off (WriteOffUnansweredShrink).
+  int64_t credits_on_budget() const { return peer_holds_ - written_off_; }
   // The credits we hold to send on; below 0 while a kShrink's debt is paid
   // back. Any thread.
   int64_t credits_held();
@@ -255,8 +261,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // What the peer holds past its window; 0 while a kShrink is unanswered
   // or before the connection is established.
   int64_t CreditsOverWindow() const;
-  // What our unanswered kShrink asked back; 0 when none.
-  uint32_t credits_asked_back() const { return shrink_asked_; }
+  // What our unanswered kShrink will bring back to the budget; 0 when none
+  // is out, or it was written off.
+  uint32_t credits_asked_back() const { return shrink_overdue_ ? 0 : shrink_asked_; }
   void AskForCreditsBack(uint32_t count);
 
   // I/O context (endpoint.h).
@@ -291,15 +298,17 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // kShrinks (CreditsOverWindow).
   void MarkEstablished() { established_.store(true, std::memory_order_release); }
   // True when ExpireTimeouts has something to do at `now`: a release
-  // timeout passed, a READ or keepalive overdue, a keepalive to send;
-  // cheap. I/O context.
+  // timeout passed, a READ, keepalive or kShrink answer overdue, a
+  // keepalive to send; cheap. I/O context.
   bool TimeoutsDue(absl::Time now);
   // Revokes the advertised responses whose release timeout passed by `now`
   // (or, without memory windows, closes the connection); closes it too when
   // a READ of the peer's response is still running well past the peer's
   // release timeout, or a keepalive is neither acknowledged nor failed
   // well past the device's retry time. Sends a keepalive when the peer has
-  // been silent for RdmaOptions::keepalive_ms. I/O context.
+  // been silent for RdmaOptions::keepalive_ms. Writes off what a peer
+  // holds past its window when it has not answered a kShrink within
+  // RdmaOptions::shrink_answer_timeout_ms. I/O context.
   void ExpireTimeouts(absl::Time now);
   // Called (I/O context) when the connection is fully gone, with its
   // rdma_cm id for the owner to destroy; without it the id is destroyed here.
@@ -444,6 +453,16 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void SendShrinkLocked();
   void ReleaseAdvertisedLocked(uint64_t token);
   void ExpireUnreleased(absl::Time now);
+  // Shared windows: our kShrink has waited shrink_answer_timeout_ms for its
+  // answer. A peer that cannot answer (its process stopped, its I/O thread
+  // stuck) would otherwise keep the budget overdrawn, and every other
+  // connection's peer down to the one frame TopUpLocked always grants. So
+  // what it holds past its window stops counting against the budget
+  // (written_off_), at the risk that a burst from it when it wakes finds
+  // the SRQ empty and waits on RNR retry; the credits it gives back repay
+  // the write-off first, and its answer puts what is left of it back.
+  bool ShrinkAnswerOverdue(absl::Time now) const;
+  void WriteOffUnansweredShrink();
   // The keepalive is still unanswered at twice the device's retry time
   // (the backstop for a device that neither acknowledges nor fails it).
   bool KeepaliveOverdueLocked(absl::Time now) const;
@@ -554,6 +573,13 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   int64_t peer_holds_ = credit_window_;
   uint32_t shrink_asked_ = 0;
   bool waiting_for_credits_ = false;
+  // The unanswered kShrink's clock, whether it ran out, and what of
+  // peer_holds_ it took off the budget (WriteOffUnansweredShrink).
+  absl::Time shrink_asked_at_;
+  bool shrink_overdue_ = false;
+  bool told_shrink_overdue_ = false;
+  int64_t written_off_ = 0;
+  const absl::Duration shrink_answer_timeout_;
   std::map<uint32_t, ReadOp> reads_;  // op id -> op
   std::deque<uint32_t> read_queue_;   // ops waiting for a READ slot
   uint32_t next_read_op_ = 1;

@@ -5,7 +5,8 @@
 //     fails the connection when the device neither acknowledges nor fails it;
 //   - the lost-READ backstop ("Stalled READs" in rdma_connection.h);
 //   - READs of buffers the peer has revoked (its release_timeout_ms);
-//   - our own advertised payloads left unreleased (release_timeout_ms).
+//   - our own advertised payloads left unreleased (release_timeout_ms);
+//   - a kShrink left unanswered (shrink_answer_timeout_ms).
 // The send and receive paths are in rdma_connection.cc.
 #include <algorithm>
 #include <cmath>
@@ -57,7 +58,7 @@ std::string RdmaConnection::DescribeRetryPolicy() {
 }
 
 bool RdmaConnection::TimeoutsDue(absl::Time now) {
-  if (now >= next_give_up_ || KeepaliveDue(now)) return true;
+  if (now >= next_give_up_ || KeepaliveDue(now) || ShrinkAnswerOverdue(now)) return true;
   std::lock_guard<InlineMutex> lock(mu_);
   if (KeepaliveOverdueLocked(now) || ReadOverdueLocked(now)) return true;
   return !closed_ && now >= next_release_due_;
@@ -73,7 +74,34 @@ bool RdmaConnection::KeepaliveOverdueLocked(absl::Time now) const {
 void RdmaConnection::ExpireTimeouts(absl::Time now) {
   if (FailLostRead(now) || FailStalledReads(now) || FailUnansweredKeepalive(now)) return;
   ExpireUnreleased(now);
+  if (ShrinkAnswerOverdue(now)) WriteOffUnansweredShrink();
   if (KeepaliveDue(now)) SendKeepalive(now);
+}
+
+bool RdmaConnection::ShrinkAnswerOverdue(absl::Time now) const {
+  return shrink_asked_ != 0 && !shrink_overdue_ && shrink_answer_timeout_ != absl::ZeroDuration() &&
+         now - shrink_asked_at_ >= shrink_answer_timeout_;
+}
+
+void RdmaConnection::WriteOffUnansweredShrink() {
+  shrink_overdue_ = true;
+  const uint32_t window = PeerWindow();
+  written_off_ = std::max<int64_t>(0, peer_holds_ - window);
+  endpoint_->GiveBackCredits(written_off_);
+  if (!told_shrink_overdue_) {
+    told_shrink_overdue_ = true;
+    fprintf(stderr,
+            "rdmarpc[%s]: %s on %s has not answered a request for %u of its credits back in %s "
+            "(its process stopped, or its I/O thread stuck?): the %lld it holds past its window "
+            "of %u no longer count against the shared receive slots, so that the other "
+            "connections are not held to one frame each; a burst from it when it wakes may "
+            "find the SRQ empty and wait on RNR retry (device_rnr_naks_sent). Said once per "
+            "connection.\n",
+            options_.name.c_str(), peer_.c_str(), endpoint_->device_name().c_str(), shrink_asked_,
+            Rounded(shrink_answer_timeout_).c_str(), static_cast<long long>(written_off_), window);
+  }
+  Count(&RdmaCounters::credit_shrinks_overdue);  // after the line, which a test may look for
+  endpoint_->WakeCreditWaiters();
 }
 
 bool RdmaConnection::KeepaliveDue(absl::Time now) {

@@ -54,6 +54,14 @@ struct RdmaOptions {
   // hold the most past their windows, idle or not, are asked for credits
   // back (kShrink), and the windows grow again as connections leave.
   uint32_t credits = 32;
+  // A listening transport's peer that has not answered such a request this
+  // long after it was sent (its process stopped, its I/O thread stuck)
+  // stops holding the other connections back: what it holds past its
+  // window no longer counts against the slots, so their windows are topped
+  // up again, at the risk that a burst from it when it wakes finds the SRQ
+  // empty and waits on RNR retry. Counted in credit_shrinks_overdue, and
+  // said on stderr once per connection. 0: wait for the answer for ever.
+  uint32_t shrink_answer_timeout_ms = 200;
   // Whether a connection is refused rather than its window shrunk. Off (the
   // default), a listening transport grants every connection its share of
   // the slots, at least one frame: past as many connections as the slots

@@ -431,30 +431,6 @@ TEST(RdmaTransport, DetachedObserverHearsNothingMore) {
   ExpectServesANewClient(fx);
 }
 
-// A client observer: calls (ids below kFirst) as Waiter, and frames from
-// kFirst on counted, the first of them holding the I/O thread until Open().
-struct HeldReceiver : Waiter {
-  static constexpr uint64_t kFirst = 100;
-  void OnMessage(Connection& conn, InboundMessage&& msg) override {
-    if (msg.header.call_id < kFirst) return Waiter::OnMessage(conn, std::move(msg));
-    std::unique_lock<std::mutex> lock(mu);
-    ++received;
-    cv.notify_all();
-    cv.wait(lock, [&] { return open; });
-  }
-  void Open() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      open = true;
-    }
-    cv.notify_all();
-  }
-  std::mutex mu;
-  std::condition_variable cv;
-  int received = 0;   // guarded by mu
-  bool open = false;  // guarded by mu
-};
-
 // A peer that closes once its frames are delivered (a server shutting down
 // gracefully) loses none of them, however many still wait on our CQ when
 // its disconnect comes: the client's I/O thread is held in the first of 48
@@ -466,12 +442,7 @@ TEST(RdmaTransport, FramesAPeerSentBeforeDisconnectingAreAllHandled) {
   constexpr int kFrames = 48;
   HeldReceiver held;  // outlives the client transport, which calls it
   Fixture fx;
-  // A failed assertion must not leave the client's I/O thread held: the
-  // transport's shutdown would wait for it.
-  struct OpenAtExit {
-    HeldReceiver& held;
-    ~OpenAtExit() { held.Open(); }
-  } open_at_exit{held};
+  HeldReceiver::OpenAtExit open_at_exit{held};
   RdmaOptions client_opts;
   client_opts.client_receive_slots = 128;
   client_opts.credits = 64;  // the server sends all 48 without credit back

@@ -15,6 +15,7 @@
 #define RDMARPC_TRANSPORT_RDMA_TRANSPORT_TESTS_FIXTURE_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -119,6 +120,37 @@ class Waiter : public ConnectionObserver {
  private:
   std::mutex mu_;
   std::map<uint64_t, std::promise<InboundMessage>> waiting_;
+};
+
+// A client observer: calls (ids below kFirst) as Waiter, and frames from
+// kFirst on counted, the first of them holding the I/O thread until Open().
+struct HeldReceiver : Waiter {
+  static constexpr uint64_t kFirst = 100;
+  void OnMessage(Connection& conn, InboundMessage&& msg) override {
+    if (msg.header.call_id < kFirst) return Waiter::OnMessage(conn, std::move(msg));
+    std::unique_lock<std::mutex> lock(mu);
+    ++received;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+  // Opens `held` when it goes: a failed assertion must not leave a client's
+  // I/O thread held, or its transport's shutdown would wait for it. Declared
+  // after the Fixture, so that it goes first.
+  struct OpenAtExit {
+    HeldReceiver& held;
+    ~OpenAtExit() { held.Open(); }
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  int received = 0;   // guarded by mu
+  bool open = false;  // guarded by mu
 };
 
 // Server and client transports on the test address. The observers they call

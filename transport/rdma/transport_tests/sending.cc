@@ -551,6 +551,116 @@ TEST(RdmaTransport, ConnectionsThatJoinAtOnceGiveBackOnceEstablished) {
   for (auto& c : conns) (*c)->Close();
 }
 
+// A peer that cannot answer a kShrink (its process stopped; here its
+// client's I/O thread is held) while another connection sends. A joins
+// alone (window 32) and holds its I/O thread; B, C and D join from another
+// client transport, shrinking the windows to 10, and A is asked back its
+// excess in vain. B then sends 64 requests. With shrink_answer_timeout_ms
+// (`timeout_ms`), what A holds past its window stops counting against the
+// slots once it is overdue, which the server says once, and B's burst
+// leaves B's peer topped up to its window, where with A's 32 counted it is
+// held to 1. Either way, once A's thread runs again, A answers, is asked
+// for what it still holds past its window, and the credits the clients
+// hold agree with what the server counts, within the budget.
+void PeerThatCannotAnswerAShrink(uint32_t timeout_ms) {
+  constexpr int64_t kBudget = 42;
+  constexpr uint32_t kWindow = 10;
+  HeldReceiver held;  // outlives the client transports, which call it
+  Fixture fx;
+  HeldReceiver::OpenAtExit open_at_exit{held};
+  RdmaOptions server_opts;
+  server_opts.server_receive_slots = 64;
+  server_opts.credits = 32;
+  server_opts.shrink_answer_timeout_ms = timeout_ms;
+  RdmaOptions client_opts;
+  client_opts.client_receive_slots = 512;
+  ASSERT_TRUE(fx.Start(server_opts, client_opts));
+  auto a = fx.Connect(&held);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(Call(**a, held, 1, Filled(**a, 64, 1)).ok());
+  ASSERT_TRUE(
+      (*a)->Send(Request(HeldReceiver::kFirst, Filled(**a, 64, HeldReceiver::kFirst))).ok());
+  {
+    std::unique_lock<std::mutex> lock(held.mu);
+    ASSERT_TRUE(held.cv.wait_for(lock, std::chrono::seconds(20), [&] { return held.received > 0; }))
+        << "A's I/O thread was never held";
+  }
+  TransportOptions co;
+  co.name = "test-client-2";
+  RdmaTransport others(co, client_opts, false);
+  std::vector<std::shared_ptr<Connection>> conns = {*a};
+  const uint64_t overdue_before = Counters().credit_shrinks_overdue;
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) {
+    auto c = others.Connect(fx.addr, &fx.NewWaiter(), absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(c.ok()) << c.status();
+    conns.push_back(*c);
+  }
+  // Counted once the line is out.
+  for (const absl::Time by = absl::Now() + absl::Seconds(timeout_ms ? 20 : 1);
+       Counters().credit_shrinks_overdue == overdue_before && absl::Now() < by;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  fputs(said.c_str(), stderr);
+  const uint64_t overdue = timeout_ms ? 1 : 0;
+  ASSERT_EQ(Counters().credit_shrinks_overdue - overdue_before, overdue);
+  EXPECT_EQ(said.find("test-server]: rdma://") != std::string::npos &&
+                said.find("has not answered a request for") != std::string::npos,
+            overdue == 1)
+      << said;
+
+  std::vector<std::shared_ptr<Connection>> accepted;
+  for (const absl::Time by = absl::Now() + absl::Seconds(10);
+       (accepted = fx.Accepted()).size() < conns.size() && absl::Now() < by;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(accepted.size(), conns.size());
+  Endpoint* const server = std::static_pointer_cast<RdmaConnection>(accepted[0])->endpoint();
+  const auto holds = [&] {
+    std::vector<int64_t> h;
+    server->RunOnPollerAndWait([&] {
+      for (const auto& s : accepted) {
+        h.push_back(std::static_pointer_cast<RdmaConnection>(s)->peer_holds());
+      }
+    });
+    return h;
+  };
+  std::vector<std::future<InboundMessage>> responses;
+  for (uint64_t id = 1; id <= 64; ++id) {
+    responses.push_back(fx.waiters[0].Expect(id));
+    ASSERT_TRUE(conns[1]->Send(Request(id, Filled(*conns[1], 64, id))).ok());
+  }
+  ExpectEchoed(responses);
+  EXPECT_EQ(holds()[1], timeout_ms ? int64_t{kWindow} : 1) << "what B's peer holds after its burst";
+
+  held.Open();
+  const auto clients_hold = [&] {
+    int64_t sum = 0;
+    for (const auto& c : conns) sum += std::static_pointer_cast<RdmaConnection>(c)->credits_held();
+    return sum;
+  };
+  const auto server_counts = [&] {
+    const std::vector<int64_t> h = holds();
+    return std::accumulate(h.begin(), h.end(), int64_t{0});
+  };
+  for (const absl::Time by = absl::Now() + absl::Seconds(20);
+       (server_counts() > kBudget || clients_hold() != server_counts()) && absl::Now() < by;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_LE(server_counts(), kBudget);
+  EXPECT_EQ(clients_hold(), server_counts());
+  EXPECT_EQ(Counters().credit_shrinks_overdue - overdue_before, overdue);
+  ASSERT_TRUE(Call(**a, held, 2, Filled(**a, 64, 2)).ok());
+  for (auto& c : conns) c->Close();
+}
+
+TEST(RdmaTransport, APeerThatCannotAnswerAShrinkHoldsNoOneBack) {
+  PeerThatCannotAnswerAShrink(200);
+}
+
+TEST(RdmaTransport, APeerThatAnswersAShrinkLateIsAskedAgain) { PeerThatCannotAnswerAShrink(0); }
+
 // The window the server granted on the connection it accepted last.
 uint32_t ServerWindowOfLastAccepted(Fixture& fx) {
   return std::static_pointer_cast<RdmaConnection>(fx.LastAccepted())->credit_window();
