@@ -637,12 +637,6 @@ uint32_t Endpoint::JoiningWindow() const {
   return ShareReceiveBudget(ConfiguredWindow(), target_, StrictUnpostedSlots(), joined).window;
 }
 
-size_t Endpoint::FreeCredits() const {
-  if (!shares_credits_) return SIZE_MAX;
-  const auto budget = static_cast<int64_t>(credit_share_.budget);
-  return credits_out_ < budget ? static_cast<size_t>(budget - credits_out_) : 0;
-}
-
 void Endpoint::WaitForCredits(std::weak_ptr<RdmaConnection> conn, int64_t short_by) {
   credit_waiters_.emplace_back(std::move(conn), short_by);
   waiters_short_ += short_by;
@@ -660,7 +654,7 @@ void Endpoint::QueueReshare() {
   });
 }
 
-void Endpoint::WakeCreditWaiters() {
+void Endpoint::ServeCreditWaiters() {
   // Each waiter tops up what the room allows and, if still short, waits
   // again at the back: the round ends when the room does.
   for (size_t n = credit_waiters_.size(); n > 0 && FreeCredits() > 0; --n) {

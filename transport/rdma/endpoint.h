@@ -211,7 +211,11 @@ class Endpoint {
   uint32_t ConfiguredWindow() const;
   uint32_t CreditWindow() const { return credit_share_.window; }
   uint32_t JoiningWindow() const;
-  size_t FreeCredits() const;
+  size_t FreeCredits() const {
+    if (!shares_credits_) return SIZE_MAX;
+    const auto budget = static_cast<int64_t>(credit_share_.budget);
+    return credits_out_ < budget ? static_cast<size_t>(budget - credits_out_) : 0;
+  }
   void TakeCredits(size_t n) { credits_out_ += static_cast<int64_t>(n); }
   void GiveBackCredits(int64_t n) { credits_out_ -= n; }
   void WaitForCredits(std::weak_ptr<RdmaConnection> conn, int64_t short_by);
@@ -219,8 +223,10 @@ class Endpoint {
   // a connection's work.
   void QueueReshare();
   // Tops up the connections that wait, first come first, while there is
-  // room.
-  void WakeCreditWaiters();
+  // room. Inline, for the receive path, which calls it on every frame.
+  void WakeCreditWaiters() {
+    if (!credit_waiters_.empty()) ServeCreditWaiters();
+  }
   // rdma_cm said a connection is established: its peer can receive now, so
   // what it holds past its window may be asked back.
   void OnEstablished();
@@ -430,6 +436,7 @@ class Endpoint {
   std::deque<std::pair<std::weak_ptr<RdmaConnection>, int64_t>> credit_waiters_;
   int64_t waiters_short_ = 0;
   bool reshare_queued_ = false;  // QueueReshare's task
+  void ServeCreditWaiters();
   // Asks peers over their windows for what the budget lacks (its overdraft
   // and what the waiters lack), less what kShrinks already sent will bring
   // back; largest excess first. Peers not yet established are not asked

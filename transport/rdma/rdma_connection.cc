@@ -533,7 +533,7 @@ absl::Status RdmaConnection::PostTaken() {
 }
 
 void RdmaConnection::FlushBacklogLocked() {
-  SendShrinkLocked();
+  if (ask_to_send_ != 0 || answer_to_send_ != 0) SendShrinkLocked();
   while (!backlog_.empty() && !closed_ && CanPostLocked(backlog_.front().header)) {
     if (!QueueFrameLocked(backlog_.front()).ok()) return;
     backlog_.pop_front();
@@ -793,15 +793,17 @@ uint32_t RdmaConnection::PeerWindow() const {
 void RdmaConnection::TopUpLocked() {
   const uint32_t window = PeerWindow();
   if (closed_ || peer_holds_ >= window) return;
-  // One frame at least, whatever the budget: a peer with none could never
-  // send again (past as many connections as the budget holds frames, the
-  // endpoint has said so once, AddConnection).
-  const auto room = std::min<int64_t>(
-      window - peer_holds_,
-      std::max<int64_t>(1 - peer_holds_,
-                        static_cast<int64_t>(std::min<size_t>(endpoint_->FreeCredits(), window))));
+  int64_t room = window - peer_holds_;
+  if (endpoint_->shares_credits()) {
+    // One frame at least, whatever the budget: a peer with none could never
+    // send again (past as many connections as the budget holds frames, the
+    // endpoint has said so once, AddConnection).
+    room = std::min<int64_t>(
+        room, std::max<int64_t>(1 - peer_holds_, static_cast<int64_t>(std::min<size_t>(
+                                                     endpoint_->FreeCredits(), window))));
+    endpoint_->TakeCredits(static_cast<size_t>(room));
+  }
   peer_holds_ += room;
-  if (endpoint_->shares_credits()) endpoint_->TakeCredits(static_cast<size_t>(room));
   to_return_.store(to_return_.load(std::memory_order_relaxed) + static_cast<uint32_t>(room),
                    std::memory_order_relaxed);
   if (peer_holds_ < window && !waiting_for_credits_) {
