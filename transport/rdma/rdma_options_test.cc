@@ -206,7 +206,9 @@ TEST(ShareReceiveBudget, SplitsWhatTheSlotsHoldAmongTheConnections) {
   // While each gets more than one frame, the windows fit the budget.
   for (size_t n = 1; n < 600; ++n) {
     const ReceiveShare share = ShareReceiveBudget(32, 512, 16, n);
-    if (share.window > 1) EXPECT_LE(n * share.window, share.budget) << n;
+    if (share.window > 1) {
+      EXPECT_LE(n * share.window, share.budget) << n;
+    }
   }
 }
 
