@@ -1,5 +1,6 @@
 #include "transport/rdma/transport_tests/fixture.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -45,6 +46,12 @@ bool Fixture::Start(RdmaOptions server_opts, RdmaOptions client_opts) {
       server->Listen(*ParseAddress("rdma://" + (listen_host.empty() ? ip : listen_host) + ":0"),
                      [this](std::shared_ptr<Connection> c) {
                        std::lock_guard<std::mutex> lock(accepted_mu);
+                       // Only those the server keeps: a test may make 1000.
+                       accepted.erase(std::remove_if(accepted.begin(), accepted.end(),
+                                                     [](const std::weak_ptr<Connection>& a) {
+                                                       return a.expired();
+                                                     }),
+                                      accepted.end());
                        accepted.push_back(c);
                        return server_observer;
                      });

@@ -164,7 +164,7 @@ struct Fixture {
   ConnectionObserver* server_observer = &echo;  // a test may put its own
   std::string listen_host;                      // default: the test address
   std::mutex accepted_mu;
-  std::vector<std::weak_ptr<Connection>> accepted;  // in the order accepted
+  std::vector<std::weak_ptr<Connection>> accepted;  // in the order accepted; expired ones pruned
   std::unique_ptr<RdmaTransport> server;
   std::unique_ptr<Listener> listener;
   std::unique_ptr<RdmaTransport> client;
