@@ -482,13 +482,56 @@ int64_t DeviceResends() {
   return n;
 }
 
+// Both ends' count of the credits a server's clients hold: the server's,
+// per connection (read on its poller), and the clients' own.
+struct CreditLedger {
+  std::vector<std::shared_ptr<Connection>> clients;
+  std::vector<std::shared_ptr<Connection>> servers;  // the same connections' server ends
+
+  // Waits (up to 10 s) until the server has accepted every client.
+  bool FindServerEnds(Fixture& fx) {
+    for (const absl::Time by = absl::Now() + absl::Seconds(10);
+         (servers = fx.Accepted()).size() < clients.size() && absl::Now() < by;) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return servers.size() == clients.size();
+  }
+  std::vector<int64_t> AtServer() const {
+    std::vector<int64_t> held;
+    std::static_pointer_cast<RdmaConnection>(servers[0])->endpoint()->RunOnPollerAndWait([&] {
+      for (const auto& s : servers) {
+        held.push_back(std::static_pointer_cast<RdmaConnection>(s)->peer_holds());
+      }
+    });
+    return held;
+  }
+  int64_t ServerTotal() const {
+    const std::vector<int64_t> held = AtServer();
+    return std::accumulate(held.begin(), held.end(), int64_t{0});
+  }
+  int64_t ClientTotal() const {
+    int64_t held = 0;
+    for (const auto& c : clients)
+      held += std::static_pointer_cast<RdmaConnection>(c)->credits_held();
+    return held;
+  }
+  // Waits (up to 20 s) until the server counts at most `budget` and the
+  // clients agree.
+  void Settle(int64_t budget) const {
+    for (const absl::Time by = absl::Now() + absl::Seconds(20);
+         (ServerTotal() > budget || ClientTotal() != ServerTotal()) && absl::Now() < by;) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+};
+
 // Connections that join at once: each shrinks the windows of those before
 // it, some of which rdma_cm has not yet established. Their peers are asked
 // back their excess only once established (a kShrink sent before the
 // client's QP can receive is dropped, and resent after the ACK timeout),
 // and then they are asked: the budget holds again, with no frame resent.
 // The clients' credits agree with what the server counts them to hold,
-// even where a kShrink overtook the handshake at the client. Six
+// even where a kShrink overtook the handshake at the client. Ten
 // connections over 64 slots, as above, share 42 credits.
 TEST(RdmaTransport, ConnectionsThatJoinAtOnceGiveBackOnceEstablished) {
   constexpr int kConns = 10;
@@ -510,34 +553,15 @@ TEST(RdmaTransport, ConnectionsThatJoinAtOnceGiveBackOnceEstablished) {
     }
     for (auto& t : connecting) t.join();
   }
-  for (const auto& c : conns) ASSERT_TRUE(c.ok()) << c.status();
-  std::vector<std::shared_ptr<Connection>> accepted;
-  for (const absl::Time by = absl::Now() + absl::Seconds(10);
-       (accepted = fx.Accepted()).size() < kConns && absl::Now() < by;) {
-    absl::SleepFor(absl::Milliseconds(1));
+  CreditLedger ledger;
+  for (const auto& c : conns) {
+    ASSERT_TRUE(c.ok()) << c.status();
+    ledger.clients.push_back(*c);
   }
-  ASSERT_EQ(accepted.size(), size_t{kConns});
-  Endpoint* const server = std::static_pointer_cast<RdmaConnection>(accepted[0])->endpoint();
-  const auto server_counts = [&] {
-    int64_t held = 0;
-    server->RunOnPollerAndWait([&] {
-      for (const auto& a : accepted)
-        held += std::static_pointer_cast<RdmaConnection>(a)->peer_holds();
-    });
-    return held;
-  };
-  const auto clients_hold = [&] {
-    int64_t held = 0;
-    for (const auto& c : conns)
-      held += std::static_pointer_cast<RdmaConnection>(*c)->credits_held();
-    return held;
-  };
-  for (const absl::Time by = absl::Now() + absl::Seconds(10);
-       (server_counts() > kBudget || clients_hold() != server_counts()) && absl::Now() < by;) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_EQ(server_counts(), kBudget);
-  EXPECT_EQ(clients_hold(), server_counts());
+  ASSERT_TRUE(ledger.FindServerEnds(fx));
+  ledger.Settle(kBudget);
+  EXPECT_EQ(ledger.ServerTotal(), kBudget);
+  EXPECT_EQ(ledger.ClientTotal(), ledger.ServerTotal());
   const int64_t resends_after = DeviceResends();
   if (access("/sys/class/infiniband/rxe0", F_OK) == 0) {
     ASSERT_GE(resends_after, 0) << "rxe's completer_retry_err was not read";
@@ -610,46 +634,21 @@ void PeerThatCannotAnswerAShrink(uint32_t timeout_ms) {
             overdue == 1)
       << said;
 
-  std::vector<std::shared_ptr<Connection>> accepted;
-  for (const absl::Time by = absl::Now() + absl::Seconds(10);
-       (accepted = fx.Accepted()).size() < conns.size() && absl::Now() < by;) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  ASSERT_EQ(accepted.size(), conns.size());
-  Endpoint* const server = std::static_pointer_cast<RdmaConnection>(accepted[0])->endpoint();
-  const auto holds = [&] {
-    std::vector<int64_t> h;
-    server->RunOnPollerAndWait([&] {
-      for (const auto& s : accepted) {
-        h.push_back(std::static_pointer_cast<RdmaConnection>(s)->peer_holds());
-      }
-    });
-    return h;
-  };
+  CreditLedger ledger{conns, {}};
+  ASSERT_TRUE(ledger.FindServerEnds(fx));
   std::vector<std::future<InboundMessage>> responses;
   for (uint64_t id = 1; id <= 64; ++id) {
     responses.push_back(fx.waiters[0].Expect(id));
     ASSERT_TRUE(conns[1]->Send(Request(id, Filled(*conns[1], 64, id))).ok());
   }
   ExpectEchoed(responses);
-  EXPECT_EQ(holds()[1], timeout_ms ? int64_t{kWindow} : 1) << "what B's peer holds after its burst";
+  EXPECT_EQ(ledger.AtServer()[1], timeout_ms ? int64_t{kWindow} : 1)
+      << "what B's peer holds after its burst";
 
   held.Open();
-  const auto clients_hold = [&] {
-    int64_t sum = 0;
-    for (const auto& c : conns) sum += std::static_pointer_cast<RdmaConnection>(c)->credits_held();
-    return sum;
-  };
-  const auto server_counts = [&] {
-    const std::vector<int64_t> h = holds();
-    return std::accumulate(h.begin(), h.end(), int64_t{0});
-  };
-  for (const absl::Time by = absl::Now() + absl::Seconds(20);
-       (server_counts() > kBudget || clients_hold() != server_counts()) && absl::Now() < by;) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_LE(server_counts(), kBudget);
-  EXPECT_EQ(clients_hold(), server_counts());
+  ledger.Settle(kBudget);
+  EXPECT_LE(ledger.ServerTotal(), kBudget);
+  EXPECT_EQ(ledger.ClientTotal(), ledger.ServerTotal());
   EXPECT_EQ(Counters().credit_shrinks_overdue - overdue_before, overdue);
   ASSERT_TRUE(Call(**a, held, 2, Filled(**a, 64, 2)).ok());
   for (auto& c : conns) c->Close();
