@@ -6,30 +6,13 @@
 # READ. --poll reaches the transports through the runtime's options: busy
 # callers take their own completions, event ones never do.
 # Speed is not checked here (bench/run_bench.sh measures it).
+# (tools/rdma_sh_prelude.sh comes before this.)
 set -euo pipefail
 demo=$1
-if [ -z "${RDMARPC_TEST_ADDR:-}" ]; then
-  echo "FAIL: no RDMA address: this test needs verbs; run it with make test (tools/vm/run.sh)"
-  exit 1
-fi
 unset RDMARPC_RDMA_POLL
-fail=0
-run() {  # poll mode; prints the demo's output, fails the test if it exits non-zero
-  local out
-  out=$("$demo" --small_calls 200 --large_calls 4 --attachment_calls 4 --poll "$1" 2>&1) || {
-    echo "$out" >&2
-    echo "FAIL: echo_demo --poll $1 exited non-zero" >&2
-    return 1
-  }
-  echo "$out"
-}
-# A counter's value; the key names its separator ("reads=", "in place ").
-counter() { echo "$2" | sed -nE "s/^rdma counters: .*[ (]$1([0-9]+).*/\1/p"; }
-expect() {  # what, got (a missing one fails), comparison, bound
-  if ! [[ "$2" =~ ^[0-9]+$ ]] || ! [ "$2" "$3" "$4" ]; then
-    echo "FAIL: $1 is ${2:-missing}, expected $3 $4"
-    fail=1
-  fi
+run() {  # poll mode
+  run_or_fail "echo_demo --poll $1" "$demo" --small_calls 200 --large_calls 4 \
+    --attachment_calls 4 --poll "$1"
 }
 
 busy=$(run busy) || exit 1

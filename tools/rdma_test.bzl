@@ -20,14 +20,17 @@ def rdma_sh_test(name, src, two_vms = False, tags = [], size = "medium", **kwarg
     An sh_test's executable is a link to the script in the workspace. The
     VM sees the host's / but has its own /tmp, so a workspace under /tmp (a
     fresh clone there, say) leaves that link dangling in the guest. The copy
-    lives in Bazel's output tree beside every test binary the VM runs.
+    lives in Bazel's output tree beside every test binary the VM runs, and
+    begins with tools/rdma_sh_prelude.sh: the checks the scripts share,
+    which a sourced file could not be (its runfiles link would dangle too).
     """
     copy = name + "_script.sh"
+    prelude = "//tools:rdma_sh_prelude.sh"
     native.genrule(
         name = name + "_script",
-        srcs = [src],
+        srcs = [prelude, src],
         outs = [copy],
-        cmd = "cp $< $@",
+        cmd = "cat $(location %s) $(location %s) > $@" % (prelude, src),
         executable = True,
     )
     native.sh_test(

@@ -4,14 +4,10 @@
 # carries it (the entry the listing shows), checks a named device and GID as
 # a connection would, and fails with the reason and the devices for an
 # address no device reaches and for a device that is not the route's.
+# (tools/rdma_sh_prelude.sh comes before this.)
 set -uo pipefail
 tool=$1
-if [ -z "${RDMARPC_TEST_ADDR:-}" ]; then
-  echo "FAIL: no RDMA address: this test needs verbs; run it with make test (tools/vm/run.sh)"
-  exit 1
-fi
 ip=$RDMARPC_TEST_ADDR
-fail=0
 check() {  # what, condition...
   local what=$1
   shift
