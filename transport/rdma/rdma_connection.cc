@@ -813,11 +813,16 @@ void RdmaConnection::TopUpLocked() {
 }
 
 bool RdmaConnection::CreditWorthSending() const {
-  // In half windows, as a peer's kCreditFramesPerWindow counts on; but at
-  // once to a peer that holds none at all.
+  // In half windows of at least two frames, as a peer's
+  // kCreditFramesPerWindow counts on; but at once to a peer that holds none
+  // at all. Never for one frame to a peer that still holds credit: a peer
+  // that waits for an answer gets it back in the answer, while at the
+  // windows of 2 and 3 that hundreds of connections sharing a server's
+  // slots get, one kCredit per request answered off the I/O thread doubled
+  // the SENDs of a busy server.
   const uint32_t due = to_return_.load(std::memory_order_relaxed);
   if (due == 0) return false;
-  return due >= std::max<uint32_t>(1, PeerWindow() / 2) || peer_holds_ == static_cast<int64_t>(due);
+  return due >= std::max<uint32_t>(2, PeerWindow() / 2) || peer_holds_ == static_cast<int64_t>(due);
 }
 
 void RdmaConnection::TopUpCredits() {

@@ -31,7 +31,10 @@
 // a window, carried in the rdma_cm private data. Every frame but kCredit and
 // kShrink costs the sender one credit; the receiver returns credits in the
 // `credits` field of any frame it sends, or in a kCredit frame once half a
-// window is due (at once to a peer left with none). kCredit and kShrink
+// window is due, two frames at least (at once to a peer left with none: a
+// peer that still has credit and waits for an answer gets the credit back
+// in it, so at small windows an answer that comes off the I/O thread costs
+// no kCredit). kCredit and kShrink
 // frames are free, so two peers that both ran out can always unblock each
 // other. Frames that find no credit (or no send slot, or a full send queue)
 // wait in a backlog, in order (counted as credit_stalls).

@@ -239,10 +239,11 @@ inline constexpr size_t kSrqRefillBatch = 16;
 
 // Strict credits (RdmaOptions::strict_credits). A peer returns credit in a
 // kCredit frame, which costs none, once half the window it granted us (at
-// least one frame) is owed, and we send at most that window before we read
-// its credit: so at most three of its kCredit frames wait in our SRQ at
-// once (with a window of 3, one per frame; two with any other), and each
-// connection holds this many slots besides its window.
+// least two frames, or all we hold) is owed, and we send at most that
+// window before we read its credit: so at most two of its kCredit frames
+// wait in our SRQ at once. Each connection holds this many slots besides
+// its window all the same: a peer built before that rule returned a
+// window of 3 one frame at a time, three kCredit frames.
 inline constexpr size_t kCreditFramesPerWindow = 3;
 // The window a new connection gets when the SRQ keeps `target` slots
 // posted, up to `unposted` of them may be consumed and not yet posted again

@@ -227,6 +227,119 @@ TEST(RdmaTransport, FramesBeyondTheCreditsWaitInTheBacklogAndAllArrive) {
   (*conn)->Close();
 }
 
+// A server's observer that keeps the requests it is given, for the test to
+// answer from its own thread: a handler that runs off the I/O thread.
+class AnswersLater : public ConnectionObserver {
+ public:
+  void OnMessage(Connection& conn, InboundMessage&& msg) override {
+    if (msg.header.kind != MessageKind::kRequest) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_.emplace_back(&conn, std::move(msg));
+    ++received_;
+    cv_.notify_all();
+  }
+  void OnClosed(Connection&, const absl::Status&) override {}
+  // Whether `n` requests came in all, within 30 s.
+  bool WaitFor(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return received_ >= n; });
+  }
+  // Echoes every request kept so far, on the connection it came on.
+  void AnswerAll() {
+    std::vector<std::pair<Connection*, InboundMessage>> kept;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kept.swap(kept_);
+    }
+    for (auto& [conn, msg] : kept) echo_.OnMessage(*conn, std::move(msg));
+  }
+
+ private:
+  EchoObserver echo_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<Connection*, InboundMessage>> kept_;  // guarded by mu_
+  int received_ = 0;                                          // guarded by mu_
+};
+
+// One client connection to a server whose connections get windows of
+// `window` frames and whose requests wait for the test (AnswersLater).
+struct ToALateAnswerer {
+  AnswersLater server;
+  Fixture fx;  // after `server`, which it calls until it shuts down
+  Waiter* waiter = nullptr;
+  std::shared_ptr<Connection> conn;
+  // False, with the test failed and the reason said, when either fails.
+  bool Start(uint32_t window) {
+    fx.server_observer = &server;
+    RdmaOptions server_opts;
+    server_opts.credits = window;
+    if (!fx.Start(server_opts)) return false;
+    waiter = &fx.NewWaiter();
+    auto c = fx.Connect(waiter);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return false;
+    conn = std::move(*c);
+    return true;
+  }
+};
+
+// At the windows of 2 and 3 that hundreds of connections sharing a server's
+// slots get, a call answered off the server's I/O thread costs no kCredit
+// frame: its client still holds credit while it waits, and the answer
+// brings the request's back. (Returning it at once would double the server's
+// SENDs.) One call at a time, 40 per window.
+TEST(RdmaTransport, CallsAnsweredOffTheIoThreadAtSmallWindowsCostNoCreditFrame) {
+  for (uint32_t window : {2u, 3u}) {
+    SCOPED_TRACE(absl::StrCat("window ", window));
+    ToALateAnswerer t;
+    ASSERT_TRUE(t.Start(window));
+    const uint64_t before = Counters().credit_messages;
+    for (int id = 1; id <= 40; ++id) {
+      std::future<InboundMessage> response = t.waiter->Expect(id);
+      ASSERT_TRUE(t.conn->Send(Request(id, Filled(*t.conn, 64, id))).ok());
+      ASSERT_TRUE(t.server.WaitFor(id)) << "request " << id << " never reached the server";
+      t.server.AnswerAll();
+      ASSERT_EQ(response.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+          << "call " << id << " never got its response";
+      EXPECT_TRUE(Matches(response.get().payload, 64, id)) << "call " << id;
+    }
+    EXPECT_EQ(Counters().credit_messages - before, 0u)
+        << "kCredit frames went beside the answers; counters: " << Counters().ToString();
+    t.conn->Close();
+  }
+}
+
+// A client that sends more than its window before any answer comes still
+// gets its credit back in kCredit frames: at once when it holds none (a
+// window of 1), else in twos, not a frame at a time. The server answers
+// only once all 40 requests are in, which they can be only by kCredit.
+TEST(RdmaTransport, APeerPastItsWindowGetsCreditBackWithoutAnswers) {
+  constexpr int kFrames = 40;
+  for (uint32_t window : {1u, 2u, 3u}) {
+    SCOPED_TRACE(absl::StrCat("window ", window));
+    ToALateAnswerer t;
+    ASSERT_TRUE(t.Start(window));
+    const uint64_t before = Counters().credit_messages;
+    std::vector<std::future<InboundMessage>> responses;
+    for (int id = 1; id <= kFrames; ++id) {
+      responses.push_back(t.waiter->Expect(id));
+      ASSERT_TRUE(t.conn->Send(Request(id, Filled(*t.conn, 64, id))).ok());
+    }
+    ASSERT_TRUE(t.server.WaitFor(kFrames))
+        << "the requests past the window never got their credit; counters: "
+        << Counters().ToString();
+    const uint64_t credit_frames = Counters().credit_messages - before;
+    if (window > 1) {
+      EXPECT_LE(credit_frames, uint64_t{kFrames / 2})
+          << credit_frames << " kCredit frames: credit went back a frame at a time";
+    }
+    t.server.AnswerAll();
+    ExpectEchoed(responses);
+    t.conn->Close();
+  }
+}
+
 // A listening transport shares its SRQ's slots among its connections, but
 // each connection may send at least one frame: past as many connections as
 // the slots hold frames, a burst from all of them at once can empty the SRQ.
