@@ -284,8 +284,8 @@ struct ToALateAnswerer {
   }
 };
 
-// At the windows of 2 and 3 that hundreds of connections sharing a server's
-// slots get, a call answered off the server's I/O thread costs no kCredit
+// At the windows of 2 and 3 that 124 to 186 connections sharing a server's
+// default slots get, a call answered off the server's I/O thread costs no kCredit
 // frame: its client still holds credit while it waits, and the answer
 // brings the request's back. (Returning it at once would double the server's
 // SENDs.) One call at a time, 40 per window.
