@@ -8,7 +8,10 @@
 //
 // What is measured, the same way for all three: blocking calls, one at a
 // time, from one thread; a small call sends 64 bytes each way (Ping), a pull
-// sends 1 MiB in a bytes field and gets a small answer (Pull). gRPC's
+// sends 1 MiB in a bytes field and gets a small answer (Pull). Then the same
+// calls with --in_flight of them at once (that many client threads on the
+// one channel, each making blocking calls): calls per second and MiB/s, what
+// a server gets from a busy client rather than one call's latency. gRPC's
 // synchronous server runs as it comes, which runs a handler on the thread
 // that polled its request; rdmarpc's runs handlers on its I/O thread
 // (--workers 0) to match. rdmarpc's pollers run in their default adaptive
@@ -18,9 +21,15 @@
 // rdmarpc_rdma:
 //   SYSTEM_small_rtt_p50_us <value>   (over every measured call)
 //   SYSTEM_pull_1mib_mib_per_s <value>   (median over the rounds)
+//   SYSTEM_small_in_flight_calls_per_s <value>   (median over the rounds)
+//   SYSTEM_pull_in_flight_mib_per_s <value>   (median over the rounds)
 // and for each rdmarpc SYSTEM:
 //   SYSTEM_small_rtt_over_grpc <ratio>   (below 1: faster than gRPC)
 //   SYSTEM_pull_over_grpc <ratio>   (above 1: faster than gRPC)
+//   SYSTEM_small_in_flight_over_grpc <ratio>   (above 1: faster than gRPC)
+//   SYSTEM_pull_in_flight_over_grpc <ratio>   (above 1: faster than gRPC)
+// (the in-flight lines only with --in_flight above 1, which `in_flight N`
+// names)
 // then grpc_bench_failed <0 or 1> and the RDMA transport's counters.
 #include <grpcpp/grpcpp.h>
 
@@ -30,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -47,6 +57,9 @@ ABSL_FLAG(std::string, ip, "", "the address all three use; default $RDMARPC_TEST
 ABSL_FLAG(int, rounds, 10, "rounds of blocks, one block of each system per round");
 ABSL_FLAG(int, calls, 250, "small calls measured per block (after 50 not counted)");
 ABSL_FLAG(int, pulls, 20, "1 MiB requests measured per block (after 2 not counted); 0: none");
+ABSL_FLAG(int, in_flight, 8,
+          "client threads for the calls in flight at once, each making blocking calls: "
+          "--calls small calls and --pulls pulls a block, over them all; 0 or 1: none");
 ABSL_FLAG(std::string, systems, "grpc,tcp,rdma",
           "which of grpc, tcp (rdmarpc's tcp://) and rdma (rdmarpc's rdma://) run, in this "
           "order in each round; the ratios need grpc first");
@@ -97,6 +110,8 @@ struct System {
   std::vector<double> rtt_us;        // every measured small call
   std::vector<double> block_rtt_us;  // the median of each round's block
   std::vector<double> pull_mib_per_s;
+  std::vector<double> small_in_flight_per_s;  // calls per second, a figure per round
+  std::vector<double> pull_in_flight_mib_per_s;
 };
 
 // gRPC on `ip`, on a port it picks.
@@ -204,10 +219,68 @@ std::string Pulls(System& system, const Blob& big, int n, double* mib_per_s) {
   return "";
 }
 
+// `n` calls over `threads` client threads at once, `call` being one of
+// them (its error, empty when it succeeded); their rate per second when
+// `per_s` is given. The threads start together and the clock stops when the
+// last ends, so a thread that ends early lowers the rate: the figure is what
+// the system served, not the best thread's.
+std::string InFlight(int threads, int n, const std::function<std::string()>& call, double* per_s) {
+  const int each = std::max(1, n / threads);
+  std::vector<std::string> errors(threads);
+  std::vector<std::thread> clients;
+  const absl::Time t0 = absl::Now();
+  for (int t = 0; t < threads; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < each && errors[t].empty(); ++i) errors[t] = call();
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  for (const std::string& error : errors) {
+    if (!error.empty()) return error;
+  }
+  if (per_s != nullptr) *per_s = each * threads / absl::ToDoubleSeconds(absl::Now() - t0);
+  return "";
+}
+
+// The system's small calls and pulls, `threads` at a time: one block of
+// each, after a block not counted.
+std::string InFlightBlock(System& system, const Blob& big, int threads, bool measured) {
+  const auto small = [&system] {
+    Blob req;
+    req.set_data(std::string(kSmallBytes, 's'));
+    Blob resp;
+    std::string error = system.ping(req, &resp);
+    if (error.empty() && resp.data() != req.data()) error = "the echo differs";
+    return error.empty() ? error : absl::StrCat(system.name, " small call in flight: ", error);
+  };
+  const auto pull = [&system, &big] {
+    Ack ack;
+    std::string error = system.pull(big, &ack);
+    if (error.empty() && ack.bytes() != big.data().size()) error = "the server saw other bytes";
+    return error.empty() ? error : absl::StrCat(system.name, " pull in flight: ", error);
+  };
+  double calls_per_s = 0;
+  std::string error = InFlight(threads, kSettleCalls, small, nullptr);
+  if (error.empty()) error = InFlight(threads, absl::GetFlag(FLAGS_calls), small, &calls_per_s);
+  if (!error.empty()) return error;
+  if (measured) system.small_in_flight_per_s.push_back(calls_per_s);
+  const int pulls = absl::GetFlag(FLAGS_pulls);
+  if (pulls == 0) return "";
+  double pulls_per_s = 0;
+  error = InFlight(threads, threads, pull, nullptr);
+  if (error.empty()) error = InFlight(threads, pulls, pull, &pulls_per_s);
+  if (!error.empty()) return error;
+  if (measured) {
+    system.pull_in_flight_mib_per_s.push_back(pulls_per_s * big.data().size() / double{1 << 20});
+  }
+  return "";
+}
+
 // One round: a block of each system in turn. Round 0 warms up.
 std::string Round(std::vector<std::unique_ptr<System>>& systems, const Blob& big, bool measured) {
   const int calls = absl::GetFlag(FLAGS_calls);
   const int pulls = absl::GetFlag(FLAGS_pulls);
+  const int in_flight = absl::GetFlag(FLAGS_in_flight);
   for (auto& system : systems) {
     std::vector<double> block;
     std::string error = SmallCalls(*system, kSettleCalls, nullptr);
@@ -218,6 +291,7 @@ std::string Round(std::vector<std::unique_ptr<System>>& systems, const Blob& big
       if (error.empty()) error = Pulls(*system, big, pulls, &rate);
       if (measured) system->pull_mib_per_s.push_back(rate);
     }
+    if (error.empty() && in_flight > 1) error = InFlightBlock(*system, big, in_flight, measured);
     if (!error.empty()) return error;
     if (!measured) continue;
     system->block_rtt_us.push_back(Median(block));
@@ -261,6 +335,8 @@ int main(int argc, char** argv) {
   Blob big;
   big.set_data(std::string(kPullBytes, 'b'));
   const int rounds = absl::GetFlag(FLAGS_rounds);
+  const int in_flight = absl::GetFlag(FLAGS_in_flight);
+  if (in_flight > 1) printf("in_flight %d\n", in_flight);
   for (int round = 0; round <= rounds && error.empty(); ++round) {
     error = Round(systems, big, round > 0);
     if (round > 0) fprintf(stderr, "round %d of %d done\n", round, rounds);
@@ -271,6 +347,14 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_pulls) > 0) {
       printf("%s_pull_1mib_mib_per_s %.1f\n", system->name.c_str(), Median(system->pull_mib_per_s));
     }
+    if (in_flight > 1) {
+      printf("%s_small_in_flight_calls_per_s %.0f\n", system->name.c_str(),
+             Median(system->small_in_flight_per_s));
+      if (absl::GetFlag(FLAGS_pulls) > 0) {
+        printf("%s_pull_in_flight_mib_per_s %.1f\n", system->name.c_str(),
+               Median(system->pull_in_flight_mib_per_s));
+      }
+    }
   }
   const System& grpc_system = *systems[0];
   for (size_t i = 1; i < systems.size() && grpc_system.name == "grpc"; ++i) {
@@ -280,6 +364,14 @@ int main(int argc, char** argv) {
     if (absl::GetFlag(FLAGS_pulls) > 0) {
       printf("%s_pull_over_grpc %.3f\n", system.name.c_str(),
              MedianRatio(system.pull_mib_per_s, grpc_system.pull_mib_per_s));
+    }
+    if (in_flight > 1) {
+      printf("%s_small_in_flight_over_grpc %.3f\n", system.name.c_str(),
+             MedianRatio(system.small_in_flight_per_s, grpc_system.small_in_flight_per_s));
+      if (absl::GetFlag(FLAGS_pulls) > 0) {
+        printf("%s_pull_in_flight_over_grpc %.3f\n", system.name.c_str(),
+               MedianRatio(system.pull_in_flight_mib_per_s, grpc_system.pull_in_flight_mib_per_s));
+      }
     }
   }
   printf("grpc_bench_failed %d\n", error.empty() ? 0 : 1);

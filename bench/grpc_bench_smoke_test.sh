@@ -7,19 +7,25 @@
 # (tools/rdma_sh_prelude.sh comes before this.)
 set -euo pipefail
 bench=$1
-out=$(run_or_fail grpc_bench "$bench" --rounds 2 --calls 50 --pulls 3) || exit 1
+out=$(run_or_fail grpc_bench "$bench" --rounds 2 --calls 50 --pulls 4 --in_flight 2) || exit 1
 echo "$out"
 expect_figures "$out" grpc_small_rtt_p50_us rdmarpc_tcp_small_rtt_p50_us \
   rdmarpc_rdma_small_rtt_p50_us grpc_pull_1mib_mib_per_s rdmarpc_tcp_pull_1mib_mib_per_s \
   rdmarpc_rdma_pull_1mib_mib_per_s rdmarpc_tcp_small_rtt_over_grpc \
-  rdmarpc_rdma_small_rtt_over_grpc rdmarpc_tcp_pull_over_grpc rdmarpc_rdma_pull_over_grpc
+  rdmarpc_rdma_small_rtt_over_grpc rdmarpc_tcp_pull_over_grpc rdmarpc_rdma_pull_over_grpc \
+  grpc_small_in_flight_calls_per_s rdmarpc_tcp_small_in_flight_calls_per_s \
+  rdmarpc_rdma_small_in_flight_calls_per_s grpc_pull_in_flight_mib_per_s \
+  rdmarpc_tcp_pull_in_flight_mib_per_s rdmarpc_rdma_pull_in_flight_mib_per_s \
+  rdmarpc_tcp_small_in_flight_over_grpc rdmarpc_rdma_small_in_flight_over_grpc \
+  rdmarpc_tcp_pull_in_flight_over_grpc rdmarpc_rdma_pull_in_flight_over_grpc
 if ! echo "$out" | grep -qx "grpc_bench_failed 0"; then
   echo "FAIL: a call failed (grpc_bench_failed is not 0)"
   fail=1
 fi
-# Over rdma://, 3 rounds (one warms up) of 100 small calls and 5 pulls: each
+# Over rdma://, 3 rounds (one warms up), each of 100 small calls and 6 pulls
+# one at a time, then, two at a time, of 100 small calls and 6 pulls: each
 # small call is two SENDs, each pull one READ of its 1 MiB at least.
-expect "SENDs (300 small calls over rdma://)" "$(counter sends= "$out")" -ge 600
-expect "bytes READ (15 pulls of 1 MiB over rdma://)" "$(counter bytes_read= "$out")" -ge $((15 << 20))
+expect "SENDs (600 small calls over rdma://)" "$(counter sends= "$out")" -ge 1200
+expect "bytes READ (36 pulls of 1 MiB over rdma://)" "$(counter bytes_read= "$out")" -ge $((36 << 20))
 [ $fail -eq 0 ] && echo "PASS"
 exit $fail

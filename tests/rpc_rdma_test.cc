@@ -1,10 +1,13 @@
 // The runtime suite over RDMA (Soft-RoCE in the VM, or a real device), and
 // what the counters must show: small calls went by SEND into the SRQ, large
 // ones by READ, and the server counted calls per method.
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -477,6 +480,57 @@ TEST(RdmaRunToCompletion, EventModeLeavesPollingToThePoller) {
 
 TEST(RdmaRunToCompletion, TheEnvironmentOverridesTheModeSetInCode) {
   EXPECT_EQ(CallerCompletionsFor(PollMode::kBusy, 50, "event"), 0u);
+}
+
+// Callers blocked at once take turns at the completion queue: one drives it
+// and the others sleep until the responses they await are handed to them,
+// so N threads blocked in calls do not spin N cores between them. Busy mode,
+// where a driver never stops spinning by itself, shows it: four calls that
+// the server holds kHoldMs each, and each caller's own CPU time meanwhile.
+TEST(RdmaRunToCompletion, CallersBlockedAtOnceSpinOneCoreBetweenThem) {
+  constexpr int kCallers = 4;
+  constexpr int kHoldMs = 600;
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  transport::TransportTunables tunables;
+  tunables.rdma.poll_mode = PollMode::kBusy;
+  ChannelOptions options;
+  options.transport = tunables;
+  TestServer ts("rdma://" + ip + ":0", /*max_message=*/64u << 20, /*workers=*/kCallers, tunables);
+  auto ch = Channel::Create(ts.address, options);
+  ASSERT_TRUE(ts.server && ch.ok());
+  EchoRequest req;
+  req.set_data("held");
+  {
+    EchoResponse resp;
+    ClientContext ctx;
+    ASSERT_TRUE((*ch)->Call(kEcho, &ctx, req, &resp).ok());  // connects
+  }
+  req.set_sleep_ms(kHoldMs);
+  std::vector<double> cpu_ms(kCallers);
+  std::vector<Status> statuses(kCallers);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      timespec t0, t1;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+      EchoResponse resp;
+      ClientContext ctx;
+      statuses[i] = (*ch)->Call(kEcho, &ctx, req, &resp);
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+      cpu_ms[i] = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  // A caller that only sent its request and slept uses a few ms; a spinning
+  // one shares the cores with the server's poller and every other spinner,
+  // which leaves each of five ~240 ms of the 600 on two cores.
+  int spinners = 0;
+  for (int i = 0; i < kCallers; ++i) {
+    EXPECT_TRUE(statuses[i].ok()) << statuses[i];
+    printf("caller %d: %.1f ms of CPU in a call held %d ms\n", i, cpu_ms[i], kHoldMs);
+    if (cpu_ms[i] > kHoldMs / 10) ++spinners;
+  }
+  EXPECT_LE(spinners, 1) << "callers blocked at once each spun a core";
 }
 
 }  // namespace rdmarpc::testing

@@ -875,7 +875,12 @@ void Endpoint::SweepIfDue() {
 
 bool Endpoint::Drive(absl::FunctionRef<bool()> done) {
   if (options_.poll_mode == PollMode::kEvent || OwnsIo()) return false;
-  drivers_.fetch_add(1, std::memory_order_acq_rel);
+  // One driver at a time (see "I/O context" in endpoint.h): the others wait
+  // to be told, so that callers blocked at once do not spin a core each.
+  if (drivers_.fetch_add(1, std::memory_order_acq_rel) > 0) {
+    drivers_.fetch_sub(1, std::memory_order_acq_rel);
+    return false;
+  }
   const auto spin = std::chrono::microseconds(options_.spin_us);
   auto last_activity = std::chrono::steady_clock::now();
   bool finished = false;
@@ -904,12 +909,15 @@ bool Endpoint::Drive(absl::FunctionRef<bool()> done) {
     IdleSpin(idle_polls);
   }
   // Finished: the caller will likely drive again soon; keep the poller
-  // thread parked for the grace. Giving up: no grace.
-  last_driven_ns_.store(finished ? std::chrono::steady_clock::now().time_since_epoch().count() : 0,
+  // thread parked for the grace. Giving up, or leaving responses awaited
+  // (callers that did not drive, asynchronous calls; counted on a client
+  // endpoint, the only kind callers drive): no grace, the poller thread
+  // takes the CQ back now, so theirs do not wait for it.
+  const bool grace = finished && responses_awaited_.load(std::memory_order_relaxed) == 0;
+  last_driven_ns_.store(grace ? std::chrono::steady_clock::now().time_since_epoch().count() : 0,
                         std::memory_order_relaxed);
   drivers_.fetch_sub(1, std::memory_order_acq_rel);
-  // Giving up: the poller thread takes the CQ back now, not after the grace.
-  if (!finished) Wake();
+  if (!grace) Wake();
   return finished;
 }
 

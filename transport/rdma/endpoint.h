@@ -26,10 +26,15 @@
 // That is the poller thread, whose sleep policy is RdmaOptions::poll_mode —
 // or, run-to-completion, a caller blocked on a response (Drive): it polls the
 // CQ itself, so the response needs no hand-off between threads (on Soft-RoCE
-// with two cores that hand-off was most of a small call's round trip). While
-// a caller drives, and for kDriveGrace after, the poller thread sleeps so it
-// does not compete for the core; completions that arrive in that gap, with
-// no caller driving, wait up to kDriveGrace (plus a wake-up) for the poller.
+// with two cores that hand-off was most of a small call's round trip). One
+// caller drives at a time: callers blocked meanwhile sleep until whoever
+// polls hands them their responses, since only one thread can poll the CQ
+// and the others would spin a core each for nothing. While a caller drives,
+// and for kDriveGrace after, the poller thread sleeps so it does not compete
+// for the core; completions that arrive in that gap, with no caller driving,
+// wait up to kDriveGrace (plus a wake-up) for the poller. A driver that
+// leaves while responses are still awaited (other callers', asynchronous
+// calls') gives no grace: the poller thread takes over at once.
 // Whoever owns the I/O context is "the poller" below; code that runs there
 // must not assume which thread it is.
 //
