@@ -11,7 +11,10 @@
 // sends 1 MiB in a bytes field and gets a small answer (Pull). Then the same
 // calls with --in_flight of them at once (that many client threads on the
 // one channel, each making blocking calls): calls per second and MiB/s, what
-// a server gets from a busy client rather than one call's latency. gRPC's
+// a server gets from a busy client rather than one call's latency. Then as
+// many at once from one thread through each system's asynchronous API
+// (gRPC's callback API, rdmarpc's Async methods), each call that ends
+// starting the next: the way to keep many calls in flight. gRPC's
 // synchronous server runs as it comes, which runs a handler on the thread
 // that polled its request; rdmarpc's runs handlers on its I/O thread
 // (--workers 0) to match. rdmarpc's pollers run in their default adaptive
@@ -23,21 +26,27 @@
 //   SYSTEM_pull_1mib_mib_per_s <value>   (median over the rounds)
 //   SYSTEM_small_in_flight_calls_per_s <value>   (median over the rounds)
 //   SYSTEM_pull_in_flight_mib_per_s <value>   (median over the rounds)
+//   SYSTEM_small_async_calls_per_s <value>   (median over the rounds)
+//   SYSTEM_pull_async_mib_per_s <value>   (median over the rounds)
 // and for each rdmarpc SYSTEM:
 //   SYSTEM_small_rtt_over_grpc <ratio>   (below 1: faster than gRPC)
 //   SYSTEM_pull_over_grpc <ratio>   (above 1: faster than gRPC)
 //   SYSTEM_small_in_flight_over_grpc <ratio>   (above 1: faster than gRPC)
 //   SYSTEM_pull_in_flight_over_grpc <ratio>   (above 1: faster than gRPC)
-// (the in-flight lines only with --in_flight above 1, which `in_flight N`
-// names)
+//   SYSTEM_small_async_over_grpc <ratio>   (above 1: faster than gRPC)
+//   SYSTEM_pull_async_over_grpc <ratio>   (above 1: faster than gRPC)
+// (the in-flight and async lines only with --in_flight above 1, which
+// `in_flight N` names)
 // then grpc_bench_failed <0 or 1> and the RDMA transport's counters.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,8 +67,9 @@ ABSL_FLAG(int, rounds, 10, "rounds of blocks, one block of each system per round
 ABSL_FLAG(int, calls, 250, "small calls measured per block (after 50 not counted)");
 ABSL_FLAG(int, pulls, 20, "1 MiB requests measured per block (after 2 not counted); 0: none");
 ABSL_FLAG(int, in_flight, 8,
-          "client threads for the calls in flight at once, each making blocking calls: "
-          "--calls small calls and --pulls pulls a block, over them all; 0 or 1: none");
+          "calls in flight at once: that many client threads making blocking calls, then that "
+          "many asynchronous calls from one thread; --calls small calls and --pulls pulls a "
+          "block, over them all; 0 or 1: neither");
 ABSL_FLAG(std::string, systems, "grpc,tcp,rdma",
           "which of grpc, tcp (rdmarpc's tcp://) and rdma (rdmarpc's rdma://) run, in this "
           "order in each round; the ratios need grpc first");
@@ -100,19 +110,46 @@ class RdmarpcService final : public rdmarpc::bench::Bench::Service {
   }
 };
 
+// What an asynchronous call is given to run when it ends: its error, empty
+// when it succeeded as it should.
+using Ended = std::function<void(std::string error)>;
+
 // One system's server and client. Ping and Pull make one blocking call and
-// return its error, empty when it succeeded as it should.
+// return its error, empty when it succeeded as it should; PingAsync and
+// PullAsync start one and return, `ended` running when it ends (`req` must
+// outlive that).
 struct System {
   std::string name;
   std::function<std::string(const Blob& req, Blob* resp)> ping;
   std::function<std::string(const Blob& req, Ack* resp)> pull;
+  std::function<void(const Blob& req, Ended ended)> ping_async;
+  std::function<void(const Blob& req, Ended ended)> pull_async;
   std::function<void()> stop;
   std::vector<double> rtt_us;        // every measured small call
   std::vector<double> block_rtt_us;  // the median of each round's block
   std::vector<double> pull_mib_per_s;
   std::vector<double> small_in_flight_per_s;  // calls per second, a figure per round
   std::vector<double> pull_in_flight_mib_per_s;
+  std::vector<double> small_async_per_s;
+  std::vector<double> pull_async_mib_per_s;
 };
+
+// An asynchronous call's state, kept by its callback: both APIs need the
+// context and the response until then.
+template <typename Context, typename Response>
+struct AsyncCall {
+  Context ctx;
+  Response resp;
+};
+
+// The check both APIs' calls end with: the echo came back, or the server
+// saw every byte.
+std::string CheckEcho(const Blob& req, const Blob& resp) {
+  return resp.data() == req.data() ? "" : "the echo differs";
+}
+std::string CheckPull(const Blob& req, const Ack& ack) {
+  return ack.bytes() == req.data().size() ? "" : "the server saw other bytes";
+}
 
 // gRPC on `ip`, on a port it picks.
 std::unique_ptr<System> StartGrpc(const std::string& ip, std::string* error) {
@@ -139,6 +176,20 @@ std::unique_ptr<System> StartGrpc(const std::string& ip, std::string* error) {
     grpc::ClientContext ctx;
     const grpc::Status s = stub->Pull(&ctx, req, resp);
     return s.ok() ? std::string() : s.error_message();
+  };
+  system->ping_async = [stub](const Blob& req, Ended ended) {
+    auto call = std::make_shared<AsyncCall<grpc::ClientContext, Blob>>();
+    stub->async()->Ping(&call->ctx, &req, &call->resp,
+                        [call, &req, ended = std::move(ended)](grpc::Status s) {
+                          ended(s.ok() ? CheckEcho(req, call->resp) : s.error_message());
+                        });
+  };
+  system->pull_async = [stub](const Blob& req, Ended ended) {
+    auto call = std::make_shared<AsyncCall<grpc::ClientContext, Ack>>();
+    stub->async()->Pull(&call->ctx, &req, &call->resp,
+                        [call, &req, ended = std::move(ended)](grpc::Status s) {
+                          ended(s.ok() ? CheckPull(req, call->resp) : s.error_message());
+                        });
   };
   system->stop = [server, service] { server->Shutdown(); };
   return system;
@@ -175,6 +226,20 @@ std::unique_ptr<System> StartRdmarpc(const std::string& scheme, const std::strin
     rdmarpc::ClientContext ctx;
     const rdmarpc::Status s = stub->Pull(&ctx, req, resp);
     return s.ok() ? std::string() : s.ToString();
+  };
+  system->ping_async = [stub](const Blob& req, Ended ended) {
+    auto call = std::make_shared<AsyncCall<rdmarpc::ClientContext, Blob>>();
+    stub->AsyncPing(&call->ctx, req, &call->resp,
+                    [call, &req, ended = std::move(ended)](rdmarpc::Status s) {
+                      ended(s.ok() ? CheckEcho(req, call->resp) : s.ToString());
+                    });
+  };
+  system->pull_async = [stub](const Blob& req, Ended ended) {
+    auto call = std::make_shared<AsyncCall<rdmarpc::ClientContext, Ack>>();
+    stub->AsyncPull(&call->ctx, req, &call->resp,
+                    [call, &req, ended = std::move(ended)](rdmarpc::Status s) {
+                      ended(s.ok() ? CheckPull(req, call->resp) : s.ToString());
+                    });
   };
   system->stop = [shared_server, service] { shared_server->Shutdown(absl::Seconds(1)); };
   return system;
@@ -276,6 +341,64 @@ std::string InFlightBlock(System& system, const Blob& big, int threads, bool mea
   return "";
 }
 
+// `n` asynchronous calls, `window` of them in flight at once from this
+// thread, `start` starting one; each call that ends starts the next. Their
+// rate per second when `per_s` is given. Empty, or the first error.
+std::string AsyncWindow(int window, int n, const std::function<void(const Blob&, Ended)>& start,
+                        const Blob& req, double* per_s) {
+  std::mutex mu;
+  std::condition_variable all_ended;
+  int started = 0;
+  int ended_calls = 0;
+  std::string first_error;
+  const Ended on_end = [&](std::string error) {
+    bool more;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error.empty() && first_error.empty()) first_error = std::move(error);
+      more = started < n && first_error.empty();
+      if (more) ++started;
+      if (++ended_calls == started) all_ended.notify_one();
+    }
+    if (more) start(req, on_end);
+  };
+  const absl::Time t0 = absl::Now();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    started = std::min(window, n);
+  }
+  for (int i = 0; i < std::min(window, n); ++i) start(req, on_end);
+  std::unique_lock<std::mutex> lock(mu);
+  all_ended.wait(lock, [&] { return ended_calls == started; });
+  if (!first_error.empty()) return first_error;
+  if (per_s != nullptr) *per_s = n / absl::ToDoubleSeconds(absl::Now() - t0);
+  return "";
+}
+
+// The system's small calls and pulls through its asynchronous API, `window`
+// in flight at once: one block of each, after a block not counted.
+std::string AsyncBlock(System& system, const Blob& big, int window, bool measured) {
+  Blob small;
+  small.set_data(std::string(kSmallBytes, 's'));
+  double calls_per_s = 0;
+  std::string error = AsyncWindow(window, kSettleCalls, system.ping_async, small, nullptr);
+  if (error.empty()) {
+    error = AsyncWindow(window, absl::GetFlag(FLAGS_calls), system.ping_async, small, &calls_per_s);
+  }
+  if (!error.empty()) return absl::StrCat(system.name, " asynchronous small call: ", error);
+  if (measured) system.small_async_per_s.push_back(calls_per_s);
+  const int pulls = absl::GetFlag(FLAGS_pulls);
+  if (pulls == 0) return "";
+  double pulls_per_s = 0;
+  error = AsyncWindow(window, window, system.pull_async, big, nullptr);
+  if (error.empty()) error = AsyncWindow(window, pulls, system.pull_async, big, &pulls_per_s);
+  if (!error.empty()) return absl::StrCat(system.name, " asynchronous pull: ", error);
+  if (measured) {
+    system.pull_async_mib_per_s.push_back(pulls_per_s * big.data().size() / double{1 << 20});
+  }
+  return "";
+}
+
 // One round: a block of each system in turn. Round 0 warms up.
 std::string Round(std::vector<std::unique_ptr<System>>& systems, const Blob& big, bool measured) {
   const int calls = absl::GetFlag(FLAGS_calls);
@@ -292,6 +415,7 @@ std::string Round(std::vector<std::unique_ptr<System>>& systems, const Blob& big
       if (measured) system->pull_mib_per_s.push_back(rate);
     }
     if (error.empty() && in_flight > 1) error = InFlightBlock(*system, big, in_flight, measured);
+    if (error.empty() && in_flight > 1) error = AsyncBlock(*system, big, in_flight, measured);
     if (!error.empty()) return error;
     if (!measured) continue;
     system->block_rtt_us.push_back(Median(block));
@@ -350,9 +474,13 @@ int main(int argc, char** argv) {
     if (in_flight > 1) {
       printf("%s_small_in_flight_calls_per_s %.0f\n", system->name.c_str(),
              Median(system->small_in_flight_per_s));
+      printf("%s_small_async_calls_per_s %.0f\n", system->name.c_str(),
+             Median(system->small_async_per_s));
       if (absl::GetFlag(FLAGS_pulls) > 0) {
         printf("%s_pull_in_flight_mib_per_s %.1f\n", system->name.c_str(),
                Median(system->pull_in_flight_mib_per_s));
+        printf("%s_pull_async_mib_per_s %.1f\n", system->name.c_str(),
+               Median(system->pull_async_mib_per_s));
       }
     }
   }
@@ -368,9 +496,13 @@ int main(int argc, char** argv) {
     if (in_flight > 1) {
       printf("%s_small_in_flight_over_grpc %.3f\n", system.name.c_str(),
              MedianRatio(system.small_in_flight_per_s, grpc_system.small_in_flight_per_s));
+      printf("%s_small_async_over_grpc %.3f\n", system.name.c_str(),
+             MedianRatio(system.small_async_per_s, grpc_system.small_async_per_s));
       if (absl::GetFlag(FLAGS_pulls) > 0) {
         printf("%s_pull_in_flight_over_grpc %.3f\n", system.name.c_str(),
                MedianRatio(system.pull_in_flight_mib_per_s, grpc_system.pull_in_flight_mib_per_s));
+        printf("%s_pull_async_over_grpc %.3f\n", system.name.c_str(),
+               MedianRatio(system.pull_async_mib_per_s, grpc_system.pull_async_mib_per_s));
       }
     }
   }

@@ -17,15 +17,21 @@ expect_figures "$out" grpc_small_rtt_p50_us rdmarpc_tcp_small_rtt_p50_us \
   rdmarpc_rdma_small_in_flight_calls_per_s grpc_pull_in_flight_mib_per_s \
   rdmarpc_tcp_pull_in_flight_mib_per_s rdmarpc_rdma_pull_in_flight_mib_per_s \
   rdmarpc_tcp_small_in_flight_over_grpc rdmarpc_rdma_small_in_flight_over_grpc \
-  rdmarpc_tcp_pull_in_flight_over_grpc rdmarpc_rdma_pull_in_flight_over_grpc
+  rdmarpc_tcp_pull_in_flight_over_grpc rdmarpc_rdma_pull_in_flight_over_grpc \
+  grpc_small_async_calls_per_s rdmarpc_tcp_small_async_calls_per_s \
+  rdmarpc_rdma_small_async_calls_per_s grpc_pull_async_mib_per_s \
+  rdmarpc_tcp_pull_async_mib_per_s rdmarpc_rdma_pull_async_mib_per_s \
+  rdmarpc_tcp_small_async_over_grpc rdmarpc_rdma_small_async_over_grpc \
+  rdmarpc_tcp_pull_async_over_grpc rdmarpc_rdma_pull_async_over_grpc
 if ! echo "$out" | grep -qx "grpc_bench_failed 0"; then
   echo "FAIL: a call failed (grpc_bench_failed is not 0)"
   fail=1
 fi
 # Over rdma://, 3 rounds (one warms up), each of 100 small calls and 6 pulls
-# one at a time, then, two at a time, of 100 small calls and 6 pulls: each
-# small call is two SENDs, each pull one READ of its 1 MiB at least.
-expect "SENDs (600 small calls over rdma://)" "$(counter sends= "$out")" -ge 1200
-expect "bytes READ (36 pulls of 1 MiB over rdma://)" "$(counter bytes_read= "$out")" -ge $((36 << 20))
+# one at a time, as many two at a time from two threads and as many two at
+# a time asynchronously: each small call is two SENDs, each pull one READ
+# of its 1 MiB at least.
+expect "SENDs (900 small calls over rdma://)" "$(counter sends= "$out")" -ge 1800
+expect "bytes READ (54 pulls of 1 MiB over rdma://)" "$(counter bytes_read= "$out")" -ge $((54 << 20))
 [ $fail -eq 0 ] && echo "PASS"
 exit $fail

@@ -259,8 +259,8 @@ END {
 
 # gRPC (HTTP/2 over TCP) beside rdmarpc over tcp:// and over rdma://, the
 # same service in one process, in blocks that take turns (grpc_bench.cc says
-# how): blocking calls one at a time, then 8 at once from 8 threads,
-# adaptive pollers.
+# how): blocking calls one at a time, then 8 at once from 8 threads, then 8
+# at once asynchronously from one thread; adaptive pollers.
 grpc=$(timeout 600 bazel-bin/bench/grpc_bench --rounds 8 2>&1 || true)
 g() { field "$grpc" "$1"; }
 if [ -n "$(g rdmarpc_rdma_pull_over_grpc)" ]; then
@@ -279,6 +279,13 @@ if [ -n "$(g rdmarpc_rdma_pull_over_grpc)" ]; then
   echo "ratio small calls/s in flight rdmarpc rdma:// / gRPC = $(g rdmarpc_rdma_small_in_flight_over_grpc)" \
        "(tcp:// $(g rdmarpc_tcp_small_in_flight_over_grpc)); 1 MiB pulls in flight" \
        "$(g rdmarpc_rdma_pull_in_flight_over_grpc) (tcp:// $(g rdmarpc_tcp_pull_in_flight_over_grpc)); above 1 is faster"
+  echo "$(g in_flight) asynchronous calls at once: small calls/s gRPC $(g grpc_small_async_calls_per_s)," \
+       "rdmarpc tcp:// $(g rdmarpc_tcp_small_async_calls_per_s), rdma:// $(g rdmarpc_rdma_small_async_calls_per_s);" \
+       "1 MiB pulls gRPC $(g grpc_pull_async_mib_per_s) MiB/s, rdmarpc tcp://" \
+       "$(g rdmarpc_tcp_pull_async_mib_per_s), rdma:// $(g rdmarpc_rdma_pull_async_mib_per_s)"
+  echo "ratio small calls/s async rdmarpc rdma:// / gRPC = $(g rdmarpc_rdma_small_async_over_grpc)" \
+       "(tcp:// $(g rdmarpc_tcp_small_async_over_grpc)); 1 MiB pulls async" \
+       "$(g rdmarpc_rdma_pull_async_over_grpc) (tcp:// $(g rdmarpc_tcp_pull_async_over_grpc)); above 1 is faster"
 else
   echo "no gRPC figure: $(echo "$grpc" | grep -v '^rdmarpc\[' | tail -2)"
 fi
