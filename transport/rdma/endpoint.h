@@ -169,6 +169,9 @@ class Endpoint {
 
   void RunOnPoller(std::function<void()> task);
   void RunOnPollerAndWait(std::function<void()> task);
+  // Whether tasks wait for the I/O context. Tests hold the I/O thread and
+  // watch this to know that another thread (rdma_cm's) has handed it work.
+  bool HasQueuedTasks() const { return has_tasks_.load(std::memory_order_acquire); }
   // Handles every completion waiting on the CQs, however many batches that
   // takes: a round of polling handles one batch per CQ before its tasks, so
   // a task that ends a connection calls this first, or what the peer sent

@@ -468,10 +468,17 @@ TEST(RdmaTransport, FramesAPeerSentBeforeDisconnectingAreAllHandled) {
   const absl::Time until = absl::Now() + absl::Seconds(20);
   while (!server_end->Delivered() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_TRUE(server_end->Delivered()) << "the held client's device never acknowledged the frames";
+  // The client's rdma_cm thread hands the DISCONNECTED to the held I/O
+  // thread as a task, which runs right after the batch in hand; nothing
+  // else queues one meanwhile.
+  Endpoint& client_endpoint = *static_cast<RdmaConnection&>(**conn).endpoint();
+  ASSERT_FALSE(client_endpoint.HasQueuedTasks()) << "a task was queued before the disconnect";
   server_end->Close();
-  // Time for the client's rdma_cm thread to hand the DISCONNECTED to the
-  // held I/O thread: it then runs right after the batch in hand.
-  absl::SleepFor(absl::Seconds(1));
+  const absl::Time queued_by = absl::Now() + absl::Seconds(20);
+  while (!client_endpoint.HasQueuedTasks() && absl::Now() < queued_by) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(client_endpoint.HasQueuedTasks()) << "the client never heard of the disconnect";
   held.Open();
   const absl::Time closed_by = absl::Now() + absl::Seconds(30);
   while (!held.FinishedClosing() && absl::Now() < closed_by) absl::SleepFor(absl::Milliseconds(5));
