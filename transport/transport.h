@@ -136,8 +136,9 @@ class Connection {
   // the transport, which does this connection's I/O on it (observer callbacks
   // included) until done() is true — so the result needs no hand-off from
   // the I/O thread. Returns true when done() became true; false when the
-  // transport does not drive now (not supported, poll mode, idle too long,
-  // shutting down) and the caller should wait as usual.
+  // transport does not drive now (not supported, poll mode, another caller
+  // drives, idle too long, shutting down) and the caller should wait as
+  // usual.
   virtual bool Drive(absl::FunctionRef<bool()> done) {
     (void)done;
     return false;
