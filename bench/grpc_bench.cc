@@ -134,6 +134,13 @@ struct System {
   std::vector<double> pull_async_mib_per_s;
 };
 
+// A small call's request: kSmallBytes of data.
+Blob SmallRequest() {
+  Blob req;
+  req.set_data(std::string(kSmallBytes, 's'));
+  return req;
+}
+
 // An asynchronous call's state, kept by its callback: both APIs need the
 // context and the response until then.
 template <typename Context, typename Response>
@@ -254,8 +261,7 @@ double Median(std::vector<double> v) {
 // `n` small calls; appends each one's round trip when `rtt_us` is given.
 // Empty, or what went wrong.
 std::string SmallCalls(System& system, int n, std::vector<double>* rtt_us) {
-  Blob req;
-  req.set_data(std::string(kSmallBytes, 's'));
+  const Blob req = SmallRequest();
   Blob resp;
   for (int i = 0; i < n; ++i) {
     const absl::Time t0 = absl::Now();
@@ -308,9 +314,8 @@ std::string InFlight(int threads, int n, const std::function<std::string()>& cal
 // The system's small calls and pulls, `threads` at a time: one block of
 // each, after a block not counted.
 std::string InFlightBlock(System& system, const Blob& big, int threads, bool measured) {
-  const auto small = [&system] {
-    Blob req;
-    req.set_data(std::string(kSmallBytes, 's'));
+  const Blob req = SmallRequest();  // read by every thread, built once
+  const auto small = [&system, &req] {
     Blob resp;
     const std::string error = system.ping(req, &resp);
     return error.empty() ? error : absl::StrCat(system.name, " small call in flight: ", error);
@@ -374,8 +379,7 @@ std::string AsyncWindow(int window, int n, const std::function<void(const Blob&,
 // The system's small calls and pulls through its asynchronous API, `window`
 // in flight at once: one block of each, after a block not counted.
 std::string AsyncBlock(System& system, const Blob& big, int window, bool measured) {
-  Blob small;
-  small.set_data(std::string(kSmallBytes, 's'));
+  const Blob small = SmallRequest();
   double calls_per_s = 0;
   std::string error = AsyncWindow(window, kSettleCalls, system.ping_async, small, nullptr);
   if (error.empty()) {
