@@ -1,6 +1,7 @@
 #include "transport/rdma/registered_pool.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,12 +31,47 @@ RegisteredPool::RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device,
     : pd_(pd), max_bytes_(max_bytes), device_(std::move(device)), memory_windows_(memory_windows) {}
 
 RegisteredPool::~RegisteredPool() {
-  for (Block* b : all_) {
-    ibv_dereg_mr(b->mr);
-    free(b->data);
-    Uncount(&RdmaCounters::registered_bytes, b->capacity);
-    delete b;
+  for (const auto& [data, b] : by_data_) Destroy(b);
+}
+
+void RegisteredPool::Destroy(Block* block) {
+  if (ibv_dereg_mr(block->mr) != 0) {
+    // The device may still reach the memory (a memory window left bound to
+    // it would be a bug of ours): it is kept, never handed out again.
+    fprintf(stderr,
+            "rdmarpc: %s: ibv_dereg_mr of a %zu-byte payload buffer at %p failed: %s; its memory "
+            "is leaked rather than freed under the device\n",
+            device_.c_str(), block->capacity, static_cast<void*>(block->data), strerror(errno));
+  } else {
+    free(block->data);
   }
+  Uncount(&RdmaCounters::registered_bytes, block->capacity);
+  delete block;
+}
+
+size_t RegisteredPool::IdleBytesLocked() const {
+  size_t idle = 0;
+  for (const auto& kind : free_) {
+    for (int cls = 0; cls < kClasses; ++cls) idle += kind[cls].size() * (kMinBlock << cls);
+  }
+  return idle;
+}
+
+std::vector<RegisteredPool::Block*> RegisteredPool::EvictLocked(size_t needed) {
+  std::vector<Block*> evicted;
+  for (int cls = kClasses - 1; cls >= 0 && registered_ + needed > max_bytes_; --cls) {
+    for (auto& kind : free_) {
+      std::vector<Block*>& list = kind[cls];
+      while (!list.empty() && registered_ + needed > max_bytes_) {
+        Block* b = list.back();
+        list.pop_back();
+        by_data_.erase(b->data);
+        registered_ -= b->capacity;
+        evicted.push_back(b);
+      }
+    }
+  }
+  return evicted;
 }
 
 absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool remote_read) {
@@ -46,6 +82,7 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
         absl::StrCat("buffer of ", size, " bytes exceeds the largest pool class (1 GiB)"));
   }
   const size_t capacity = kMinBlock << cls;
+  std::vector<Block*> evicted;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto& list = free_[remote_read][cls];
@@ -55,13 +92,18 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
       return b;
     }
     if (registered_ + capacity > max_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "registered memory on ", device_, " would exceed its bound of ", max_bytes_,
-          " bytes (RdmaOptions::max_registered_bytes; ", registered_,
-          " registered now, ", capacity, " more needed)"));
+      const size_t idle = IdleBytesLocked();
+      if (registered_ - idle + capacity > max_bytes_) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "registered memory on ", device_, " would exceed its bound of ", max_bytes_,
+            " bytes (RdmaOptions::max_registered_bytes; ", registered_ - idle,
+            " in use by payloads now, ", capacity, " more needed)"));
+      }
+      evicted = EvictLocked(capacity);
     }
     registered_ += capacity;  // reserved; undone below on failure
   }
+  for (Block* b : evicted) Destroy(b);
   void* mem = nullptr;
   if (posix_memalign(&mem, 4096, capacity) != 0) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -81,7 +123,6 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
   Count(&RdmaCounters::registered_bytes, capacity);
   auto* b = new Block{static_cast<char*>(mem), capacity, mr, cls, remote_read};
   std::lock_guard<std::mutex> lock(mu_);
-  all_.push_back(b);
   by_data_[b->data] = b;
   return b;
 }

@@ -14,9 +14,17 @@
 // without type-2 windows they fall back to IBV_ACCESS_REMOTE_READ on the
 // block, which exposes the whole block for as long as it is registered.
 //
-// What not to rely on: once put back a block may carry someone else's bytes;
-// callers must not Put() a block a peer may still READ.
-// Memory is never returned to the system before the pool is destroyed.
+// Idle blocks stay registered for the next Get of their class, until a Get
+// would pass max_bytes: then idle blocks of other classes (or of the other
+// kind) are deregistered and freed, largest first, as far as that Get needs.
+// Without that, a process whose payload sizes changed (a burst of 64 MiB
+// requests, then 1 MiB responses) would be refused for good, its bound held
+// by blocks nobody uses. Blocks in use are never taken back.
+//
+// What not to rely on: once put back a block may carry someone else's bytes,
+// or be freed; callers must not Put() a block a peer may still READ.
+// Memory is returned to the system only as above, or when the pool is
+// destroyed.
 #ifndef RDMARPC_TRANSPORT_RDMA_REGISTERED_POOL_H_
 #define RDMARPC_TRANSPORT_RDMA_REGISTERED_POOL_H_
 
@@ -76,8 +84,14 @@ class RegisteredPool {
   mutable std::mutex mu_;
   size_t registered_ = 0;                        // guarded by mu_
   std::vector<Block*> free_[2][kClasses];        // [remote_read][class], guarded by mu_
-  std::vector<Block*> all_;                      // guarded by mu_
-  std::unordered_map<const char*, Block*> by_data_;  // guarded by mu_
+  std::unordered_map<const char*, Block*> by_data_;  // every block; guarded by mu_
+
+  // Bytes in the free lists (only when the bound is near: not kept as a sum).
+  size_t IdleBytesLocked() const;
+  // Takes idle blocks out of the pool, largest first, until `needed` more
+  // bytes fit under max_bytes_; they are to be destroyed outside mu_.
+  std::vector<Block*> EvictLocked(size_t needed);
+  void Destroy(Block* block);
 };
 
 }  // namespace rdmarpc::transport::rdma

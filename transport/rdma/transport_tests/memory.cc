@@ -1,7 +1,8 @@
 // Registered memory and queues, and their bounds: one SRQ for hundreds of
 // connections, completion queues that grow and multiply, send slots taken
-// and given back, the registered-memory bound, slots the application holds,
-// and registrations or refills that fail without losing a frame.
+// and given back, the registered-memory bound and the idle memory it takes
+// back, slots the application holds, and registrations or refills that fail
+// without losing a frame.
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
@@ -484,6 +485,52 @@ TEST(RdmaTransport, RegisteredMemoryBoundIsResourceExhaustedNamingIt) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(Matches(r->payload, 1 << 20, 3));
   c2->Close();
+}
+
+// The bound counts what is registered, idle or not; a pool that kept its
+// idle blocks of one size would refuse every other size for good once they
+// filled it. Idle blocks make room, as far as a request needs and only when
+// that is enough; blocks in use are never touched.
+TEST(RdmaTransport, IdlePayloadBuffersMakeRoomUnderTheBoundForOtherSizes) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  constexpr size_t kThreeHalves = 3 * kMiB / 2;  // a 2 MiB block each
+  Fixture fx;
+  RdmaOptions bounded;
+  bounded.max_registered_bytes = 4 * kMiB;
+  Waiter& waiter = fx.NewWaiter();
+  std::shared_ptr<Connection> conn = fx.StartAndConnect(waiter, RdmaOptions(), bounded);
+  ASSERT_TRUE(conn);
+  const uint64_t base = Counters().registered_bytes;
+  Buffer kept = Filled(*conn, kThreeHalves, 1);
+  { Buffer dropped = Filled(*conn, kThreeHalves, 2); }
+  ASSERT_EQ(Counters().registered_bytes - base, 4 * kMiB);
+
+  auto refused = conn->AllocatePayload(3 * kMiB);  // a 4 MiB block: not without `kept`
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  for (const std::string& part :
+       {std::string("max_registered_bytes"), absl::StrCat(2 * kMiB, " in use")}) {
+    EXPECT_NE(refused.status().message().find(part), absl::string_view::npos)
+        << "\"" << part << "\" not in: " << refused.status();
+  }
+  EXPECT_EQ(Counters().registered_bytes - base, 4 * kMiB)
+      << "an idle block was freed for a request it could not make room for";
+
+  {
+    auto other_size = conn->AllocatePayload(kMiB / 2);
+    ASSERT_TRUE(other_size.ok()) << other_size.status();
+    EXPECT_EQ(Counters().registered_bytes - base, 2 * kMiB + kMiB / 2)
+        << "the idle 2 MiB block should have made room, and nothing else changed";
+  }
+
+  // `kept` is still registered and whole: the server READs it, and the echo
+  // is pulled into a block the idle 512 KiB one makes room for (the other
+  // kind: a READ target, not a block to advertise).
+  auto r = Call(*conn, waiter, 1, std::move(kept));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, kThreeHalves, 1));
+  EXPECT_FALSE(waiter.closed.load());
+  conn->Close();
 }
 
 // Server side: keeps every message (and so its receive slot, on loan) until
