@@ -258,9 +258,8 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
     }
     client_md = std::move(*md);
   }
-  const absl::Time deadline = msg.header.timeout_us == 0
-                                  ? absl::InfiniteFuture()
-                                  : absl::Now() + absl::Microseconds(msg.header.timeout_us);
+  const absl::Time deadline =
+      msg.header.timeout_us == 0 ? absl::InfiniteFuture() : absl::Now() + msg.header.timeout();
   auto call = std::allocate_shared<ServerCallImpl>(internal::SpareAllocator<ServerCallImpl>(), this,
                                                    conn, method, m->second.limited, std::move(msg),
                                                    deadline, std::move(client_md));

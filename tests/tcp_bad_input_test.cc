@@ -1,6 +1,8 @@
 // Hostile and broken clients over raw TCP: the server answers or drops the bad
 // call (or closes that one connection when framing is lost) and keeps serving
 // everyone else.
+#include <time.h>
+
 #include <string>
 #include <thread>
 #include <vector>
@@ -303,6 +305,38 @@ TEST(ServerDeadline, ParkedCallsOfAClientThatNeverCancelsEndAtTheirDeadline) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   EXPECT_EQ((*built)->stats().calls_in_flight, 0u);
+}
+
+// timeout_us is a u64, and no deadline the server can hold is that long: from
+// 2^63 microseconds up it reads as the longest one it can, not as one long
+// past. Nor may a timeout centuries out keep the server's timer thread
+// spinning while the call waits.
+TEST(ServerDeadline, TimeoutsPastWhatTheServerCanHoldAreFarOffNotPast) {
+  ParkService park;
+  auto built =
+      ServerBuilder().AddListeningPort("tcp://127.0.0.1:0").RegisterService(&park).BuildAndStart();
+  ASSERT_TRUE(built.ok()) << built.status();
+  const std::string& address = (*built)->addresses()[0];
+  RawClient raw(std::stoi(address.substr(address.rfind(':') + 1)));
+  uint64_t id = 0;
+  for (const uint64_t timeout_us : {~uint64_t{0}, uint64_t{1} << 63, uint64_t{1} << 62}) {
+    Header h = Request(++id, ParkService::kPark.id);
+    h.timeout_us = timeout_us;
+    raw.SendFrame(h, "", EchoBytes("parked"));
+  }
+  ASSERT_FALSE(raw.Readable(300)) << "a call with a timeout of centuries was answered at once";
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (park.handlers_started.load() < 3 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(park.handlers_started.load(), 3);
+  timespec before, after;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &before);
+  EXPECT_FALSE(raw.Readable(500)) << "a parked call was answered";
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
+  const absl::Duration cpu = absl::DurationFromTimespec(after) - absl::DurationFromTimespec(before);
+  EXPECT_LT(cpu, absl::Milliseconds(250)) << "the server spun for " << cpu << " in 500 ms";
+  EXPECT_EQ(park.cancels.load(), 0);
 }
 
 // Shutdown's GOAWAY and a request cross on the wire: the server cannot tell

@@ -48,6 +48,7 @@
 #ifndef RDMARPC_TRANSPORT_WIRE_FORMAT_H_
 #define RDMARPC_TRANSPORT_WIRE_FORMAT_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -57,6 +58,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace rdmarpc::transport {
 
@@ -109,6 +111,12 @@ struct Header {
   RemoteDescriptor remote;
 
   bool remote_payload() const { return flags & kFlagRemotePayload; }
+  // timeout_us as a duration. From 2^63 up (our clients never send that:
+  // absl saturates there) it reads as the longest absl::Microseconds holds,
+  // not as the negative time a plain conversion would make of it.
+  absl::Duration timeout() const {
+    return absl::Microseconds(static_cast<int64_t>(std::min<uint64_t>(timeout_us, INT64_MAX)));
+  }
 };
 
 // Writes exactly kHeaderSize bytes.

@@ -109,6 +109,17 @@ TEST(WireFormat, AttachmentMayFillThePayloadButNotExceedIt) {
       << back.status();
 }
 
+TEST(WireFormat, TimeoutsPastWhatADurationHoldsReadAsTheLongestNotNegative) {
+  Header h;
+  h.timeout_us = 1500000;
+  EXPECT_EQ(h.timeout(), absl::Milliseconds(1500));
+  const absl::Duration longest = absl::Microseconds(INT64_MAX);
+  for (const uint64_t far : {uint64_t{INT64_MAX}, uint64_t{1} << 63, ~uint64_t{0}}) {
+    h.timeout_us = far;
+    EXPECT_EQ(h.timeout(), longest) << far;
+  }
+}
+
 TEST(WireFormat, RemoteDescriptorRequiresFlag) {
   Header h = Sample();
   h.flags = 0;

@@ -1,5 +1,7 @@
 #include "rpc/internal/timer_queue.h"
 
+#include <time.h>
+
 #include <atomic>
 
 #include "absl/synchronization/notification.h"
@@ -8,6 +10,12 @@
 
 namespace rdmarpc::internal {
 namespace {
+
+absl::Duration ProcessCpuTime() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return absl::DurationFromTimespec(t);
+}
 
 // CancelAll drops an owner's timers, leaves other owners' alone, and returns
 // only once a callback of the owner that was already running has returned.
@@ -35,6 +43,24 @@ TEST(TimerQueue, CancelAllWaitsForTheOwnersRunningCallbackAndSparesOthers) {
   EXPECT_TRUE(other_fired.WaitForNotificationWithTimeout(absl::Seconds(10)));
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(dropped_fired, 0) << "a cancelled timer fired";
+}
+
+// A timer centuries out (a deadline meant as "never", a peer's timeout_us)
+// leaves the timer thread asleep, and one due meanwhile still fires on time.
+TEST(TimerQueue, ATimerCenturiesOutLeavesTheThreadAsleep) {
+  TimerQueue timers;
+  std::atomic<bool> far_fired{false};
+  timers.Schedule(absl::Now() + absl::Hours(24 * 365 * 300), [&] { far_fired = true; });
+  absl::SleepFor(absl::Milliseconds(50));  // the thread is waiting by now
+  const absl::Duration cpu_before = ProcessCpuTime();
+  absl::Notification near_fired;
+  const absl::Time near = absl::Now() + absl::Milliseconds(400);
+  timers.Schedule(near, [&] { near_fired.Notify(); });
+  ASSERT_TRUE(near_fired.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_GE(absl::Now(), near);
+  const absl::Duration cpu = ProcessCpuTime() - cpu_before;
+  EXPECT_LT(cpu, absl::Milliseconds(150)) << "the timer thread spun for " << cpu;
+  EXPECT_FALSE(far_fired);
 }
 
 }  // namespace

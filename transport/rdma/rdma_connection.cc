@@ -371,7 +371,7 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
       adv->release_by = absl::Now() + release_timeout_;
     } else if (p.header.kind == MessageKind::kRequest && p.header.timeout_us > 0 &&
                adv->mw != nullptr) {
-      adv->release_by = absl::Now() + absl::Microseconds(p.header.timeout_us) + release_timeout_;
+      adv->release_by = absl::Now() + p.header.timeout() + release_timeout_;
     }
     next_release_due_ = std::min(next_release_due_, adv->release_by);
   }
@@ -752,7 +752,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       }
       last_remote_ = {h.remote.addr, h.remote.rkey};
       if (h.kind == MessageKind::kRequest && h.timeout_us) {
-        op.expiry = absl::Now() + absl::Microseconds(h.timeout_us);
+        op.expiry = absl::Now() + h.timeout();
         if (peer_release_ms > 0) {
           op.give_up = op.expiry + absl::Milliseconds(peer_release_ms) * 2;
           next_give_up_ = std::min(next_give_up_, op.give_up);
