@@ -277,17 +277,31 @@ TEST_F(BadInputTest, ManyHostileClientsWhileAGoodOneWorks) {
   ExpectGoodClientServed();
 }
 
+// A server of parked calls, spoken to over raw TCP.
+class ServerDeadline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto built = ServerBuilder()
+                     .AddListeningPort("tcp://127.0.0.1:0")
+                     .RegisterService(&park)
+                     .BuildAndStart();
+    ASSERT_TRUE(built.ok()) << built.status();
+    server_ = std::move(*built);
+    const std::string& address = server_->addresses()[0];
+    port_ = std::stoi(address.substr(address.rfind(':') + 1));
+  }
+
+  ParkService park;
+  std::unique_ptr<Server> server_;
+  int port_ = 0;
+};
+
 // A client that never cancels (one that hangs, or a peer that does not
 // implement cancels) still has its parked call cancelled at the deadline it
 // sent: the server's own timer runs the OnCancel callback, the handler
 // finishes, and the answer is DEADLINE_EXCEEDED.
-TEST(ServerDeadline, ParkedCallsOfAClientThatNeverCancelsEndAtTheirDeadline) {
-  ParkService park;
-  auto built =
-      ServerBuilder().AddListeningPort("tcp://127.0.0.1:0").RegisterService(&park).BuildAndStart();
-  ASSERT_TRUE(built.ok()) << built.status();
-  const std::string& address = (*built)->addresses()[0];
-  RawClient raw(std::stoi(address.substr(address.rfind(':') + 1)));
+TEST_F(ServerDeadline, ParkedCallsOfAClientThatNeverCancelsEndAtTheirDeadline) {
+  RawClient raw(port_);
   const absl::Time sent = absl::Now();
   Header h = Request(9, ParkService::kPark.id);
   h.timeout_us = 300000;
@@ -301,23 +315,18 @@ TEST(ServerDeadline, ParkedCallsOfAClientThatNeverCancelsEndAtTheirDeadline) {
   EXPECT_GE(took, absl::Milliseconds(300));
   // Released just after its answer went out.
   const absl::Time until = absl::Now() + absl::Seconds(20);
-  while ((*built)->stats().calls_in_flight > 0 && absl::Now() < until) {
+  while (server_->stats().calls_in_flight > 0 && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  EXPECT_EQ((*built)->stats().calls_in_flight, 0u);
+  EXPECT_EQ(server_->stats().calls_in_flight, 0u);
 }
 
 // timeout_us is a u64, and no deadline the server can hold is that long: from
 // 2^63 microseconds up it reads as the longest one it can, not as one long
 // past. Nor may a timeout centuries out keep the server's timer thread
 // spinning while the call waits.
-TEST(ServerDeadline, TimeoutsPastWhatTheServerCanHoldAreFarOffNotPast) {
-  ParkService park;
-  auto built =
-      ServerBuilder().AddListeningPort("tcp://127.0.0.1:0").RegisterService(&park).BuildAndStart();
-  ASSERT_TRUE(built.ok()) << built.status();
-  const std::string& address = (*built)->addresses()[0];
-  RawClient raw(std::stoi(address.substr(address.rfind(':') + 1)));
+TEST_F(ServerDeadline, TimeoutsPastWhatTheServerCanHoldAreFarOffNotPast) {
+  RawClient raw(port_);
   uint64_t id = 0;
   for (const uint64_t timeout_us : {~uint64_t{0}, uint64_t{1} << 63, uint64_t{1} << 62}) {
     Header h = Request(++id, ParkService::kPark.id);
