@@ -570,10 +570,10 @@ void Server::Shutdown(absl::Duration grace) {
       }
       return true;
     };
+    // Not wait_for: it overflows for a grace of centuries (one meant as
+    // "until the calls end") and times out at once, cancelling them.
     const auto wait_until = [&](absl::Time t, const auto& done) {
-      if (t == absl::InfiniteFuture()) return cv_.wait(lock, done);
-      cv_.wait_for(lock, absl::ToChronoNanoseconds(std::max(t - absl::Now(), absl::ZeroDuration())),
-                   done);
+      cv_.wait_until(lock, absl::ToChronoTime(t), done);
     };
     const absl::Time until = start + grace;
     wait_until(std::min(until, start + kGoAwayAckWait),

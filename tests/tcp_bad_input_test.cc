@@ -3,6 +3,8 @@
 // everyone else.
 #include <time.h>
 
+#include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -346,6 +348,32 @@ TEST_F(ServerDeadline, TimeoutsPastWhatTheServerCanHoldAreFarOffNotPast) {
   const absl::Duration cpu = absl::DurationFromTimespec(after) - absl::DurationFromTimespec(before);
   EXPECT_LT(cpu, absl::Milliseconds(250)) << "the server spun for " << cpu << " in 500 ms";
   EXPECT_EQ(park.cancels.load(), 0);
+}
+
+// A grace of centuries (meant as "until the calls end") waits, asleep, for
+// the calls, and ends when they do.
+TEST_F(ServerDeadline, AShutdownGraceOfCenturiesWaitsAsleepForTheCalls) {
+  auto raw = std::make_unique<RawClient>(port_);
+  raw->SendFrame(Request(1, ParkService::kPark.id), "", EchoBytes("parked"));
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (park.handlers_started.load() < 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(park.handlers_started.load(), 1);
+  auto shut =
+      std::async(std::launch::async, [this] { server_->Shutdown(absl::Hours(24 * 365 * 300)); });
+  // Past the first second, which waits for acknowledgments of the GOAWAY.
+  absl::SleepFor(absl::Milliseconds(1200));
+  timespec before, after;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &before);
+  EXPECT_EQ(shut.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout)
+      << "Shutdown returned with a call parked";
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
+  const absl::Duration cpu = absl::DurationFromTimespec(after) - absl::DurationFromTimespec(before);
+  EXPECT_LT(cpu, absl::Milliseconds(250)) << "Shutdown spun for " << cpu << " in 500 ms";
+  EXPECT_EQ(park.cancels.load(), 0) << "the grace ended at once";
+  raw.reset();  // the call is cancelled with its connection, and ends
+  EXPECT_EQ(shut.wait_for(std::chrono::seconds(20)), std::future_status::ready);
 }
 
 // Shutdown's GOAWAY and a request cross on the wire: the server cannot tell
