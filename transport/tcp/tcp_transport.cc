@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -523,7 +524,10 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) return fail("timed out");
       pollfd p[2] = {{fd, POLLOUT, 0}, {stop_fd_, POLLIN, 0}};
-      const int rc = poll(p, 2, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      // Clamped: no deadline (InfiniteFuture) would make the cast's -1,
+      // +1, a poll that never waits.
+      const int64_t left_ms = std::min<int64_t>(absl::ToInt64Milliseconds(left), INT_MAX - 1);
+      const int rc = poll(p, 2, static_cast<int>(left_ms) + 1);
       if (rc < 0 && errno == EINTR) continue;
       if (rc < 0) return fail(ErrnoText(errno));
       if (p[1].revents != 0) return fail("transport shutting down");

@@ -1,14 +1,18 @@
 // TcpTransport against a raw socket peer: what a peer that stops reading can
-// make a sender hold, and closing a connection from our side.
+// make a sender hold, closing a connection from our side, and a connect that
+// waits on a peer that does not answer.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -166,6 +170,41 @@ TEST(TcpTransport, CloseEndsTheConnectionOnceAndRefusesLaterSends) {
   const absl::Status late = (*conn)->Send(std::move(m));
   EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
   EXPECT_NE(late.message().find("is closed"), absl::string_view::npos) << late;
+}
+
+// A connect with no deadline to a peer whose SYNs go unanswered (here: its
+// accept queue is full) waits asleep until the transport shuts down.
+TEST(TcpTransport, AConnectWithNoDeadlineWaitsAsleep) {
+  const int listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  ASSERT_EQ(listen(listen_fd, 0), 0) << strerror(errno);
+  socklen_t len = sizeof a;
+  getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int filler = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(filler, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+
+  NoObserver observer;
+  TcpTransport client(TransportOptions{});
+  auto connecting = std::async(std::launch::async, [&] {
+    return client.Connect(*ParseAddress(absl::StrCat("tcp://127.0.0.1:", ntohs(a.sin_port))),
+                          &observer, absl::InfiniteFuture());
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  timespec before, after;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &before);
+  ASSERT_EQ(connecting.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout)
+      << "the connect ended though its SYN cannot be answered";
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
+  const absl::Duration cpu = absl::DurationFromTimespec(after) - absl::DurationFromTimespec(before);
+  EXPECT_LT(cpu, absl::Milliseconds(250)) << "the connect spun for " << cpu << " in 500 ms";
+  client.Shutdown();
+  ASSERT_EQ(connecting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_FALSE(connecting.get().ok());
+  close(filler);
+  close(listen_fd);
 }
 
 }  // namespace
