@@ -24,7 +24,8 @@
 //  24  u32 payload_len  attachment + serialized message (or error text), at
 //                       most kMaxPayloadBytes
 //  28  u32 credits      receive slots the sender has freed (RDMA flow control)
-//  32  u64 timeout_us   time left to the call's deadline when sent; 0 = none
+//  32  u64 timeout_us   time left to the call's deadline when sent; 0 = none;
+//                       2^63 and up read as 2^63 - 1 (Header::timeout)
 //  40  u64 remote.addr  } where the payload can be READ, valid with
 //  48  u32 remote.rkey  } kFlagRemotePayload; length is payload_len (> 0)
 //  52  u32 attachment_len  the payload's first bytes that are the attachment,
