@@ -1,14 +1,13 @@
 // Hostile and broken clients over raw TCP: the server answers or drops the bad
 // call (or closes that one connection when framing is lost) and keeps serving
 // everyone else.
-#include <time.h>
-
 #include <future>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/cpu_time.h"
 #include "gtest/gtest.h"
 #include "tests/echo_service.h"
 #include "tests/raw_connection.h"
@@ -341,11 +340,9 @@ TEST_F(ServerDeadline, TimeoutsPastWhatTheServerCanHoldAreFarOffNotPast) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   ASSERT_EQ(park.handlers_started.load(), 3);
-  timespec before, after;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &before);
+  const absl::Duration cpu_before = ProcessCpuTime();
   EXPECT_FALSE(raw.Readable(500)) << "a parked call was answered";
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
-  const absl::Duration cpu = absl::DurationFromTimespec(after) - absl::DurationFromTimespec(before);
+  const absl::Duration cpu = ProcessCpuTime() - cpu_before;
   EXPECT_LT(cpu, absl::Milliseconds(250)) << "the server spun for " << cpu << " in 500 ms";
   EXPECT_EQ(park.cancels.load(), 0);
 }
@@ -364,12 +361,10 @@ TEST_F(ServerDeadline, AShutdownGraceOfCenturiesWaitsAsleepForTheCalls) {
       std::async(std::launch::async, [this] { server_->Shutdown(absl::Hours(24 * 365 * 300)); });
   // Past the first second, which waits for acknowledgments of the GOAWAY.
   absl::SleepFor(absl::Milliseconds(1200));
-  timespec before, after;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &before);
+  const absl::Duration cpu_before = ProcessCpuTime();
   EXPECT_EQ(shut.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout)
       << "Shutdown returned with a call parked";
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
-  const absl::Duration cpu = absl::DurationFromTimespec(after) - absl::DurationFromTimespec(before);
+  const absl::Duration cpu = ProcessCpuTime() - cpu_before;
   EXPECT_LT(cpu, absl::Milliseconds(250)) << "Shutdown spun for " << cpu << " in 500 ms";
   EXPECT_EQ(park.cancels.load(), 0) << "the grace ended at once";
   raw.reset();  // the call is cancelled with its connection, and ends

@@ -1,21 +1,14 @@
 #include "rpc/internal/timer_queue.h"
 
-#include <time.h>
-
 #include <atomic>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/cpu_time.h"
 #include "gtest/gtest.h"
 
 namespace rdmarpc::internal {
 namespace {
-
-absl::Duration ProcessCpuTime() {
-  timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return absl::DurationFromTimespec(t);
-}
 
 // CancelAll drops an owner's timers, leaves other owners' alone, and returns
 // only once a callback of the owner that was already running has returned.

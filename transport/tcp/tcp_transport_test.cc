@@ -7,7 +7,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/cpu_time.h"
 #include "gtest/gtest.h"
 #include "transport/wire_format.h"
 
@@ -53,10 +53,11 @@ class NoObserver : public ConnectionObserver {
 };
 
 // A listening socket on loopback with a small receive buffer, so that a peer
-// that does not read fills it quickly.
+// that does not read fills it quickly. With a backlog of 0 and one connection
+// waiting to be accepted, the SYNs of further ones go unanswered.
 class SilentPeer {
  public:
-  SilentPeer() {
+  explicit SilentPeer(int backlog = 1) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     const int small = 64 << 10;
     setsockopt(listen_fd_, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);  // accepted ones inherit
@@ -64,16 +65,24 @@ class SilentPeer {
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    EXPECT_EQ(listen(listen_fd_, 1), 0) << strerror(errno);
+    EXPECT_EQ(listen(listen_fd_, backlog), 0) << strerror(errno);
     socklen_t len = sizeof a;
     getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
     port_ = ntohs(a.sin_port);
+    sockaddr_ = a;
   }
   ~SilentPeer() {
     if (fd_ >= 0) close(fd_);
+    if (filler_fd_ >= 0) close(filler_fd_);
     close(listen_fd_);
   }
   Address address() const { return *ParseAddress(absl::StrCat("tcp://127.0.0.1:", port_)); }
+  // Connects a plain socket, never accepted; closed with the peer.
+  void FillAcceptQueue() {
+    filler_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_EQ(connect(filler_fd_, reinterpret_cast<sockaddr*>(&sockaddr_), sizeof sockaddr_), 0)
+        << strerror(errno);
+  }
   bool Accept() {
     pollfd p{listen_fd_, POLLIN, 0};
     if (poll(&p, 1, 10000) <= 0) return false;
@@ -103,7 +112,9 @@ class SilentPeer {
  private:
   int listen_fd_ = -1;
   int fd_ = -1;
+  int filler_fd_ = -1;
   int port_ = 0;
+  sockaddr_in sockaddr_{};
 };
 
 // A peer that stops reading pins at most TcpOptions::max_queued_send_bytes of the
@@ -175,36 +186,22 @@ TEST(TcpTransport, CloseEndsTheConnectionOnceAndRefusesLaterSends) {
 // A connect with no deadline to a peer whose SYNs go unanswered (here: its
 // accept queue is full) waits asleep until the transport shuts down.
 TEST(TcpTransport, AConnectWithNoDeadlineWaitsAsleep) {
-  const int listen_fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-  ASSERT_EQ(listen(listen_fd, 0), 0) << strerror(errno);
-  socklen_t len = sizeof a;
-  getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int filler = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_EQ(connect(filler, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-
+  SilentPeer peer(/*backlog=*/0);
+  peer.FillAcceptQueue();
   NoObserver observer;
   TcpTransport client(TransportOptions{});
   auto connecting = std::async(std::launch::async, [&] {
-    return client.Connect(*ParseAddress(absl::StrCat("tcp://127.0.0.1:", ntohs(a.sin_port))),
-                          &observer, absl::InfiniteFuture());
+    return client.Connect(peer.address(), &observer, absl::InfiniteFuture());
   });
   absl::SleepFor(absl::Milliseconds(100));
-  timespec before, after;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &before);
+  const absl::Duration cpu_before = ProcessCpuTime();
   ASSERT_EQ(connecting.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout)
       << "the connect ended though its SYN cannot be answered";
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &after);
-  const absl::Duration cpu = absl::DurationFromTimespec(after) - absl::DurationFromTimespec(before);
+  const absl::Duration cpu = ProcessCpuTime() - cpu_before;
   EXPECT_LT(cpu, absl::Milliseconds(250)) << "the connect spun for " << cpu << " in 500 ms";
   client.Shutdown();
   ASSERT_EQ(connecting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(connecting.get().ok());
-  close(filler);
-  close(listen_fd);
 }
 
 }  // namespace
