@@ -524,8 +524,8 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
       const absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) return fail("timed out");
       pollfd p[2] = {{fd, POLLOUT, 0}, {stop_fd_, POLLIN, 0}};
-      // Clamped: no deadline (InfiniteFuture) would make the cast's -1,
-      // +1, a poll that never waits.
+      // Clamped: with no deadline (InfiniteFuture) the cast made -1 of it,
+      // and -1 + 1 is a poll that never waits.
       const int64_t left_ms = std::min<int64_t>(absl::ToInt64Milliseconds(left), INT_MAX - 1);
       const int rc = poll(p, 2, static_cast<int>(left_ms) + 1);
       if (rc < 0 && errno == EINTR) continue;
