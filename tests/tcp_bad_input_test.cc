@@ -1,6 +1,7 @@
 // Hostile and broken clients over raw TCP: the server answers or drops the bad
 // call (or closes that one connection when framing is lost) and keeps serving
 // everyone else.
+#include <chrono>
 #include <future>
 #include <memory>
 #include <string>
