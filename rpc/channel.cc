@@ -553,14 +553,11 @@ void Channel::StopConnector(bool shut_transport_down) {
 }
 
 StatusOr<Attachment> Channel::AllocateAttachment(size_t size, size_t message_room) {
-  if (size > options_.max_message_size) {
-    return Status(StatusCode::kResourceExhausted,
-                  absl::StrCat("attachment of ", size, " bytes exceeds max_message_size ",
-                               options_.max_message_size));
-  }
+  auto bytes = internal::AttachmentMemorySize(size, message_room, options_.max_message_size);
+  if (!bytes.ok()) return bytes.status();
   auto conn = EnsureConnected();
   if (!conn.ok()) return conn.status();
-  auto memory = (*conn)->AllocatePayload(size + message_room);
+  auto memory = (*conn)->AllocatePayload(*bytes);
   if (!memory.ok()) return memory.status();
   return Attachment(std::move(*memory), size);
 }

@@ -48,7 +48,7 @@ class ServerCallImpl : public ServerCall {
         conn_(conn),
         method_(method),
         msg_(std::move(msg)),
-        ctx_(method->full_name, conn, deadline, std::move(client_md),
+        ctx_(method->full_name, conn, server->max_message_size_, deadline, std::move(client_md),
              absl::string_view(msg_.payload.data(), msg_.header.attachment_len)) {
     ctx_.SetDeadlineWatch(&ServerCallImpl::WatchDeadline, this);
     if (!server->interceptors_.empty()) intercepted_ = std::make_unique<Intercepted>();

@@ -2,7 +2,18 @@
 
 #include <utility>
 
+#include "rpc/internal/payload.h"
+
 namespace rdmarpc {
+
+absl::StatusOr<Attachment> ServerContext::AllocateResponseAttachment(size_t size,
+                                                                     size_t message_room) {
+  auto bytes = internal::AttachmentMemorySize(size, message_room, max_message_size_);
+  if (!bytes.ok()) return bytes.status();
+  auto memory = conn_.AllocatePayload(*bytes);
+  if (!memory.ok()) return memory.status();
+  return Attachment(std::move(*memory), size);
+}
 
 void ServerContext::OnCancel(absl::AnyInvocable<void() &&> on_cancel) {
   bool run_now = false;

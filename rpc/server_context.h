@@ -48,12 +48,13 @@ class ServerContext {
   // runtime passes the method table's name and the connection's address,
   // both of which outlive the call (a copy of each was a heap allocation per
   // call). `conn` and the bytes `request_attachment` views outlive the call
-  // too.
-  ServerContext(const std::string& method, transport::Connection& conn, absl::Time deadline,
-                Metadata client_md, absl::string_view request_attachment)
+  // too. `max_message_size` is the server's.
+  ServerContext(const std::string& method, transport::Connection& conn, size_t max_message_size,
+                absl::Time deadline, Metadata client_md, absl::string_view request_attachment)
       : method_(method),
         peer_(conn.peer()),
         conn_(conn),
+        max_message_size_(max_message_size),
         deadline_(deadline),
         client_metadata_(std::move(client_md)),
         request_attachment_(request_attachment) {}
@@ -88,14 +89,10 @@ class ServerContext {
 
   // Memory for a response attachment that the transport sends as it is
   // (registered memory over RDMA), with room after it for a response message
-  // of up to `message_room` bytes. RESOURCE_EXHAUSTED when the transport's
-  // memory bound is reached.
+  // of up to `message_room` bytes. RESOURCE_EXHAUSTED beyond the server's
+  // max_message_size or the transport's memory bound.
   absl::StatusOr<Attachment> AllocateResponseAttachment(
-      size_t size, size_t message_room = kDefaultAttachmentMessageRoom) {
-    auto memory = conn_.AllocatePayload(size + message_room);
-    if (!memory.ok()) return memory.status();
-    return Attachment(std::move(*memory), size);
-  }
+      size_t size, size_t message_room = kDefaultAttachmentMessageRoom);
   // Sent after the response message when the handler succeeds; dropped with
   // an error. Set before the handler is done.
   void set_response_attachment(Attachment attachment) {
@@ -154,6 +151,7 @@ class ServerContext {
   const std::string& method_;
   const std::string& peer_;
   transport::Connection& conn_;
+  const size_t max_message_size_;
   const absl::Time deadline_;
   const Metadata client_metadata_;
   const absl::string_view request_attachment_;

@@ -810,6 +810,33 @@ TEST_P(RpcSuite, AttachmentsCountAgainstMaxMessageSize) {
     EXPECT_NE(s.message().find("attachment of 81920 bytes"), absl::string_view::npos) << s;
     EXPECT_TRUE(ctx.response_attachment().empty());
   }
+  {  // One no memory could hold: refused by the bound, not tried (a failed
+     // allocation there would end the server).
+    ClientContext ctx;
+    EchoRequest req;
+    req.set_response_attachment_size(int64_t{1} << 62);
+    Status s = big->Call(kEcho, &ctx, req, &resp);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("attachment of 4611686018427387904 bytes exceeds "
+                               "max_message_size 65536"),
+              absl::string_view::npos)
+        << s;
+  }
+  {  // The room asked for after an attachment is what a frame leaves: a
+     // room near SIZE_MAX no longer wraps to a block shorter than the
+     // attachment.
+    auto att = ch->AllocateAttachment(100, SIZE_MAX);
+    ASSERT_TRUE(att.ok()) << att.status();
+    ASSERT_EQ(att->size(), 100u);
+    FillAttachment(att->data(), 100);
+    const uint64_t checksum = AttachmentChecksum(att->view());
+    ClientContext ctx;
+    ctx.set_request_attachment(std::move(*att));
+    Status s = ch->Call(kEcho, &ctx, Req("after a room of SIZE_MAX"), &resp);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.attachment_size(), 100);
+    EXPECT_EQ(resp.attachment_checksum(), checksum);
+  }
   {  // One too big for the channel to accept.
     ClientContext ctx;
     EchoRequest req;

@@ -37,7 +37,8 @@ class FakeCall : public ServerCall {
  public:
   explicit FakeCall(const EchoRequest& req)
       : request_(req.SerializeAsString()),
-        ctx_(method_, conn_, absl::InfiniteFuture(), Metadata(), absl::string_view()) {}
+        ctx_(method_, conn_, /*max_message_size=*/64u << 20, absl::InfiniteFuture(), Metadata(),
+             absl::string_view()) {}
   ServerContext* context() override { return &ctx_; }
   absl::string_view request() const override { return request_; }
   void Finish(const Status& status, const google::protobuf::MessageLite* response) override {

@@ -1,8 +1,11 @@
 #include "rpc/internal/payload.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace rdmarpc::internal {
 namespace {
@@ -49,6 +52,15 @@ absl::Status SendPayload(transport::Connection& conn, transport::OutboundMessage
 }
 
 }  // namespace
+
+absl::StatusOr<size_t> AttachmentMemorySize(size_t size, size_t message_room,
+                                            size_t max_message_size) {
+  if (size > max_message_size) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("attachment of ", size, " bytes exceeds max_message_size ", max_message_size));
+  }
+  return size + std::min(message_room, max_message_size - size);
+}
 
 absl::StatusOr<transport::Buffer> BuildPayload(transport::Connection& conn, Attachment attachment,
                                                const google::protobuf::MessageLite& message,

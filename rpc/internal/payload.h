@@ -22,6 +22,15 @@ absl::StatusOr<transport::Buffer> BuildPayload(transport::Connection& conn, Atta
                                                const google::protobuf::MessageLite& message,
                                                size_t message_size);
 
+// The memory to ask the transport for to hold an attachment of `size` bytes
+// with room after it for a message of up to `message_room` bytes.
+// Attachment and message travel in one frame of at most `max_message_size`
+// bytes, so the room is cut to what that leaves: the sum can neither wrap
+// nor ask for more than a frame holds. RESOURCE_EXHAUSTED, naming
+// `max_message_size`, for an attachment larger than a frame.
+absl::StatusOr<size_t> AttachmentMemorySize(size_t size, size_t message_room,
+                                            size_t max_message_size);
+
 // Sends `msg` with that payload and its header's attachment_len set. With no
 // attachment the message is serialized by Connection::SendWith, straight into
 // the frame where the transport can (a small RDMA SEND); with one, the

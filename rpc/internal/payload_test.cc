@@ -4,6 +4,7 @@
 // layout, with the header's attachment_len, by either path.
 #include "rpc/internal/payload.h"
 
+#include <cstdint>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -51,6 +52,22 @@ void ExpectLayout(const transport::Buffer& payload, absl::string_view attachment
                                   static_cast<int>(payload.size() - attachment.size())));
   EXPECT_EQ(back.data(), message.data());
   EXPECT_EQ(back.tag(), message.tag());
+}
+
+TEST(AttachmentMemorySize, TheRoomIsCutToWhatAFrameLeaves) {
+  EXPECT_EQ(*AttachmentMemorySize(100, 1024, 1 << 20), 1124u);
+  EXPECT_EQ(*AttachmentMemorySize(100, 1024, 1000), 1000u);
+  EXPECT_EQ(*AttachmentMemorySize(1000, 1024, 1000), 1000u);
+  // A room near SIZE_MAX would wrap the sum to fewer bytes than the
+  // attachment itself.
+  EXPECT_EQ(*AttachmentMemorySize(100, SIZE_MAX, 1 << 20), size_t{1} << 20);
+  EXPECT_EQ(*AttachmentMemorySize(SIZE_MAX, SIZE_MAX, SIZE_MAX), SIZE_MAX);
+}
+
+TEST(AttachmentMemorySize, AnAttachmentLargerThanAFrameIsRefused) {
+  auto refused = AttachmentMemorySize(1001, 0, 1000);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(), "attachment of 1001 bytes exceeds max_message_size 1000");
 }
 
 TEST(BuildPayload, WritesTheMessageAfterTheAttachmentInPlace) {
