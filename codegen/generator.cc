@@ -333,11 +333,12 @@ bool RdmarpcGenerator::Generate(const FileDescriptor* file, const std::string& p
     const ServiceDescriptor* sd = file->service(i);
     ServiceNames s;
     s.service = sd;
-    // The outer class may not share a name with its nested classes, nor with
-    // a class protobuf puts in the same namespace.
+    // The outer class may not share a name with its own members, nor with a
+    // class protobuf puts in the same namespace.
+    static const auto* members =
+        new std::set<std::string>{"Stub", "Service", "Methods", "NewStub", "kServiceName"};
     s.cls = Escape(sd->name());
-    while (s.cls == "Stub" || s.cls == "Service" || s.cls == "Methods" || class_names.count(s.cls))
-      s.cls += "_";
+    while (members->count(s.cls) || class_names.count(s.cls)) s.cls += "_";
     class_names.insert(s.cls);
     s.qualified = absl::StrCat(ns, "::", s.cls);
     Scope constants({});

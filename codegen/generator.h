@@ -15,7 +15,8 @@
 //
 // Naming: a name that is a C++ keyword gets a trailing '_' (as protobuf does
 // for fields); a generated member name that would collide with another in the
-// same class (rpc `Foo` and `AsyncFoo`, or an rpc called `Stub`) gets
+// same class (rpc `Foo` and `AsyncFoo`, an rpc called `Stub`, a service
+// called `NewStub`, or one named as a message of its package) gets
 // trailing '_'s until it is unique, blocking names first, so the common case
 // keeps the plain names. The generated header lists each rpc's names.
 //

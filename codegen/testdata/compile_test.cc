@@ -55,6 +55,9 @@ TEST(Generated, CollidingAndKeywordNamesAreRenamedPredictably) {
   EXPECT_TRUE((std::is_member_function_pointer_v<decltype(&KwStub::channel__)>));
   // Same C++ name as the message Foo.Bar.
   EXPECT_STREQ(names::Foo_Bar_::kServiceName, "rdmarpc.codegen_test.names.Foo_Bar");
+  // Same names as the outer class's members NewStub and kServiceName.
+  EXPECT_STREQ(names::NewStub_::kServiceName, "rdmarpc.codegen_test.names.NewStub");
+  EXPECT_STREQ(names::kServiceName_::kServiceName, "rdmarpc.codegen_test.names.kServiceName");
   names::class_::Service kw;
   EXPECT_EQ(kw.methods().size(), 11u);
 }
