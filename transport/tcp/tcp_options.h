@@ -21,9 +21,10 @@ struct TcpOptions {
   // peer_timeout_ms, same defaults). A peer whose machine or link dies sends
   // no FIN or RST, and the kernel's defaults notice only after hours. So a
   // connection idle for keepalive_ms sends keepalive probes (SO_KEEPALIVE,
-  // TCP_KEEPIDLE; whole seconds, at least 1), and one whose data or probes
-  // stay unacknowledged for peer_timeout_ms ends UNAVAILABLE
-  // (TCP_USER_TIMEOUT), with every call on it. 0: the kernel's.
+  // TCP_KEEPIDLE; whole seconds, 1 to 32767), and one whose data or probes
+  // stay unacknowledged for peer_timeout_ms (at most INT_MAX, ~24.8 days)
+  // ends UNAVAILABLE (TCP_USER_TIMEOUT), with every call on it. Longer
+  // values are cut to those limits of Linux's. 0: the kernel's.
   uint32_t keepalive_ms = 1000;
   uint32_t peer_timeout_ms = 2000;
   // Bytes one connection may hold queued for a peer that does not read

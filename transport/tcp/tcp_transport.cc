@@ -30,20 +30,28 @@ constexpr size_t kReadChunk = 64 * 1024;
 
 std::string ErrnoText(int err) { return strerror(err); }
 
+// The longest TCP_KEEPIDLE (seconds) and TCP_USER_TIMEOUT (milliseconds)
+// Linux takes. It refuses longer ones, and a refused option leaves the
+// kernel's default (2 hours idle; ~15 minutes of retransmissions), far from
+// what was asked: so longer ones are cut to these.
+constexpr uint32_t kLongestKeepaliveIdleS = 32767;
+constexpr uint32_t kLongestUserTimeoutMs = INT_MAX;
+
 // Options every connected socket gets: no Nagle delay (frames are whole
 // messages), and TcpOptions' keepalive and peer timeout.
 void ConfigureConnectedSocket(int fd, const TcpOptions& options) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (options.keepalive_ms > 0) {
-    const int idle_s = std::max<int>(1, options.keepalive_ms / 1000);
+    const int idle_s = static_cast<int>(
+        std::clamp<uint32_t>(options.keepalive_ms / 1000, 1, kLongestKeepaliveIdleS));
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof one);
   }
   if (options.peer_timeout_ms > 0) {
     // Also bounds the keepalive probes, in place of TCP_KEEPCNT.
-    const unsigned int ms = options.peer_timeout_ms;
+    const unsigned int ms = std::min(options.peer_timeout_ms, kLongestUserTimeoutMs);
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
   }
 }

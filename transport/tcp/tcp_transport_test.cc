@@ -1,10 +1,13 @@
 // TcpTransport against a raw socket peer: what a peer that stops reading can
 // make a sender hold, closing a connection from our side, and a connect that
-// waits on a peer that does not answer.
+// waits on a peer that does not answer; the keepalive and peer timeout the
+// connection's socket gets.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -77,6 +80,7 @@ class SilentPeer {
     close(listen_fd_);
   }
   Address address() const { return *ParseAddress(absl::StrCat("tcp://127.0.0.1:", port_)); }
+  int port() const { return port_; }
   // Connects a plain socket, never accepted; closed with the peer.
   void FillAcceptQueue() {
     filler_fd_ = socket(AF_INET, SOCK_STREAM, 0);
@@ -202,6 +206,61 @@ TEST(TcpTransport, AConnectWithNoDeadlineWaitsAsleep) {
   client.Shutdown();
   ASSERT_EQ(connecting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(connecting.get().ok());
+}
+
+// This process's socket connected to 127.0.0.1:`port`, or -1.
+int SocketConnectedTo(int port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    const int fd = atoi(e->d_name);
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    if (fd > 2 && getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 &&
+        a.sin_family == AF_INET && ntohs(a.sin_port) == port) {
+      found = fd;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+int IntOption(int fd, int level, int name) {
+  int value = -1;
+  socklen_t len = sizeof value;
+  EXPECT_EQ(getsockopt(fd, level, name, &value, &len), 0) << strerror(errno);
+  return value;
+}
+
+// TcpOptions reach the connection's socket; values past what Linux takes
+// are cut to its limits, not refused by it, which would leave the kernel's
+// defaults (2 hours idle; no user timeout).
+TEST(TcpTransport, KeepaliveAndPeerTimeoutReachTheSocketCutToLinuxLimits) {
+  struct Case {
+    uint32_t keepalive_ms, peer_timeout_ms;
+    int idle_s, user_timeout_ms;
+  };
+  for (const Case& c : {Case{1000, 2000, 1, 2000}, Case{1500, 7000, 1, 7000},
+                        Case{40'000'000, 3'000'000'000u, 32767, INT_MAX}}) {
+    SCOPED_TRACE(
+        absl::StrCat("keepalive_ms ", c.keepalive_ms, ", peer_timeout_ms ", c.peer_timeout_ms));
+    SilentPeer peer;
+    NoObserver observer;  // outlives the transport, which calls it
+    TransportOptions options;
+    options.name = "keepalive-client";
+    TcpOptions tcp;
+    tcp.keepalive_ms = c.keepalive_ms;
+    tcp.peer_timeout_ms = c.peer_timeout_ms;
+    TcpTransport client(options, tcp);
+    auto conn = client.Connect(peer.address(), &observer, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    const int fd = SocketConnectedTo(peer.port());
+    ASSERT_GE(fd, 0) << "no socket connected to port " << peer.port();
+    EXPECT_EQ(IntOption(fd, SOL_SOCKET, SO_KEEPALIVE), 1);
+    EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_KEEPIDLE), c.idle_s);
+    EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT), c.user_timeout_ms);
+  }
 }
 
 }  // namespace
