@@ -17,17 +17,28 @@
 //
 // A handler runs on a server worker thread and must call Finish (through
 // `done` above) exactly once, from any thread, now or later.
+//
+// A handler that throws, or that lets `done` go without calling it, does not
+// take the server down or leave its client waiting: the call ends UNKNOWN
+// (UnaryHandler), and the exception is logged on stderr, as gRPC's
+// synchronous server does. What it wrote into the response is not sent.
 #ifndef RDMARPC_RPC_SERVICE_H_
 #define RDMARPC_RPC_SERVICE_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "absl/base/config.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/internal/spare_pool.h"
@@ -73,10 +84,67 @@ class Service {
   std::vector<Method> methods_;
 };
 
+namespace internal {
+
+// The `done` UnaryHandler gives a handler: called, it finishes the call with
+// the handler's status and response; destroyed uncalled (the handler threw,
+// or dropped it), it finishes the call UNKNOWN, so that the client gets an
+// answer and the call and its messages are freed. `State` holds the
+// response until the call is finished.
+template <typename State>
+class FinishOnce {
+ public:
+  FinishOnce(ServerCall* call, State state) : call_(call), state_(std::move(state)) {}
+  FinishOnce(FinishOnce&& other) noexcept
+      : call_(std::exchange(other.call_, nullptr)), state_(std::move(other.state_)) {}
+  FinishOnce& operator=(FinishOnce&&) = delete;
+  ~FinishOnce() {
+    if (call_ == nullptr) return;
+    const std::string& method = call_->context()->method();
+    std::exchange(call_, nullptr)
+        ->Finish(Status(StatusCode::kUnknown,
+                        std::uncaught_exceptions() > 0
+                            ? absl::StrCat(method, ": the handler threw an exception")
+                            : absl::StrCat(method, ": the handler did not call done")),
+                 nullptr);
+  }
+
+  void operator()(Status status) {
+    std::exchange(call_, nullptr)->Finish(status, status.ok() ? &state_->response : nullptr);
+  }
+
+ private:
+  ServerCall* call_;
+  State state_;
+};
+
+// Runs `handler`; an exception out of it is logged, naming `method`, and
+// goes no further (FinishOnce has answered the call, unless the handler
+// passed `done` on before it threw).
+template <typename Handler>
+void RunHandler(const std::string& method, Handler&& handler) {
+#ifdef ABSL_HAVE_EXCEPTIONS
+  try {
+    handler();
+  } catch (const std::exception& e) {
+    fprintf(stderr, "rdmarpc: the handler of %s threw: %s\n", method.c_str(), e.what());
+  } catch (...) {
+    fprintf(stderr, "rdmarpc: the handler of %s threw something not a std::exception\n",
+            method.c_str());
+  }
+#else
+  (void)method;
+  handler();
+#endif
+}
+
+}  // namespace internal
+
 // Adapts a typed asynchronous handler
 //   void(ServerContext*, const Req*, Resp*, DoneCallback)
 // to a MethodHandler: parses the request (INVALID_ARGUMENT if it does not
-// parse), keeps Req and Resp alive until `done` runs, then finishes the call.
+// parse), keeps Req and Resp alive until `done` runs, then finishes the call
+// (UNKNOWN if the handler throws or drops `done` uncalled).
 //
 // The Req/Resp pair comes from a pool and goes back to it after `done` (the
 // response cleared; the next parse replaces the request), unless either
@@ -116,10 +184,15 @@ MethodHandler UnaryHandler(Fn fn) {
       return;
     }
     State* s = state.get();
-    fn(call->context(), &s->request, &s->response,
-       [call, state = std::move(state)](Status status) mutable {
-         call->Finish(status, status.ok() ? &state->response : nullptr);
-       });
+    ServerContext* ctx = call->context();
+    // The method table's name: it outlives the call, which may be gone once
+    // the handler returns or throws.
+    const std::string& method = ctx->method();
+    using Done = internal::FinishOnce<decltype(state)>;
+    // Kept in the DoneCallback itself, not in memory allocated for it.
+    static_assert(sizeof(Done) <= 2 * sizeof(void*) && std::is_nothrow_move_constructible_v<Done>);
+    internal::RunHandler(method,
+                         [&] { fn(ctx, &s->request, &s->response, Done(call, std::move(state))); });
   };
 }
 

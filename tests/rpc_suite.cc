@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -1198,6 +1199,63 @@ TEST_P(RpcSuite, GeneratedStubCallsGeneratedService) {
   ASSERT_TRUE(f3.ok()) << f3.status();
   EXPECT_EQ(f3->payload(), "generated");
   EXPECT_EQ(f3->server_calls(), 3u);
+}
+
+// A generated service that throws from its blocking handler for some
+// requests and drops `done` for others.
+class CarelessEcho : public examples::Echo::Service {
+ public:
+  Status Say(ServerContext*, const examples::EchoRequest* request,
+             examples::EchoResponse* response) override {
+    response->set_payload("half written");
+    if (request->payload() == "throw") throw std::out_of_range("no entry for 'throw'");
+    if (request->payload() == "throw 7") throw 7;
+    response->set_payload(request->payload());
+    return Status();
+  }
+  void SayAsync(ServerContext* ctx, const examples::EchoRequest* request,
+                examples::EchoResponse* response, DoneCallback done) override {
+    if (request->payload() == "drop") return;
+    examples::Echo::Service::SayAsync(ctx, request, response, std::move(done));
+  }
+};
+
+// A handler that throws, or drops `done`, ends its own call UNKNOWN at once;
+// the server lives on and serves the next call on the same connection, on
+// workers and inline on the I/O thread alike.
+TEST_P(RpcSuite, AHandlerThatThrowsOrDropsDoneEndsOnlyItsCall) {
+  for (int workers : {2, 0}) {
+    SCOPED_TRACE(absl::StrCat(workers, " workers"));
+    CarelessEcho service;
+    auto built = ServerBuilder()
+                     .AddListeningPort(GetParam().listen_addr())
+                     .RegisterService(&service)
+                     .SetWorkerThreads(workers)
+                     .BuildAndStart();
+    ASSERT_TRUE(built.ok()) << built.status();
+    auto stub = examples::Echo::NewStub(MakeChannel((*built)->addresses()[0]));
+    for (const std::string payload : {"throw", "throw 7", "drop"}) {
+      SCOPED_TRACE(payload);
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(30));
+      examples::EchoRequest req;
+      req.set_payload(payload);
+      examples::EchoResponse resp;
+      Status s = stub->Say(&ctx, req, &resp);
+      EXPECT_EQ(s.code(), StatusCode::kUnknown) << s;
+      EXPECT_EQ(s.message(), payload == "drop"
+                                 ? "/rdmarpc.examples.Echo/Say: the handler did not call done"
+                                 : "/rdmarpc.examples.Echo/Say: the handler threw an exception");
+      EXPECT_EQ(resp.payload(), "");
+    }
+    ClientContext ctx;
+    examples::EchoRequest req;
+    req.set_payload("fine");
+    examples::EchoResponse resp;
+    Status s = stub->Say(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.payload(), "fine");
+  }
 }
 
 using health::v1::HealthCheckRequest;

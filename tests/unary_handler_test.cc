@@ -1,7 +1,10 @@
 // UnaryHandler's pooled request/response pairs: a pair comes back with its
 // response cleared and its request replaced by the new parse, keeps the
 // capacity small calls gave it, and is not kept after a large call (so one
-// huge request does not pin its memory in the pool).
+// huge request does not pin its memory in the pool). A handler that throws
+// or drops `done` ends its call UNKNOWN, once.
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -42,10 +45,12 @@ class FakeCall : public ServerCall {
   ServerContext* context() override { return &ctx_; }
   absl::string_view request() const override { return request_; }
   void Finish(const Status& status, const google::protobuf::MessageLite* response) override {
+    ++finishes_;
     status_ = status;
     if (response != nullptr) response_ = response->SerializeAsString();
   }
 
+  int finishes_ = 0;
   Status status_{StatusCode::kUnknown, "not finished"};
   std::string response_;
 
@@ -134,6 +139,62 @@ TEST(UnaryHandler, UnparsableRequestIsInvalidArgumentAndThePairIsReusable) {
   handler(&good_call);
   EXPECT_TRUE(good_call.status_.ok()) << good_call.status_;
   EXPECT_EQ(handled, 1);
+}
+
+TEST(UnaryHandler, AHandlerThatThrowsEndsItsCallUnknownOnceAndTheThrowGoesNoFurther) {
+  for (int what : {0, 1}) {
+    SCOPED_TRACE(what == 0 ? "a std::exception" : "an int");
+    MethodHandler handler = UnaryHandler<EchoRequest, EchoResponse>(
+        [what](ServerContext*, const EchoRequest*, EchoResponse* resp, DoneCallback) {
+          resp->set_data("half written");
+          if (what == 0) throw std::out_of_range("no such key");
+          throw 7;
+        });
+    FakeCall call{EchoRequest()};
+    handler(&call);
+    EXPECT_EQ(call.finishes_, 1);
+    EXPECT_EQ(call.status_.code(), StatusCode::kUnknown) << call.status_;
+    EXPECT_EQ(call.status_.message(), "/rdmarpc.test.Echo/Echo: the handler threw an exception");
+    EXPECT_EQ(call.response_, "") << "what the handler wrote before it threw was sent";
+  }
+}
+
+TEST(UnaryHandler, AHandlerThatDropsDoneEndsItsCallUnknownOnce) {
+  MethodHandler handler = UnaryHandler<EchoRequest, EchoResponse>(
+      [](ServerContext*, const EchoRequest*, EchoResponse*, DoneCallback done) {
+        DoneCallback lost = std::move(done);
+      });
+  FakeCall call{EchoRequest()};
+  handler(&call);
+  EXPECT_EQ(call.finishes_, 1);
+  EXPECT_EQ(call.status_.code(), StatusCode::kUnknown) << call.status_;
+  EXPECT_EQ(call.status_.message(), "/rdmarpc.test.Echo/Echo: the handler did not call done");
+}
+
+// A handler that passed `done` on and then threw: whoever holds `done` still
+// finishes the call, and only then.
+TEST(UnaryHandler, ADonePassedOnBeforeAThrowFinishesTheCallWhenCalled) {
+  std::optional<DoneCallback> kept;
+  MethodHandler handler = UnaryHandler<EchoRequest, EchoResponse>(
+      [&kept](ServerContext*, const EchoRequest* req, EchoResponse* resp, DoneCallback done) {
+        resp->set_tag(req->tag());
+        kept = std::move(done);
+        throw std::runtime_error("after passing done on");
+      });
+  EchoRequest req;
+  req.set_tag(5);
+  FakeCall call(req);
+  handler(&call);
+  EXPECT_EQ(call.finishes_, 0);
+  ASSERT_TRUE(kept.has_value());
+  std::move (*kept)(Status());
+  EXPECT_EQ(call.finishes_, 1);
+  EXPECT_TRUE(call.status_.ok()) << call.status_;
+  EchoResponse resp;
+  ASSERT_TRUE(resp.ParseFromString(call.response_));
+  EXPECT_EQ(resp.tag(), 5);
+  kept.reset();
+  EXPECT_EQ(call.finishes_, 1);
 }
 
 }  // namespace
