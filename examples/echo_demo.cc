@@ -26,9 +26,9 @@
 #include "transport/rdma/counters.h"
 
 ABSL_FLAG(std::string, address, "", "where the server listens, e.g. rdma://10.0.0.1:0");
-ABSL_FLAG(int, small_calls, 2000, "calls with a 64-byte payload");
-ABSL_FLAG(int, large_calls, 20, "calls with a 1 MiB payload");
-ABSL_FLAG(int, attachment_calls, 20, "calls with a 1 MiB attachment each way");
+ABSL_FLAG(int, small_calls, 2000, "calls with a 64-byte payload (0: none)");
+ABSL_FLAG(int, large_calls, 20, "calls with a 1 MiB payload (0: none)");
+ABSL_FLAG(int, attachment_calls, 20, "calls with a 1 MiB attachment each way (0: none)");
 ABSL_FLAG(int, workers, 0, "server worker threads; 0 runs the (non-blocking) handler inline");
 ABSL_FLAG(std::string, poll, "adaptive",
           "RDMA completion polling: adaptive (spin a while, then sleep), busy (spin: the lowest "
@@ -85,6 +85,15 @@ int main(int argc, char** argv) {
     fprintf(stderr, "--poll=%s: not adaptive, busy or event\n", absl::GetFlag(FLAGS_poll).c_str());
     return 2;
   }
+  for (const auto& [name, calls] :
+       {std::pair<const char*, int>{"small_calls", absl::GetFlag(FLAGS_small_calls)},
+        {"large_calls", absl::GetFlag(FLAGS_large_calls)},
+        {"attachment_calls", absl::GetFlag(FLAGS_attachment_calls)}}) {
+    if (calls < 0) {
+      fprintf(stderr, "--%s=%d: a count of calls, 0 for none\n", name, calls);
+      return 2;
+    }
+  }
   rdmarpc::transport::TransportTunables tunables;  // for both ends
   tunables.rdma.poll_mode = *poll;
   EchoImpl service;
@@ -140,6 +149,10 @@ int main(int argc, char** argv) {
   }
 
   auto run = [&](int calls, size_t size, bool attach, const char* label) -> bool {
+    if (calls == 0) {
+      printf("%-6s no calls\n", label);
+      return true;
+    }
     rdmarpc::examples::EchoRequest req;
     if (!attach) req.set_payload(std::string(size, 'x'));
     std::vector<double> us;

@@ -10,9 +10,9 @@
 set -euo pipefail
 demo=$1
 unset RDMARPC_RDMA_POLL
-run() {  # poll mode
+run() {  # poll mode, then the flags that differ
   run_or_fail "echo_demo --poll $1" "$demo" --small_calls 200 --large_calls 4 \
-    --attachment_calls 4 --poll "$1"
+    --attachment_calls 4 --poll "$@"
 }
 
 busy=$(run busy) || exit 1
@@ -47,10 +47,26 @@ expect "server calls of Health/Check" \
   "$(echo "$busy" | sed -nE 's|^server calls: /rdmarpc.health.v1.Health/Check ([0-9]+)$|\1|p')" -eq 1
 expect "busy mode's caller completions" "$(counter caller_completions= "$busy")" -gt 0
 
-event=$(run event) || exit 1
+# Also: a kind of call counted 0 is left out, the others still timed.
+event=$(run event --large_calls 0) || exit 1
 expect "event mode's caller completions" "$(counter caller_completions= "$event")" -eq 0
 expect "event mode's poller sleeps" "$(counter poller_sleeps= "$event")" -gt 0
+echo "$event" | grep -qE "^large +no calls$" || {
+  echo "FAIL: --large_calls 0 did not leave the large calls out"
+  fail=1
+}
+echo "$event" | grep -qE "^attach +4 calls of +[0-9]+ bytes: p50 [0-9.]+ us" || {
+  echo "FAIL: no latency line for the attachment calls after --large_calls 0"
+  fail=1
+}
 
+if bad=$("$demo" --small_calls -1 2>&1); then
+  echo "FAIL: --small_calls -1 was taken"
+  fail=1
+elif ! echo "$bad" | grep -q "a count of calls"; then
+  echo "FAIL: --small_calls -1 refused without saying why: $bad"
+  fail=1
+fi
 if bad=$("$demo" --small_calls 1 --poll sometimes 2>&1); then
   echo "FAIL: --poll sometimes was taken"
   fail=1
