@@ -104,6 +104,11 @@ absl::Status CheckRdmaOptions(const RdmaOptions& o) {
         "rnr_wait_us", " (RDMARPC_RDMA_RNR_WAIT_US)", o.rnr_wait_us,
         absl::StrCat("the RNR NAK timer runs from 1 to ", kLongestRnrWaitUs, " us (default 640)"));
   }
+  if (o.connect_timeout_ms == 0 ||
+      o.connect_timeout_ms > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
+    return bad("connect_timeout_ms", "", o.connect_timeout_ms,
+               "rdma_cm resolves addresses and routes within 1 to 2147483647 ms (default 10000)");
+  }
   return absl::OkStatus();
 }
 

@@ -155,6 +155,10 @@ struct RdmaOptions {
   // of their client's connect request, as rdma_cm builds an accepted
   // connection's path from it, so it is the clients that choose.
   int type_of_service = -1;
+  // Longest rdma_cm may take to resolve a peer's address, and then its
+  // route (rdma_resolve_addr, rdma_resolve_route), each; the connect's own
+  // deadline (ChannelOptions::connect_timeout) bounds them as well. From 1
+  // to 2147483647 (rdma_cm takes an int).
   uint32_t connect_timeout_ms = 10000;
   // Dead peers. A peer whose machine, device or link dies sends no
   // disconnect: only an operation of ours that its device never acknowledges

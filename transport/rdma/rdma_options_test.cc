@@ -102,6 +102,10 @@ TEST(CheckRdmaOptions, AcceptsTheDefaultsAndTheSmallestSlot) {
     o.rnr_wait_us = wait;
     EXPECT_TRUE(CheckRdmaOptions(o).ok()) << wait << " us RNR wait";
   }
+  for (uint32_t ms : {1u, (1u << 31) - 1}) {
+    o.connect_timeout_ms = ms;
+    EXPECT_TRUE(CheckRdmaOptions(o).ok()) << ms << " ms to resolve";
+  }
 }
 
 // The wait asked for is rounded up to IBA's table, never down (a shorter
@@ -149,6 +153,8 @@ TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
       {[](RdmaOptions& o) { o.type_of_service = 256; }, "type_of_service"},
       {[](RdmaOptions& o) { o.rnr_wait_us = 0; }, "rnr_wait_us"},
       {[](RdmaOptions& o) { o.rnr_wait_us = kLongestRnrWaitUs + 1; }, "rnr_wait_us"},
+      {[](RdmaOptions& o) { o.connect_timeout_ms = 0; }, "connect_timeout_ms"},
+      {[](RdmaOptions& o) { o.connect_timeout_ms = 1u << 31; }, "connect_timeout_ms"},
   };
   for (const Case& c : cases) {
     RdmaOptions o;
