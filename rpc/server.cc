@@ -467,8 +467,19 @@ void Server::Reply(Connection& conn, uint64_t call_id, const Status& status, con
   out.header.call_id = call_id;
   // code() is out of line in absl; most replies are OK.
   out.header.status = status.ok() ? 0 : static_cast<uint16_t>(status.code());
-  if (!md.empty() && transport::ValidateMetadata(md).ok()) {
-    out.metadata = transport::EncodeMetadata(md);
+  if (!md.empty()) {
+    // Metadata the handler or an interceptor added that cannot go on the
+    // wire: a response sent without it would look complete, so the client
+    // gets an error naming it instead (an error already there goes as it is).
+    if (Status valid = transport::ValidateMetadata(md); !valid.ok()) {
+      if (status.ok()) {
+        return Reply(conn, call_id,
+                     Status(StatusCode::kInternal,
+                            absl::StrCat("the server's response metadata: ", valid.message())));
+      }
+    } else {
+      out.metadata = transport::EncodeMetadata(md);
+    }
   }
   if (!status.ok() || message == nullptr) {
     if (!status.ok()) {

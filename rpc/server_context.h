@@ -69,6 +69,8 @@ class ServerContext {
   // The client's address, e.g. "tcp://10.0.0.2:51234".
   const std::string& peer() const { return peer_; }
 
+  // Keys as ClientContext::AddMetadata takes them; metadata that is not
+  // valid turns an OK answer into INTERNAL, naming what is wrong.
   void AddResponseMetadata(std::string key, std::string value) {
     std::lock_guard<std::mutex> lock(mu_);
     response_metadata_.emplace_back(std::move(key), std::move(value));

@@ -75,6 +75,7 @@ class EchoService : public Service {
     started.fetch_add(1);
     for (const auto& [k, v] : ctx->client_metadata()) {
       if (k == "echo-me") ctx->AddResponseMetadata("echoed", v);
+      if (k == "respond-with-key") ctx->AddResponseMetadata(v, "x");
     }
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.sleep_ms());
     while (std::chrono::steady_clock::now() < until) {

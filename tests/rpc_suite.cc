@@ -107,6 +107,44 @@ TEST_P(RpcSuite, EchoCarriesBytesAndMetadataBothWays) {
   EXPECT_EQ(ctx.server_metadata()[0], (std::pair<std::string, std::string>("echoed", "value-1")));
 }
 
+// Response metadata that cannot go on the wire is not dropped quietly: an
+// OK answer becomes INTERNAL naming it; an error answer keeps its status.
+TEST_P(RpcSuite, InvalidResponseMetadataIsAnErrorNotDroppedQuietly) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  for (const std::string& key : {std::string("Upper-Case"), std::string(), std::string(300, 'k')}) {
+    SCOPED_TRACE(key.substr(0, 20));
+    ClientContext ctx;
+    ctx.AddMetadata("respond-with-key", key);
+    EchoResponse resp;
+    Status s = ch->Call(kEcho, &ctx, Req("x"), &resp);
+    EXPECT_EQ(s.code(), StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find("the server's response metadata: metadata key '" + key + "'"),
+              absl::string_view::npos)
+        << s;
+    EXPECT_TRUE(ctx.server_metadata().empty());
+  }
+  {
+    ClientContext ctx;
+    ctx.AddMetadata("respond-with-key", "Upper-Case");
+    EchoRequest req = Req("x");
+    req.set_fail_code(static_cast<int>(StatusCode::kNotFound));
+    req.set_fail_message("no such thing");
+    EchoResponse resp;
+    Status s = ch->Call(kEcho, &ctx, req, &resp);
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+    EXPECT_EQ(s.message(), "no such thing");
+  }
+  ClientContext ctx;
+  ctx.AddMetadata("respond-with-key", "fine-key");
+  EchoResponse resp;
+  Status s = ch->Call(kEcho, &ctx, Req("x"), &resp);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(ctx.server_metadata().size(), 1u);
+  EXPECT_EQ(ctx.server_metadata()[0], (std::pair<std::string, std::string>("fine-key", "x")));
+}
+
 TEST_P(RpcSuite, ManyThreadsThousandsOfCallsInFlight) {
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
