@@ -89,8 +89,8 @@ namespace internal {
 // The `done` UnaryHandler gives a handler: called, it finishes the call with
 // the handler's status and response; destroyed uncalled (the handler threw,
 // or dropped it), it finishes the call UNKNOWN, so that the client gets an
-// answer and the call and its messages are freed. `State` holds the
-// response until the call is finished.
+// answer and the call and its messages are freed; called again, it does
+// nothing. `State` holds the response until the call is finished.
 template <typename State>
 class FinishOnce {
  public:
@@ -110,6 +110,10 @@ class FinishOnce {
   }
 
   void operator()(Status status) {
+    if (call_ == nullptr) {  // the call may be gone: nothing of it is touched
+      fprintf(stderr, "rdmarpc: a handler ran done a second time; ignored\n");
+      return;
+    }
     std::exchange(call_, nullptr)->Finish(status, status.ok() ? &state_->response : nullptr);
   }
 

@@ -2,7 +2,8 @@
 // response cleared and its request replaced by the new parse, keeps the
 // capacity small calls gave it, and is not kept after a large call (so one
 // huge request does not pin its memory in the pool). A handler that throws
-// or drops `done` ends its call UNKNOWN, once.
+// or drops `done` ends its call UNKNOWN, once; a second run of `done` does
+// nothing.
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -169,6 +170,21 @@ TEST(UnaryHandler, AHandlerThatDropsDoneEndsItsCallUnknownOnce) {
   EXPECT_EQ(call.finishes_, 1);
   EXPECT_EQ(call.status_.code(), StatusCode::kUnknown) << call.status_;
   EXPECT_EQ(call.status_.message(), "/rdmarpc.test.Echo/Echo: the handler did not call done");
+}
+
+TEST(UnaryHandler, ASecondRunOfDoneIsIgnored) {
+  MethodHandler handler = UnaryHandler<EchoRequest, EchoResponse>(
+      [](ServerContext*, const EchoRequest* req, EchoResponse* resp, DoneCallback done) {
+        resp->set_tag(req->tag());
+        std::move(done)(Status());
+        std::move(done)(Status(StatusCode::kInternal, "again"));  // NOLINT: the bug under test
+      });
+  EchoRequest req;
+  req.set_tag(3);
+  FakeCall call(req);
+  handler(&call);
+  EXPECT_EQ(call.finishes_, 1);
+  EXPECT_TRUE(call.status_.ok()) << call.status_;
 }
 
 // A handler that passed `done` on and then threw: whoever holds `done` still
