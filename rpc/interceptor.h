@@ -30,6 +30,11 @@
 // never block. One interceptor object serves every call of its server or
 // channel, from many threads at once.
 //
+// A server interceptor that throws does not take the server down: a throw
+// from OnRequest refuses the call UNKNOWN (as a status other than OK would),
+// one from OnResponse leaves the answer as it was; either is logged on
+// stderr.
+//
 // What they see: every call that a server's handler would run, and every
 // call a channel starts. A server refuses some requests before any
 // interceptor runs: an unknown method, a malformed request, one over a

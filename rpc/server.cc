@@ -128,7 +128,13 @@ class ServerCallImpl : public ServerCall {
         std::lock_guard<std::mutex> lock(intercepted_->mu);
         // Answered meanwhile (Shutdown past its grace): Finish only lets go.
         if (intercepted_->closed) return Finish(Status(StatusCode::kCancelled, ""), nullptr);
-        admitted = interceptors[i]->OnRequest(ctx_);
+        // One that throws refuses the call, as one whose status is not OK.
+        if (!internal::RunUserCode("an interceptor's OnRequest", method_->full_name,
+                                   [&] { admitted = interceptors[i]->OnRequest(ctx_); })) {
+          admitted =
+              Status(StatusCode::kUnknown,
+                     absl::StrCat(method_->full_name, ": an interceptor threw an exception"));
+        }
         intercepted_->entered = i + 1;
       }
       if (!admitted.ok()) return Finish(admitted, nullptr);
@@ -146,7 +152,10 @@ class ServerCallImpl : public ServerCall {
       intercepted_->closed = true;
       entered = intercepted_->entered;
     }
-    for (size_t i = entered; i-- > 0;) server_->interceptors_[i]->OnResponse(ctx_, status);
+    for (size_t i = entered; i-- > 0;) {
+      internal::RunUserCode("an interceptor's OnResponse", method_->full_name,
+                            [&] { server_->interceptors_[i]->OnResponse(ctx_, status); });
+    }
   }
 
   // The server cancels the call at its deadline, for ServerContext::OnCancel

@@ -122,23 +122,28 @@ class FinishOnce {
   State state_;
 };
 
-// Runs `handler`; an exception out of it is logged, naming `method`, and
-// goes no further (FinishOnce has answered the call, unless the handler
-// passed `done` on before it threw).
-template <typename Handler>
-void RunHandler(const std::string& method, Handler&& handler) {
+// Runs user code serving a call of `method` (`who`: "the handler", "an
+// interceptor's OnRequest"); an exception out of it is logged, naming both,
+// and goes no further. False when it threw. For the handler, FinishOnce has
+// answered the call then, unless the handler passed `done` on first.
+template <typename Code>
+bool RunUserCode(const char* who, const std::string& method, Code&& code) {
 #ifdef ABSL_HAVE_EXCEPTIONS
   try {
-    handler();
+    code();
+    return true;
   } catch (const std::exception& e) {
-    fprintf(stderr, "rdmarpc: the handler of %s threw: %s\n", method.c_str(), e.what());
+    fprintf(stderr, "rdmarpc: %s threw serving %s: %s\n", who, method.c_str(), e.what());
   } catch (...) {
-    fprintf(stderr, "rdmarpc: the handler of %s threw something not a std::exception\n",
+    fprintf(stderr, "rdmarpc: %s threw serving %s: something not a std::exception\n", who,
             method.c_str());
   }
+  return false;
 #else
+  (void)who;
   (void)method;
-  handler();
+  code();
+  return true;
 #endif
 }
 
@@ -195,8 +200,9 @@ MethodHandler UnaryHandler(Fn fn) {
     using Done = internal::FinishOnce<decltype(state)>;
     // Kept in the DoneCallback itself, not in memory allocated for it.
     static_assert(sizeof(Done) <= 2 * sizeof(void*) && std::is_nothrow_move_constructible_v<Done>);
-    internal::RunHandler(method,
-                         [&] { fn(ctx, &s->request, &s->response, Done(call, std::move(state))); });
+    internal::RunUserCode("the handler", method, [&] {
+      fn(ctx, &s->request, &s->response, Done(call, std::move(state)));
+    });
   };
 }
 

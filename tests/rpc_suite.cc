@@ -2041,6 +2041,68 @@ TEST_P(RpcSuite, InterceptorsWrapEveryCallAndMayRefuseOne) {
   }
 }
 
+// Throws where the client's metadata "throw-in" says: "request" in
+// OnRequest (as a token parser might on a malformed token), "response" in
+// OnResponse. Counts the OnResponse calls it saw.
+class ThrowingInterceptor : public ServerInterceptor {
+ public:
+  Status OnRequest(ServerContext& ctx) override {
+    if (Where(ctx) == "request") throw std::invalid_argument("malformed token");
+    return Status();
+  }
+  void OnResponse(ServerContext& ctx, const Status&) override {
+    responses.fetch_add(1);
+    if (Where(ctx) == "response") throw std::runtime_error("metrics backend down");
+  }
+  std::atomic<int> responses{0};
+
+ private:
+  static std::string Where(const ServerContext& ctx) {
+    for (const auto& [key, value] : ctx.client_metadata()) {
+      if (key == "throw-in") return value;
+    }
+    return "";
+  }
+};
+
+// An interceptor that throws in OnRequest refuses that call UNKNOWN (its
+// OnResponse still runs); one that throws in OnResponse leaves the answer as
+// it was. The server serves on, with workers and inline alike.
+TEST_P(RpcSuite, AnInterceptorThatThrowsEndsOnlyItsCall) {
+  for (int workers : {2, 0}) {
+    SCOPED_TRACE(absl::StrCat("workers ", workers));
+    auto throwing = std::make_shared<ThrowingInterceptor>();
+    EchoService echo;
+    auto server = ServerBuilder()
+                      .AddListeningPort(GetParam().listen_addr())
+                      .RegisterService(&echo)
+                      .SetWorkerThreads(workers)
+                      .AddInterceptor(throwing)
+                      .BuildAndStart();
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto ch = MakeChannel((*server)->addresses()[0]);
+    const auto call = [&](const std::string& where) {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(20));
+      ctx.AddMetadata("throw-in", where);
+      EchoResponse resp;
+      Status s = ch->Call(kEcho, &ctx, Req(where), &resp);
+      if (s.ok()) {
+        EXPECT_EQ(resp.data(), where);
+      }
+      return s;
+    };
+    Status s = call("request");
+    EXPECT_EQ(s.code(), StatusCode::kUnknown) << s;
+    EXPECT_EQ(s.message(), absl::StrCat(kEcho.full_name, ": an interceptor threw an exception"));
+    EXPECT_EQ(echo.started.load(), 0) << "the handler ran past a refusing interceptor";
+    EXPECT_TRUE(call("response").ok());
+    EXPECT_TRUE(call("nowhere").ok());
+    EXPECT_EQ(echo.started.load(), 2);
+    EXPECT_EQ(throwing->responses.load(), 3);
+  }
+}
+
 // Refuses the first `failures` calls UNAVAILABLE, as a server that is
 // briefly unable to serve would, and counts the calls it saw.
 class FlakyInterceptor : public ServerInterceptor {
