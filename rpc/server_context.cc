@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "rpc/internal/payload.h"
+#include "rpc/internal/user_code.h"
 
 namespace rdmarpc {
 
@@ -49,7 +50,10 @@ void ServerContext::MarkCancelled() {
     on_cancel = std::exchange(on_cancel_, nullptr);
   }
   if (tree) tree->CancelAll();
-  if (on_cancel) std::move(on_cancel)();
+  // On the thread that saw the cancellation (I/O, timer, Shutdown's), where
+  // a throw would end the process.
+  if (on_cancel)
+    internal::RunUserCode("an OnCancel callback", method_, [&] { std::move(on_cancel)(); });
 }
 
 void ServerContext::DropOnCancel() {

@@ -116,8 +116,9 @@ class ServerContext {
   // still run `done` (the answer is discarded), and may do so from
   // `on_cancel`. It runs on the thread that saw the cancellation (an I/O
   // thread, the server's timer thread, the one in Server::Shutdown), so it
-  // must not block. One per call: a second replaces the first. Call it
-  // before the handler is done, as everything on this context.
+  // must not block, and an exception out of it is logged and goes no
+  // further. One per call: a second replaces the first. Call it before the
+  // handler is done, as everything on this context.
   void OnCancel(absl::AnyInvocable<void() &&> on_cancel);
 
   // Cancels the call, and the calls made from it (FromServerContext), and

@@ -36,12 +36,12 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/config.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/internal/spare_pool.h"
+#include "rpc/internal/user_code.h"
 #include "rpc/method_id.h"
 #include "rpc/server_context.h"
 #include "rpc/status.h"
@@ -121,31 +121,6 @@ class FinishOnce {
   ServerCall* call_;
   State state_;
 };
-
-// Runs user code serving a call of `method` (`who`: "the handler", "an
-// interceptor's OnRequest"); an exception out of it is logged, naming both,
-// and goes no further. False when it threw. For the handler, FinishOnce has
-// answered the call then, unless the handler passed `done` on first.
-template <typename Code>
-bool RunUserCode(const char* who, const std::string& method, Code&& code) {
-#ifdef ABSL_HAVE_EXCEPTIONS
-  try {
-    code();
-    return true;
-  } catch (const std::exception& e) {
-    fprintf(stderr, "rdmarpc: %s threw serving %s: %s\n", who, method.c_str(), e.what());
-  } catch (...) {
-    fprintf(stderr, "rdmarpc: %s threw serving %s: something not a std::exception\n", who,
-            method.c_str());
-  }
-  return false;
-#else
-  (void)who;
-  (void)method;
-  code();
-  return true;
-#endif
-}
 
 }  // namespace internal
 

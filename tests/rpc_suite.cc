@@ -2041,6 +2041,83 @@ TEST_P(RpcSuite, InterceptorsWrapEveryCallAndMayRefuseOne) {
   }
 }
 
+// Parks each call with tag 1 behind an OnCancel callback whose cleanup
+// throws before it can run `done`; answers the others.
+class ThrowOnCancelService : public Service {
+ public:
+  static constexpr MethodInfo kPark{"/rdmarpc.test.ThrowOnCancel/Park",
+                                    MethodId("/rdmarpc.test.ThrowOnCancel/Park")};
+  ThrowOnCancelService() {
+    AddMethod(
+        kPark.full_name,
+        UnaryHandler<EchoRequest, EchoResponse>([this](ServerContext* ctx, const EchoRequest* req,
+                                                       EchoResponse* resp, DoneCallback done) {
+          if (req->tag() != 1) {
+            resp->set_data(req->data());
+            return std::move(done)(Status());
+          }
+          ctx->OnCancel([this, done = std::move(done)]() mutable {
+            cancels.fetch_add(1);
+            CleanUp();
+            std::move(done)(Status(StatusCode::kCancelled, "cleaned up"));
+          });
+          parked.fetch_add(1);
+        }));
+  }
+  std::atomic<int> parked{0};
+  std::atomic<int> cancels{0};
+
+ private:
+  static void CleanUp() { throw std::runtime_error("cleanup failed"); }
+};
+
+// An OnCancel callback that throws, on the thread that saw the cancellation
+// (the I/O thread for a client's cancel, the timer thread for a deadline),
+// is logged; the server serves on, and the call's `done`, dropped with the
+// callback, still releases it.
+TEST_P(RpcSuite, AnOnCancelCallbackThatThrowsEndsOnlyItsCall) {
+  ThrowOnCancelService service;
+  auto built = ServerBuilder()
+                   .AddListeningPort(GetParam().listen_addr())
+                   .RegisterService(&service)
+                   .BuildAndStart();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Server& server = **built;
+  auto ch = MakeChannel(server.addresses()[0]);
+  const auto wait_for = [](const std::atomic<int>& n, int want) {
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (n.load() < want && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    return n.load() >= want;
+  };
+  for (bool by_deadline : {false, true}) {
+    SCOPED_TRACE(by_deadline ? "the deadline passes" : "the client cancels");
+    const int n = by_deadline ? 2 : 1;
+    AsyncCall call;
+    if (by_deadline) call.ctx.set_timeout(absl::Seconds(1));
+    EchoRequest req = Req("parked");
+    req.set_tag(1);
+    ch->CallAsync(ThrowOnCancelService::kPark, &call.ctx, req, &call.resp,
+                  [&call](Status st) { call.result.set_value(st); });
+    ASSERT_TRUE(wait_for(service.parked, n)) << "the call never reached its handler";
+    if (!by_deadline) call.ctx.TryCancel();
+    auto f = call.result.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_EQ(f.get().code(), by_deadline ? StatusCode::kDeadlineExceeded : StatusCode::kCancelled);
+    ASSERT_TRUE(wait_for(service.cancels, n)) << "the OnCancel callback never ran";
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (server.stats().calls_in_flight > 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_EQ(server.stats().calls_in_flight, 0u) << "the server still holds the call";
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(20));
+    EchoResponse resp;
+    Status s = ch->Call(ThrowOnCancelService::kPark, &ctx, Req("next"), &resp);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), "next");
+  }
+}
+
 // Throws where the client's metadata "throw-in" says: "request" in
 // OnRequest (as a token parser might on a malformed token), "response" in
 // OnResponse. Counts the OnResponse calls it saw.
