@@ -114,7 +114,8 @@ Status Channel::CheckOptions(const ChannelOptions& options) {
   }
   const RetryPolicy& retry = options.retry;
   if (retry.max_attempts < 1 || retry.initial_backoff <= absl::ZeroDuration() ||
-      retry.max_backoff < retry.initial_backoff || retry.multiplier < 1.0) {
+      retry.max_backoff < retry.initial_backoff ||
+      !(retry.multiplier >= 1.0)) {  // NaN fails every comparison
     return Status(
         StatusCode::kInvalidArgument,
         absl::StrCat("retry policy of max_attempts ", retry.max_attempts, ", initial_backoff ",

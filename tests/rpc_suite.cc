@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -587,11 +588,12 @@ TEST_P(RpcSuite, NegativeCallbackThreadsAndBackoffsOrRetriesThatCannotWorkAreRef
     EXPECT_NE(refused.status().message().find("reconnect_backoff"), absl::string_view::npos)
         << refused.status();
   }
-  for (int bad = 0; bad < 3; ++bad) {
+  for (int bad = 0; bad < 4; ++bad) {
     ChannelOptions r;
     r.retry.max_attempts = bad == 0 ? 0 : 3;
     if (bad == 1) r.retry.initial_backoff = absl::ZeroDuration();
     if (bad == 2) r.retry.multiplier = 0.5;
+    if (bad == 3) r.retry.multiplier = std::numeric_limits<double>::quiet_NaN();
     auto refused = Channel::Create(GetParam().listen_addr(), r);
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status();
