@@ -20,8 +20,8 @@
 //
 // A handler that throws, or that lets `done` go without calling it, does not
 // take the server down or leave its client waiting: the call ends UNKNOWN
-// (UnaryHandler), and the exception is logged on stderr, as gRPC's
-// synchronous server does. What it wrote into the response is not sent.
+// (UnaryHandler), as in gRPC's synchronous server, and the exception is
+// logged on stderr. What it wrote into the response is not sent.
 #ifndef RDMARPC_RPC_SERVICE_H_
 #define RDMARPC_RPC_SERVICE_H_
 
