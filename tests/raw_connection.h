@@ -55,6 +55,12 @@ class RawConnection {
     std::string metadata;
     std::string payload;
   };
+  // What a server sends first on each TCP connection: it took it.
+  void SendHello() {
+    transport::Header h;
+    h.kind = transport::MessageKind::kHello;
+    SendFrame(h, "", "");
+  }
   // The next whole frame, or nullopt on EOF or a 10 s silence.
   std::optional<Frame> ReadFrame() {
     char hb[transport::kHeaderSize];
@@ -99,7 +105,8 @@ class RawConnection {
   int fd_;
 };
 
-// A connection to a server on 127.0.0.1:port.
+// A connection to a server on 127.0.0.1:port, once the server took it (its
+// kHello came).
 class RawClient : public RawConnection {
  public:
   explicit RawClient(int port) : RawConnection(socket(AF_INET, SOCK_STREAM, 0)) {
@@ -108,6 +115,9 @@ class RawClient : public RawConnection {
     a.sin_port = htons(port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(connect(fd(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+    const auto hello = ReadFrame();
+    EXPECT_TRUE(hello && hello->header.kind == transport::MessageKind::kHello)
+        << "the server did not open with a kHello";
   }
 };
 

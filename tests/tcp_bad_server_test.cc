@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -59,12 +60,16 @@ class RawServer {
   const std::string& address() const { return address_; }
   void Listen() { EXPECT_EQ(listen(fd_, 4), 0) << strerror(errno); }
 
-  // The next connection, or null when none comes within `timeout_ms`.
+  // The next connection, taken (its kHello sent), or null when none comes
+  // within `timeout_ms`.
   std::unique_ptr<RawConnection> Accept(int timeout_ms = 10000) {
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, timeout_ms) <= 0) return nullptr;
     const int c = accept(fd_, nullptr, nullptr);
-    return c < 0 ? nullptr : std::make_unique<RawConnection>(c);
+    if (c < 0) return nullptr;
+    auto conn = std::make_unique<RawConnection>(c);
+    conn->SendHello();
+    return conn;
   }
 
  private:
@@ -405,15 +410,15 @@ struct BatchBehindABackoff {
   std::unique_ptr<RawConnection> NextConnection(RawServer& server, bool adopted,
                                                 absl::Duration timeout) {
     const absl::Time give_up = absl::Now() + timeout;
-    if (adopted) {
+    std::unique_ptr<RawConnection> peer;
+    while (!peer && !AllEnded() && absl::Now() < give_up) peer = server.Accept(10);
+    if (peer && adopted) {
       ChannelState state = channel->GetState(false);
       while (state != ChannelState::kReady && absl::Now() < give_up) {
         channel->WaitForStateChange(state, give_up);
         state = channel->GetState(false);
       }
     }
-    std::unique_ptr<RawConnection> peer;
-    while (!peer && !AllEnded() && absl::Now() < give_up) peer = server.Accept(10);
     return peer;
   }
   // Checks how each call ended, from `from` on; an OK one must have been
@@ -643,9 +648,11 @@ TEST(TcpTunables, ChannelsSendQueueBoundLimitsWhatAStalledServerPins) {
   // A call made while the first one waited for the connection would wait
   // behind it and be refused later, on the connector's thread, after the
   // loop below had taken it for queued.
-  ASSERT_TRUE((*ch)->WaitForConnected(absl::Now() + absl::Seconds(10)));
+  auto connected = std::async(
+      std::launch::async, [&] { return (*ch)->WaitForConnected(absl::Now() + absl::Seconds(10)); });
   auto peer = server.Accept();  // and never read
   ASSERT_TRUE(peer);
+  ASSERT_TRUE(connected.get());
   const std::string data(128 << 10, 'q');
   calls.push_back(std::make_unique<PendingCall>(**ch, data));
   while (calls.size() < 1024 && !calls.back()->Ended(std::chrono::milliseconds(0))) {

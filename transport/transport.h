@@ -123,12 +123,12 @@ class Connection {
   // Starts closing; OnClosed follows on the I/O thread. Idempotent.
   virtual void Close() = 0;
   // Whether the peer needs nothing more of this side for what was sent: every
-  // frame has reached the peer (written to the socket; over RDMA, its SEND
-  // completed), and no payload the peer pulls (RDMA READ) is still
-  // unreleased. Closing before that loses what is left. Meant to be polled:
-  // a call may start what makes the answer come true (RDMA: a signaled work
-  // request behind unsignaled SENDs). A closed connection has nothing more
-  // to deliver.
+  // frame has reached the peer (over TCP, its bytes acknowledged by the
+  // peer's kernel; over RDMA, its SEND completed), and no payload the peer
+  // pulls (RDMA READ) is still unreleased. Closing before that loses what is
+  // left. Meant to be polled: a call may start what makes the answer come
+  // true (RDMA: a signaled work request behind unsignaled SENDs). A closed
+  // connection has nothing more to deliver.
   virtual bool Delivered() = 0;
   // "tcp://1.2.3.4:5678" or similar, for errors and logs.
   virtual const std::string& peer() const = 0;

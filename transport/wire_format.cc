@@ -62,7 +62,7 @@ absl::Status DecodeHeader(const char* in, size_t len, Header* out) {
   Header& h = *out;
   const uint8_t kind = Get<uint8_t>(in, 3);
   if (kind < static_cast<uint8_t>(MessageKind::kRequest) ||
-      kind > static_cast<uint8_t>(MessageKind::kShrink)) {
+      kind > static_cast<uint8_t>(MessageKind::kHello)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", kind));
   }
   h.kind = static_cast<MessageKind>(kind);

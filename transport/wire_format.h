@@ -64,7 +64,7 @@
 namespace rdmarpc::transport {
 
 inline constexpr uint16_t kWireMagic = 0x5052;
-inline constexpr uint8_t kWireVersion = 1;
+inline constexpr uint8_t kWireVersion = 2;  // 2: TCP connections open with kHello
 inline constexpr size_t kHeaderSize = 64;
 inline constexpr uint32_t kMaxMetadataBytes = 64 * 1024;
 inline constexpr uint32_t kMaxPayloadBytes = 1u << 30;  // 1 GiB
@@ -87,6 +87,14 @@ enum class MessageKind : uint8_t {
                   // its credits, going into debt for any already spent, and
                   // answers with a kShrink of the same count, behind every
                   // frame it sent on those credits
+  kHello = 8,     // TCP only, server -> client, empty: the first frame on
+                  // every connection, sent once the server has taken it.
+                  // The kernel completes a TCP connect before the server
+                  // sees it; a connection that the server then refuses, or
+                  // that the listener's close resets, never gets a kHello,
+                  // so the client knows no call it could send there was
+                  // seen. Its connect waits for the kHello (rdma_cm's
+                  // accept does the same for RDMA)
 };
 
 inline constexpr uint16_t kFlagRemotePayload = 1 << 0;

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -27,6 +29,9 @@ namespace rdmarpc::transport {
 namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
+// What a finishing connection reads away at most (kReadChunk each): more
+// than a socket buffers, so a peer that keeps sending cannot hold it.
+constexpr int kMaxDrainReads = 256;
 
 std::string ErrnoText(int err) { return strerror(err); }
 
@@ -71,6 +76,60 @@ std::string SockaddrToString(const sockaddr_storage& ss) {
   return absl::StrCat("tcp://[", host, "]:", port);
 }
 
+// Waits until `fd` has `events` (POLLIN, POLLOUT), `deadline` passes or
+// `stop_fd` becomes readable; the error is what ended the wait.
+absl::Status AwaitSocket(int fd, short events, int stop_fd, absl::Time deadline) {
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("timed out");
+    pollfd p[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
+    // Clamped: with no deadline (InfiniteFuture) the cast made -1 of it,
+    // and -1 + 1 is a poll that never waits.
+    const int64_t left_ms = std::min<int64_t>(absl::ToInt64Milliseconds(left), INT_MAX - 1);
+    const int rc = poll(p, 2, static_cast<int>(left_ms) + 1);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return absl::UnavailableError(ErrnoText(errno));
+    if (p[1].revents != 0) return absl::CancelledError("transport shutting down");
+    if (rc > 0) return absl::OkStatus();
+  }
+}
+
+// Reads the server's kHello off a connected socket, and not a byte more: a
+// GOAWAY may follow it at once. The error says why the connection is no use.
+absl::Status AwaitHello(int fd, int stop_fd, absl::Time deadline) {
+  char bytes[kHeaderSize];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    if (absl::Status s = AwaitSocket(fd, POLLIN, stop_fd, deadline); !s.ok()) {
+      if (absl::IsDeadlineExceeded(s)) {
+        return absl::UnavailableError(
+            "timed out waiting for the server to take the connection (no kHello came; is "
+            "the peer an rdmarpc server of this version?)");
+      }
+      return s;
+    }
+    const ssize_t r = read(fd, bytes + got, sizeof bytes - got);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (r <= 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "the server closed the connection before it took it (shutting down, or refusing "
+          "connections)",
+          r < 0 ? absl::StrCat(": ", ErrnoText(errno)) : std::string()));
+    }
+    got += static_cast<size_t>(r);
+  }
+  Header h;
+  if (absl::Status s = DecodeHeader(bytes, sizeof bytes, &h); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the peer's first frame is not an rdmarpc kHello: ", s.message()));
+  }
+  if (h.kind != MessageKind::kHello || h.metadata_len != 0 || h.payload_len != 0) {
+    return absl::UnavailableError(absl::StrCat("the peer's first frame is of kind ",
+                                               static_cast<int>(h.kind), ", not an empty kHello"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- connection
@@ -86,15 +145,26 @@ class TcpConnection : public Connection,
   }
 
   absl::Status Send(OutboundMessage&& msg) override;
+  // Server side, before the runtime sees the connection: queues the kHello,
+  // and holds it and every frame sent behind it until SendHello. A
+  // connection the runtime refuses is closed with nothing sent, so that its
+  // client knows it was never taken.
+  void HoldHello();
+  // Sends what HoldHello held. I/O thread, once the connection is adopted.
+  void SendHello();
   absl::StatusOr<Buffer> AllocatePayload(size_t size) override { return Buffer::Allocate(size); }
   void Close() override {
     closing_.store(true);
     shutdown(fd_, SHUT_RDWR);
   }
-  // What the socket has taken, the kernel delivers after a close.
+  // Not just written: acknowledged. A close delivers what the socket holds
+  // only if it goes out as a FIN, and a frame the peer sends meanwhile (a
+  // cancel) turns it into a reset that drops the unsent rest.
   bool Delivered() override {
     std::lock_guard<std::mutex> lock(send_mu_);
-    return send_closed_ || queue_.empty();
+    if (send_closed_) return true;
+    int unacknowledged = 0;
+    return queue_.empty() && ioctl(fd_, SIOCOUTQ, &unacknowledged) == 0 && unacknowledged == 0;
   }
   const std::string& peer() const override { return peer_; }
 
@@ -131,6 +201,7 @@ class TcpConnection : public Connection,
   size_t queued_bytes_ = 0;     // guarded by send_mu_
   bool want_out_ = false;       // guarded by send_mu_
   bool send_closed_ = false;    // guarded by send_mu_
+  bool hello_held_ = false;     // guarded by send_mu_
 
   // Receive state (I/O thread only).
   enum class Stage { kHeader, kMetadata, kPayload, kSkip } stage_ = Stage::kHeader;
@@ -170,10 +241,29 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
   }
   queued_bytes_ += out.size();
   queue_.push_back(std::move(out));
-  if (queue_.size() > 1) return absl::OkStatus();  // a flush is already pending
+  // Behind the held kHello (which is in the queue), or a pending flush.
+  if (queue_.size() > 1) return absl::OkStatus();
   const absl::Status s = FlushLocked();
   if (!s.ok()) Close();  // the I/O thread reports it via OnClosed
   return absl::OkStatus();
+}
+
+void TcpConnection::HoldHello() {
+  Header h;
+  h.kind = MessageKind::kHello;
+  Outgoing hello;
+  hello.prefix.resize(kHeaderSize);
+  EncodeHeader(h, hello.prefix.data());
+  std::lock_guard<std::mutex> lock(send_mu_);
+  hello_held_ = true;
+  queued_bytes_ += hello.size();
+  queue_.push_front(std::move(hello));
+}
+
+void TcpConnection::SendHello() {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (!std::exchange(hello_held_, false) || send_closed_) return;
+  if (!FlushLocked().ok()) Close();  // the I/O thread reports it via OnClosed
 }
 
 absl::Status TcpConnection::FlushLocked() {
@@ -345,8 +435,9 @@ void TcpConnection::Deliver() {
   got_ = 0;
   InboundMessage msg = std::move(in_);
   in_ = InboundMessage{};
-  if (msg.header.kind == MessageKind::kCredit || msg.header.kind == MessageKind::kRelease) {
-    return;  // RDMA-only bookkeeping; meaningless on TCP
+  if (msg.header.kind == MessageKind::kCredit || msg.header.kind == MessageKind::kRelease ||
+      msg.header.kind == MessageKind::kHello) {
+    return;  // RDMA-only bookkeeping, or a kHello past the one Connect read
   }
   observer_->OnMessage(*this, std::move(msg));
 }
@@ -362,6 +453,12 @@ void TcpConnection::Finish(absl::Status why) {
   }
   closing_.store(true);
   epoll_ctl(transport_->epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
+  // Bytes left unread make the close a reset, which drops what the socket
+  // has not sent yet (the last responses of a server shutting down): read
+  // them away first.
+  char sink[kReadChunk];
+  for (int i = 0; i < kMaxDrainReads && recv(fd_, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+  }
   shutdown(fd_, SHUT_RDWR);
   auto self = shared_from_this();
   transport_->Forget(fd_);
@@ -378,6 +475,7 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
     transport_->RunInLoopAndWait([this] {
       epoll_ctl(transport_->epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
       transport_->listeners_.erase(fd_);
+      transport_->retired_.push_back(this);
     });
     close(fd_);
   }
@@ -399,10 +497,12 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
       }
       ConfigureConnectedSocket(fd, transport_->tcp_);
       auto conn = std::make_shared<TcpConnection>(transport_, fd, SockaddrToString(ss), nullptr);
+      conn->HoldHello();
       ConnectionObserver* observer = on_accept_(conn);
       if (observer == nullptr) continue;  // refused: conn closes its fd
       conn->set_observer(observer);
-      transport_->Adopt(std::move(conn));
+      transport_->Adopt(conn);
+      conn->SendHello();
     }
   }
 
@@ -453,11 +553,18 @@ void TcpTransport::Loop() {
         for (auto& t : tasks) t();
         continue;
       }
-      static_cast<IoHandler*>(events[i].data.ptr)->OnEvents(events[i].events);
+      auto* handler = static_cast<IoHandler*>(events[i].data.ptr);
+      if (!retired_.empty() &&
+          std::find(retired_.begin(), retired_.end(), handler) != retired_.end()) {
+        continue;
+      }
+      handler->OnEvents(events[i].events);
     }
     // Finished connections die only here, after the batch: a later event of
-    // the same batch may still point at one.
+    // the same batch may still point at one. A listener's owner destroys it
+    // as soon as a task of the batch took it out: retired_ skips its events.
     graveyard_.clear();
+    retired_.clear();
   }
   // A task queued while the loop ended (a Connect racing Shutdown) still
   // runs, seeing loop_exit_, so that its caller does not wait for ever.
@@ -528,24 +635,16 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
   };
   if (connect(fd, reinterpret_cast<sockaddr*>(&*ss), len) != 0) {
     if (errno != EINPROGRESS) return fail(ErrnoText(errno));
-    for (;;) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) return fail("timed out");
-      pollfd p[2] = {{fd, POLLOUT, 0}, {stop_fd_, POLLIN, 0}};
-      // Clamped: with no deadline (InfiniteFuture) the cast made -1 of it,
-      // and -1 + 1 is a poll that never waits.
-      const int64_t left_ms = std::min<int64_t>(absl::ToInt64Milliseconds(left), INT_MAX - 1);
-      const int rc = poll(p, 2, static_cast<int>(left_ms) + 1);
-      if (rc < 0 && errno == EINTR) continue;
-      if (rc < 0) return fail(ErrnoText(errno));
-      if (p[1].revents != 0) return fail("transport shutting down");
-      if (rc == 0) continue;
-      int err = 0;
-      socklen_t elen = sizeof err;
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
-      if (err != 0) return fail(ErrnoText(err));
-      break;
+    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd_, deadline); !s.ok()) {
+      return fail(std::string(s.message()));
     }
+    int err = 0;
+    socklen_t elen = sizeof err;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+    if (err != 0) return fail(ErrnoText(err));
+  }
+  if (absl::Status s = AwaitHello(fd, stop_fd_, deadline); !s.ok()) {
+    return fail(std::string(s.message()));
   }
   ConfigureConnectedSocket(fd, tcp_);
   auto conn = std::make_shared<TcpConnection>(this, fd, target, observer);

@@ -9,6 +9,9 @@
 //   TcpTransport t(TransportOptions{}, TcpOptions{});
 //   auto listener = t.Listen(*ParseAddress("tcp://127.0.0.1:0"), on_accept);
 //
+// A connection is the server's once it says so: it sends kHello first, and
+// Connect returns only after reading it (transport/wire_format.h).
+//
 // A frame whose header does not parse closes that connection (the stream has
 // lost its framing); every other connection is untouched. A payload larger
 // than max_message_size is read and thrown away, then reported to the observer
@@ -76,6 +79,7 @@ class TcpTransport : public Transport {
   std::unordered_map<int, std::shared_ptr<TcpConnection>> conns_;     // I/O thread
   std::unordered_map<int, TcpListener*> listeners_;                   // I/O thread
   std::vector<std::shared_ptr<TcpConnection>> graveyard_;            // I/O thread
+  std::vector<IoHandler*> retired_;  // I/O thread: listeners gone during this batch
 };
 
 }  // namespace rdmarpc::transport

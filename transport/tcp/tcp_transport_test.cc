@@ -12,8 +12,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <string>
@@ -29,10 +32,25 @@ namespace {
 
 class NoObserver : public ConnectionObserver {
  public:
-  void OnMessage(Connection&, InboundMessage&&) override {}
+  void OnMessage(Connection&, InboundMessage&& msg) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    call_ids_.push_back(msg.header.call_id);
+  }
   void OnClosed(Connection&, const absl::Status& why) override {
     std::lock_guard<std::mutex> lock(mu_);
     closed_.push_back(why);
+  }
+  // The call id of the first frame that came, or 0 when none came `within`.
+  uint64_t FirstCallId(absl::Duration within) {
+    const absl::Time until = absl::Now() + within;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!call_ids_.empty()) return call_ids_.front();
+      }
+      if (absl::Now() > until) return 0;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
   }
   // How the connection ended, each time OnClosed was called, once none more
   // came for a moment.
@@ -53,6 +71,7 @@ class NoObserver : public ConnectionObserver {
  private:
   std::mutex mu_;
   std::vector<absl::Status> closed_;
+  std::vector<uint64_t> call_ids_;
 };
 
 // A listening socket on loopback with a small receive buffer, so that a peer
@@ -87,11 +106,26 @@ class SilentPeer {
     EXPECT_EQ(connect(filler_fd_, reinterpret_cast<sockaddr*>(&sockaddr_), sizeof sockaddr_), 0)
         << strerror(errno);
   }
-  bool Accept() {
+  // Takes the next connection; with `greet`, sends the kHello that tells
+  // its Connect the server took it.
+  bool Accept(bool greet = true) {
     pollfd p{listen_fd_, POLLIN, 0};
     if (poll(&p, 1, 10000) <= 0) return false;
     fd_ = accept(listen_fd_, nullptr, nullptr);
-    return fd_ >= 0;
+    if (fd_ < 0 || !greet) return fd_ >= 0;
+    Header h;
+    h.kind = MessageKind::kHello;
+    char frame[kHeaderSize];
+    EncodeHeader(h, frame);
+    return write(fd_, frame, sizeof frame) == static_cast<ssize_t>(sizeof frame);
+  }
+  // Writes `bytes` to the accepted connection.
+  bool Write(const std::string& bytes) {
+    return write(fd_, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+  }
+  void CloseAccepted() {
+    close(fd_);
+    fd_ = -1;
   }
   // True when the sender closed the connection (EOF within 10 s).
   bool SeesEof() {
@@ -121,6 +155,16 @@ class SilentPeer {
   sockaddr_in sockaddr_{};
 };
 
+// `client` connected to `peer`, which takes the connection meanwhile.
+absl::StatusOr<std::shared_ptr<Connection>> ConnectTaken(TcpTransport& client, SilentPeer& peer,
+                                                         ConnectionObserver* observer) {
+  auto connecting = std::async(std::launch::async, [&] {
+    return client.Connect(peer.address(), observer, absl::Now() + absl::Seconds(10));
+  });
+  EXPECT_TRUE(peer.Accept());
+  return connecting.get();
+}
+
 // A peer that stops reading pins at most TcpOptions::max_queued_send_bytes of the
 // sender's memory: Send refuses RESOURCE_EXHAUSTED naming the bound, loses
 // nothing it took, and takes frames again once the peer reads.
@@ -132,9 +176,8 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   TcpOptions tcp;
   tcp.max_queued_send_bytes = 1 << 20;
   TcpTransport client(options, tcp);
-  auto conn = client.Connect(peer.address(), &observer, absl::Now() + absl::Seconds(10));
+  auto conn = ConnectTaken(client, peer, &observer);
   ASSERT_TRUE(conn.ok()) << conn.status();
-  ASSERT_TRUE(peer.Accept());
   constexpr size_t kPayload = 64 << 10;
   constexpr size_t kFrame = kHeaderSize + kPayload;
   auto send_one = [&] {
@@ -174,9 +217,8 @@ TEST(TcpTransport, CloseEndsTheConnectionOnceAndRefusesLaterSends) {
   TransportOptions options;
   options.name = "closing-client";
   TcpTransport client(options);
-  auto conn = client.Connect(peer.address(), &observer, absl::Now() + absl::Seconds(10));
+  auto conn = ConnectTaken(client, peer, &observer);
   ASSERT_TRUE(conn.ok()) << conn.status();
-  ASSERT_TRUE(peer.Accept());
   (*conn)->Close();
   EXPECT_TRUE(peer.SeesEof()) << "the peer never saw the connection close";
   EXPECT_EQ(observer.Closed(absl::Seconds(10)).size(), 1u) << "OnClosed not called exactly once";
@@ -253,7 +295,7 @@ TEST(TcpTransport, KeepaliveAndPeerTimeoutReachTheSocketCutToLinuxLimits) {
     tcp.keepalive_ms = c.keepalive_ms;
     tcp.peer_timeout_ms = c.peer_timeout_ms;
     TcpTransport client(options, tcp);
-    auto conn = client.Connect(peer.address(), &observer, absl::Now() + absl::Seconds(10));
+    auto conn = ConnectTaken(client, peer, &observer);
     ASSERT_TRUE(conn.ok()) << conn.status();
     const int fd = SocketConnectedTo(peer.port());
     ASSERT_GE(fd, 0) << "no socket connected to port " << peer.port();
@@ -261,6 +303,189 @@ TEST(TcpTransport, KeepaliveAndPeerTimeoutReachTheSocketCutToLinuxLimits) {
     EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_KEEPIDLE), c.idle_s);
     EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT), c.user_timeout_ms);
   }
+}
+
+// Connect returns a connection only once the server has taken it (its
+// kHello came): a TCP connect completes in the kernel before the server
+// sees it, and calls sent into a connection it then refuses or resets were
+// lost. Anything else from the peer fails the connect, saying what came.
+TEST(TcpTransport, ConnectReturnsOnlyOnceTheServerTookTheConnection) {
+  NoObserver observer;  // outlives the transport, which calls it
+  TcpTransport client(TransportOptions{});
+  const auto connect_to = [&](SilentPeer& peer, absl::Duration timeout,
+                              const std::function<void()>& server_side) {
+    auto connecting = std::async(std::launch::async, [&] {
+      return client.Connect(peer.address(), &observer, absl::Now() + timeout);
+    });
+    server_side();
+    return connecting.get();
+  };
+  {
+    SilentPeer peer;
+    auto conn = connect_to(peer, absl::Seconds(10), [&] {
+      ASSERT_TRUE(peer.Accept(/*greet=*/false));
+      peer.CloseAccepted();
+    });
+    ASSERT_FALSE(conn.ok()) << "a connection the server closed untaken was returned";
+    EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable) << conn.status();
+    EXPECT_NE(conn.status().message().find("closed the connection before it took it"),
+              absl::string_view::npos)
+        << conn.status();
+  }
+  {
+    SilentPeer peer;
+    auto conn = connect_to(peer, absl::Seconds(10), [&] {
+      ASSERT_TRUE(peer.Accept(/*greet=*/false));
+      Header go_away;
+      go_away.kind = MessageKind::kGoAway;
+      std::string frame(kHeaderSize, '\0');
+      EncodeHeader(go_away, frame.data());
+      ASSERT_TRUE(peer.Write(frame));
+    });
+    ASSERT_FALSE(conn.ok()) << "a connection that opened with a GOAWAY was returned";
+    EXPECT_NE(conn.status().message().find("first frame is of kind 6, not an empty kHello"),
+              absl::string_view::npos)
+        << conn.status();
+  }
+  {
+    SilentPeer peer;
+    auto conn = connect_to(peer, absl::Milliseconds(300),
+                           [&] { ASSERT_TRUE(peer.Accept(/*greet=*/false)); });
+    ASSERT_FALSE(conn.ok()) << "a connection the server never took was returned";
+    EXPECT_NE(conn.status().message().find("timed out waiting for the server to take"),
+              absl::string_view::npos)
+        << conn.status();
+  }
+}
+
+// A connection the server's runtime refuses (on_accept returns null: it is
+// shutting down) fails the client's Connect, and one it takes carries frames.
+TEST(TcpTransport, AConnectionTheServerRefusesFailsTheConnect) {
+  NoObserver client_observer;
+  NoObserver server_observer;
+  std::atomic<bool> refuse{true};
+  TransportOptions server_options;
+  server_options.name = "refusing-server";
+  TcpTransport server(server_options);
+  auto listener = server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
+                                [&](std::shared_ptr<Connection>) -> ConnectionObserver* {
+                                  return refuse.load() ? nullptr : &server_observer;
+                                });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  TcpTransport client(TransportOptions{});
+  auto refused =
+      client.Connect((*listener)->address(), &client_observer, absl::Now() + absl::Seconds(10));
+  ASSERT_FALSE(refused.ok()) << "a connection the server refused was returned";
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_NE(refused.status().message().find("before it took it"), absl::string_view::npos)
+      << refused.status();
+  refuse = false;
+  auto taken =
+      client.Connect((*listener)->address(), &client_observer, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  OutboundMessage m;
+  m.header.kind = MessageKind::kRequest;
+  m.header.call_id = 7;
+  ASSERT_TRUE((*taken)->Send(std::move(m)).ok());
+  EXPECT_EQ(server_observer.FirstCallId(absl::Seconds(10)), 7u) << "the frame never arrived";
+}
+
+// Delivered means acknowledged by the peer, not written to the socket: a
+// server shutting down closes once its connections are delivered, and a
+// close that turns into a reset drops what the kernel still held.
+TEST(TcpTransport, DeliveredWaitsUntilThePeerHasTheBytes) {
+  SilentPeer peer;
+  NoObserver observer;  // outlives the transport, which calls it
+  TcpTransport client(TransportOptions{});
+  auto conn = ConnectTaken(client, peer, &observer);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  constexpr size_t kPayload = 256 << 10;
+  auto payload = (*conn)->AllocatePayload(kPayload);
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  OutboundMessage m;
+  m.header.kind = MessageKind::kRequest;
+  m.payload = std::move(*payload);
+  ASSERT_TRUE((*conn)->Send(std::move(m)).ok());
+  const absl::Time until = absl::Now() + absl::Milliseconds(500);
+  while (absl::Now() < until) {
+    ASSERT_FALSE((*conn)->Delivered()) << "delivered while the peer has read nothing";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(peer.ReadUpTo(kHeaderSize + kPayload), kHeaderSize + kPayload);
+  const absl::Time settle = absl::Now() + absl::Seconds(10);
+  while (!(*conn)->Delivered() && absl::Now() < settle) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_TRUE((*conn)->Delivered()) << "not delivered once the peer read every byte";
+}
+
+// A listener destroyed while the I/O thread is busy, with a connection
+// arriving behind the destruction: the batch that runs the destruction's
+// task also reports the listener readable, and that event must not reach
+// the listener, which its owner frees as soon as the task has run (ASan
+// reported the use after free).
+TEST(TcpTransport, AListenerDestroyedMidBatchGetsNoMoreEvents) {
+  class Blocking : public ConnectionObserver {
+   public:
+    void OnMessage(Connection&, InboundMessage&&) override {
+      std::unique_lock<std::mutex> lock(mu_);
+      blocked_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return released_; });
+    }
+    void OnClosed(Connection&, const absl::Status&) override {}
+    void AwaitBlocked() {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return blocked_; });
+    }
+    void Release() {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = true;
+      cv_.notify_all();
+    }
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool blocked_ = false;
+    bool released_ = false;
+  };
+  Blocking blocking;
+  NoObserver client_observer;
+  TcpTransport server(TransportOptions{});
+  std::atomic<int> accepted{0};
+  auto busy = server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
+                            [&](std::shared_ptr<Connection>) -> ConnectionObserver* {
+                              ++accepted;
+                              return &blocking;
+                            });
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  auto doomed = server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
+                              [&](std::shared_ptr<Connection>) -> ConnectionObserver* {
+                                ++accepted;
+                                return &blocking;
+                              });
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  const int doomed_port = (*doomed)->address().port;
+
+  TcpTransport client(TransportOptions{});
+  auto conn = client.Connect((*busy)->address(), &client_observer, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  OutboundMessage m;
+  m.header.kind = MessageKind::kRequest;
+  ASSERT_TRUE((*conn)->Send(std::move(m)).ok());
+  blocking.AwaitBlocked();  // the I/O thread is in OnMessage now
+
+  auto destroying = std::async(std::launch::async, [&] { doomed->reset(); });
+  absl::SleepFor(absl::Milliseconds(50));  // its task is queued, the wake-up fd readable
+  const int raw = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(doomed_port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(raw, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  blocking.Release();
+  ASSERT_EQ(destroying.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  close(raw);
+  EXPECT_EQ(accepted.load(), 1) << "the destroyed listener accepted a connection";
 }
 
 }  // namespace
