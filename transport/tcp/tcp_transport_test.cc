@@ -1,7 +1,9 @@
 // TcpTransport against a raw socket peer: what a peer that stops reading can
 // make a sender hold, closing a connection from our side, and a connect that
 // waits on a peer that does not answer; the keepalive and peer timeout the
-// connection's socket gets.
+// connection's socket gets; a connect that returns only once the server took
+// the connection (kHello); Delivered waiting for the peer's acknowledgment;
+// a listener destroyed while its events are due.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
