@@ -454,17 +454,13 @@ TEST(TcpTransport, AListenerDestroyedMidBatchGetsNoMoreEvents) {
   NoObserver client_observer;
   TcpTransport server(TransportOptions{});
   std::atomic<int> accepted{0};
-  auto busy = server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
-                            [&](std::shared_ptr<Connection>) -> ConnectionObserver* {
-                              ++accepted;
-                              return &blocking;
-                            });
+  const auto take = [&](std::shared_ptr<Connection>) -> ConnectionObserver* {
+    ++accepted;
+    return &blocking;
+  };
+  auto busy = server.Listen(*ParseAddress("tcp://127.0.0.1:0"), take);
   ASSERT_TRUE(busy.ok()) << busy.status();
-  auto doomed = server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
-                              [&](std::shared_ptr<Connection>) -> ConnectionObserver* {
-                                ++accepted;
-                                return &blocking;
-                              });
+  auto doomed = server.Listen(*ParseAddress("tcp://127.0.0.1:0"), take);
   ASSERT_TRUE(doomed.ok()) << doomed.status();
   const int doomed_port = (*doomed)->address().port;
 
