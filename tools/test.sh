@@ -11,8 +11,9 @@
 # arguments go to every `bazel test`. RDMARPC_TEST_SANITIZERS=0 skips the
 # sanitizer rounds.
 # Ends with the tail of each failed test's log, one line naming each failed
-# test and its round, and then "N passed, N failed" (counting Bazel test runs):
-# CI shows only the last lines, and they must say what broke.
+# test and its round, each round's time, and then "N passed, N failed"
+# (counting Bazel test runs): CI shows only the last lines, and they must say
+# what broke, and where the time went when CI nears its limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,16 +24,18 @@ common=(--test_env=RDMARPC_VM_DIR --test_env=RDMARPC_VM --test_env=RDMARPC_TEST_
 
 failures=$(mktemp)
 excerpts=$(mktemp)
-trap 'rm -f "$log" "$failures" "$excerpts"' EXIT
+times=$(mktemp)
+trap 'rm -f "$log" "$failures" "$excerpts" "$times"' EXIT
 bad='(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FLAKY)'
 
 status=0
 run() {
   echo "== bazel test $*"
-  local round
+  local round began=$SECONDS
   round=$(mktemp)
   bazel test "${common[@]}" "$@" 2>&1 | tee "$round"
   local rc=${PIPESTATUS[0]}
+  printf '%6d s  bazel test %s\n' $((SECONDS - began)) "$*" >>"$times"
   cat "$round" >>"$log"
   # 4: no test matched the filter, which is not a failure.
   [ "$rc" = 0 ] || [ "$rc" = 4 ] || status=1
@@ -76,6 +79,9 @@ if [ -s "$failures" ]; then
   echo "failed:"
   sed 's/^/  /' "$failures"
 fi
+echo
+echo "rounds:"
+cat "$times"
 echo "test: done in $(( $(date +%s) - start )) s"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ] || status=1
