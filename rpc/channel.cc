@@ -14,6 +14,7 @@
 #include "base/stage_trace.h"
 #include "rpc/internal/own_thread.h"
 #include "rpc/internal/payload.h"
+#include "rpc/internal/user_code.h"
 
 namespace rdmarpc {
 
@@ -261,7 +262,6 @@ std::shared_ptr<transport::Connection> Channel::Start(
     const MethodInfo& method, ClientContext* ctx, const google::protobuf::MessageLite& request,
     google::protobuf::MessageLite* response, CallCallback done, bool inline_done) {
   RDMARPC_STAGE(kCallStart);
-  if (!options_.interceptors.empty()) InterceptStart(*ctx, method);
   Pending p;
   p.method = method.full_name;
   p.ctx = ctx;
@@ -272,6 +272,9 @@ std::shared_ptr<transport::Connection> Channel::Start(
     Deliver(std::move(p), Status(code, absl::StrCat(method.full_name, ": ", msg)));
     return nullptr;
   };
+  if (!options_.interceptors.empty() && !InterceptStart(*ctx, method, p)) {
+    return fail(StatusCode::kUnknown, "an interceptor threw an exception");
+  }
 
   // No clock read for a call without deadline (the common case): in a VM a
   // clock read is not free.
@@ -844,8 +847,15 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   Deliver(std::move(p), std::move(status));
 }
 
-void Channel::InterceptStart(ClientContext& ctx, const MethodInfo& method) {
-  for (const auto& interceptor : options_.interceptors) interceptor->OnStart(ctx, method.full_name);
+bool Channel::InterceptStart(ClientContext& ctx, const MethodInfo& method, Pending& p) {
+  for (const auto& interceptor : options_.interceptors) {
+    ++p.intercepted;
+    if (!internal::RunUserCode("an interceptor's OnStart", method.full_name,
+                               [&] { interceptor->OnStart(ctx, method.full_name); })) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::unique_ptr<Channel::Retry> Channel::MakeRetry(const MethodInfo& method,
@@ -906,21 +916,23 @@ void Channel::Resend(uint64_t id) {
 }
 
 void Channel::InterceptEnd(const Pending& p, const Status& status) {
-  const auto& interceptors = options_.interceptors;
-  for (auto it = interceptors.rbegin(); it != interceptors.rend(); ++it) {
-    (*it)->OnEnd(*p.ctx, p.method, status);
+  for (size_t i = p.intercepted; i-- > 0;) {
+    internal::RunUserCode("an interceptor's OnEnd", p.method,
+                          [&] { options_.interceptors[i]->OnEnd(*p.ctx, p.method, status); });
   }
 }
 
 void Channel::Deliver(Pending&& p, Status status) {
   p.ctx->ClearCancelHook();
-  if (!options_.interceptors.empty()) InterceptEnd(p, status);
-  if (p.inline_done) {
+  if (p.intercepted != 0) InterceptEnd(p, status);
+  if (p.inline_done) {  // the blocking Call's own, which does not throw
     std::move(p.done)(std::move(status));
     return;
   }
-  auto run = [done = std::move(p.done), status = std::move(status)]() mutable {
-    std::move(done)(std::move(status));
+  // Wherever it runs (a callback thread, the I/O thread, the timer thread),
+  // a throw would end the process; its call has ended already.
+  auto run = [done = std::move(p.done), status = std::move(status), method = p.method]() mutable {
+    internal::RunUserCode("the callback", method, [&] { std::move(done)(std::move(status)); });
   };
   if (callbacks_) {
     if (grouped_) {

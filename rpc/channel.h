@@ -174,7 +174,9 @@ class Channel {
   // Asynchronous unary call: `done` runs exactly once, on a callback thread.
   // The request is serialized before this returns; `ctx` and `response` must
   // stay alive until `done` runs. Never waits for a connection: a call made
-  // while there is none waits for the channel's connector (see above).
+  // while there is none waits for the channel's connector (see above). An
+  // exception out of `done` is logged on stderr and goes no further: the
+  // thread it ran on (maybe the transport's) carries on.
   void CallAsync(const MethodInfo& method, ClientContext* ctx,
                  const google::protobuf::MessageLite& request,
                  google::protobuf::MessageLite* response, CallCallback done);
@@ -225,6 +227,7 @@ class Channel {
     uint64_t timer = 0;
     transport::Connection* conn = nullptr;  // the connection the request went on
     std::unique_ptr<Retry> retry;           // only under a RetryPolicy
+    size_t intercepted = 0;                 // interceptors whose OnEnd runs
   };
 
   friend class ChannelGroup;
@@ -305,7 +308,9 @@ class Channel {
   // the last one there.
   bool RetryLocked(uint64_t id, const Status& status, std::shared_ptr<transport::Connection>* idle);
   // Out of line, apart from the fast path: ChannelOptions::interceptors.
-  void InterceptStart(ClientContext& ctx, const MethodInfo& method);
+  // InterceptStart counts in p.intercepted the OnStarts that ran, the last
+  // one included when it threw (then it returns false).
+  bool InterceptStart(ClientContext& ctx, const MethodInfo& method, Pending& p);
   void InterceptEnd(const Pending& p, const Status& status);
   std::unique_ptr<Retry> MakeRetry(const MethodInfo& method, const ClientContext& ctx,
                                    const google::protobuf::MessageLite& request, size_t size);

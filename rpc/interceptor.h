@@ -30,10 +30,12 @@
 // never block. One interceptor object serves every call of its server or
 // channel, from many threads at once.
 //
-// A server interceptor that throws does not take the server down: a throw
-// from OnRequest refuses the call UNKNOWN (as a status other than OK would),
-// one from OnResponse leaves the answer as it was; either is logged on
-// stderr.
+// An interceptor that throws does not take its process down; the exception
+// is logged on stderr. On a server, a throw from OnRequest refuses the call
+// UNKNOWN (as a status other than OK would), one from OnResponse leaves the
+// answer as it was. On a channel, a throw from OnStart ends the call UNKNOWN
+// before anything is sent (the OnEnd of that interceptor and those before it
+// run, as for any call), one from OnEnd leaves the call's status as it was.
 //
 // What they see: every call that a server's handler would run, and every
 // call a channel starts. A server refuses some requests before any

@@ -2182,6 +2182,114 @@ TEST_P(RpcSuite, AnInterceptorThatThrowsEndsOnlyItsCall) {
   }
 }
 
+// Journals each call's start and end under `name`, and throws where the
+// call's metadata "throw-in" says: "start" in OnStart, "end" in OnEnd (as a
+// metrics exporter might whose backend is down).
+class ThrowingClientInterceptor : public ClientInterceptor {
+ public:
+  ThrowingClientInterceptor(std::string name, Journal* journal, bool throws)
+      : name_(std::move(name)), journal_(journal), throws_(throws) {}
+  void OnStart(ClientContext& ctx, absl::string_view) override {
+    journal_->Add(name_ + " start");
+    if (throws_ && Where(ctx) == "start") throw std::runtime_error("no tracing span");
+  }
+  void OnEnd(const ClientContext& ctx, absl::string_view, const Status& status) override {
+    journal_->Add(absl::StrCat(name_, " end ", absl::StatusCodeToString(status.code())));
+    if (throws_ && Where(ctx) == "end") throw std::runtime_error("metrics backend down");
+  }
+
+ private:
+  static std::string Where(const ClientContext& ctx) {
+    for (const auto& [key, value] : ctx.metadata()) {
+      if (key == "throw-in") return value;
+    }
+    return "";
+  }
+  const std::string name_;
+  Journal* const journal_;
+  const bool throws_;
+};
+
+// The client's side of the rule above: a throw from an interceptor's OnStart
+// ends that call UNKNOWN unsent (the OnEnd of it and those before it run),
+// one from OnEnd leaves the status as it was, and one from an asynchronous
+// callback is logged and goes no further. The channel serves on, with
+// callbacks on callback threads and inline (on the I/O thread).
+TEST_P(RpcSuite, AClientCallbackOrInterceptorThatThrowsEndsOnlyItsCall) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_NE(ts.server, nullptr);
+  EchoService& echo = ts.service;
+  for (int callback_threads : {2, 0}) {
+    SCOPED_TRACE(absl::StrCat("callback_threads ", callback_threads));
+    Journal journal;
+    ChannelOptions options;
+    options.callback_threads = callback_threads;
+    options.interceptors = {std::make_shared<ThrowingClientInterceptor>("outer", &journal, false),
+                            std::make_shared<ThrowingClientInterceptor>("thrower", &journal, true),
+                            std::make_shared<ThrowingClientInterceptor>("inner", &journal, false)};
+    auto ch = MakeChannel(ts.address, options);
+    const int started_before = echo.started.load();
+    ::testing::internal::CaptureStderr();
+
+    const auto call = [&](const std::string& where, EchoResponse* resp) {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(20));
+      ctx.AddMetadata("throw-in", where);
+      return ch->Call(kEcho, &ctx, Req(where), resp);
+    };
+    EchoResponse resp;
+    Status s = call("start", &resp);
+    EXPECT_EQ(s.code(), StatusCode::kUnknown) << s;
+    EXPECT_EQ(s.message(), absl::StrCat(kEcho.full_name, ": an interceptor threw an exception"));
+    EXPECT_EQ(echo.started.load(), started_before) << "a call whose OnStart threw was sent";
+    EXPECT_EQ(journal.Take(),
+              (std::vector<std::string>{"outer start", "thrower start", "thrower end UNKNOWN",
+                                        "outer end UNKNOWN"}));
+
+    s = call("end", &resp);
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), "end");
+    EXPECT_EQ(journal.Take(),
+              (std::vector<std::string>{"outer start", "thrower start", "inner start",
+                                        "inner end OK", "thrower end OK", "outer end OK"}));
+
+    // Two asynchronous calls whose callbacks throw, then one whose does not.
+    std::atomic<int> ran{0};
+    std::vector<std::unique_ptr<ClientContext>> contexts;
+    std::vector<EchoResponse> responses(3);
+    std::promise<Status> last;
+    for (int i = 0; i < 3; ++i) {
+      contexts.push_back(std::make_unique<ClientContext>());
+      contexts.back()->set_timeout(absl::Seconds(20));
+      ch->CallAsync(kEcho, contexts.back().get(), Req("async"), &responses[i],
+                    [&, i](Status status) {
+                      ran.fetch_add(1);
+                      if (i < 2) throw std::runtime_error("callback bug");
+                      last.set_value(std::move(status));
+                    });
+    }
+    auto done = last.get_future();
+    ASSERT_EQ(done.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_TRUE(done.get().ok());
+    s = call("nowhere", &resp);
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), "nowhere");
+    journal.Take();
+    // Joins the threads the callbacks ran on: every throw is logged by then.
+    ch.reset();
+    EXPECT_EQ(ran.load(), 3);
+
+    const std::string logged = ::testing::internal::GetCapturedStderr();
+    const std::string method = kEcho.full_name;
+    for (const std::string& line :
+         {"rdmarpc: an interceptor's OnStart threw (call " + method + "): no tracing span",
+          "rdmarpc: an interceptor's OnEnd threw (call " + method + "): metrics backend down",
+          "rdmarpc: the callback threw (call " + method + "): callback bug"}) {
+      EXPECT_NE(logged.find(line), std::string::npos) << line << "\nnot in:\n" << logged;
+    }
+  }
+}
+
 // Refuses the first `failures` calls UNAVAILABLE, as a server that is
 // briefly unable to serve would, and counts the calls it saw.
 class FlakyInterceptor : public ServerInterceptor {

@@ -1,9 +1,10 @@
 // RunUserCode: runs code of the program's (a handler, an interceptor, an
-// OnCancel callback) where an exception out of it would otherwise end the
-// process: on a worker, the I/O thread or the timer thread. The exception is
-// logged on stderr and goes no further; the caller decides what the call
-// gets (UnaryHandler's `done` answers it UNKNOWN, a refusing interceptor
-// refuses it).
+// OnCancel callback, a client's callback) where an exception out of it would
+// otherwise end the process: on a worker, a callback thread, the I/O thread
+// or the timer thread. The exception is logged on stderr and goes no
+// further; the caller decides what the call gets (UnaryHandler's `done`
+// answers it UNKNOWN, a refusing interceptor refuses it, a callback's call
+// has ended already).
 //
 //   if (!internal::RunUserCode("an interceptor's OnRequest", method, [&] {
 //         admitted = interceptor->OnRequest(ctx);
@@ -17,26 +18,31 @@
 
 #include <cstdio>
 #include <exception>
-#include <string>
 
 #include "absl/base/config.h"
+#include "absl/strings/string_view.h"
 
 namespace rdmarpc::internal {
 
-// Runs `code`, part of serving a call of `method`; `who` names it in the
-// log line ("the handler", "an interceptor's OnRequest"). False when it
-// threw.
-template <typename Code>
-bool RunUserCode(const char* who, const std::string& method, Code&& code) {
+// Runs `code`, part of a call of `method`; `who` names it in the log line
+// ("the handler", "an interceptor's OnRequest"). False when it threw.
+// `method` is anything absl::string_view is made from (a std::string, a
+// C string), and made into one only on a throw: a client's callback passes
+// a C string per call, whose length is not worth taking for nothing.
+template <typename Name, typename Code>
+bool RunUserCode(const char* who, const Name& method, Code&& code) {
 #ifdef ABSL_HAVE_EXCEPTIONS
   try {
     code();
     return true;
   } catch (const std::exception& e) {
-    fprintf(stderr, "rdmarpc: %s threw serving %s: %s\n", who, method.c_str(), e.what());
+    const absl::string_view name(method);
+    fprintf(stderr, "rdmarpc: %s threw (call %.*s): %s\n", who, static_cast<int>(name.size()),
+            name.data(), e.what());
   } catch (...) {
-    fprintf(stderr, "rdmarpc: %s threw serving %s: something not a std::exception\n", who,
-            method.c_str());
+    const absl::string_view name(method);
+    fprintf(stderr, "rdmarpc: %s threw (call %.*s): something not a std::exception\n", who,
+            static_cast<int>(name.size()), name.data());
   }
   return false;
 #else

@@ -19,7 +19,8 @@ has() {  # what, output, pattern
 # The kernel's message comes in the middle of a line of the command's (sent,
 # then half a second for the serial port to carry it): it is still moved to
 # the kernel's lines.
-out=$("$run" --timeout 120 bash -c 'echo "in the guest as $RDMARPC_VM_ROLE"
+# A time limit that leaves room for a real stuck boot and the second one.
+out=$("$run" --timeout 300 bash -c 'echo "in the guest as $RDMARPC_VM_ROLE"
   printf "a line that the kernel cuts: "; sleep 0.5
   echo "run_test: logged by the kernel" > /dev/kmsg; echo "its end"; exit 3' 2>&1)
 check "a command's exit status" $? 3
