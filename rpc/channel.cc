@@ -264,10 +264,20 @@ std::shared_ptr<transport::Connection> Channel::Start(
   RDMARPC_STAGE(kCallStart);
   Pending p;
   p.method = method.full_name;
-  p.ctx = ctx;
   p.response = response;
   p.done = std::move(done);
   p.inline_done = inline_done;
+  if (ctx->InUse()) {
+    // Ended without its context: the other call's cancel hook, metadata and
+    // results stay as they are, and no interceptor sees this one.
+    Deliver(std::move(p),
+            Status(StatusCode::kFailedPrecondition,
+                   absl::StrCat(method.full_name,
+                                ": its ClientContext belongs to a call that has not ended; "
+                                "each call needs a ClientContext of its own")));
+    return nullptr;
+  }
+  p.ctx = ctx;
   const auto fail = [&](StatusCode code, const std::string& msg) {
     Deliver(std::move(p), Status(code, absl::StrCat(method.full_name, ": ", msg)));
     return nullptr;
@@ -923,7 +933,7 @@ void Channel::InterceptEnd(const Pending& p, const Status& status) {
 }
 
 void Channel::Deliver(Pending&& p, Status status) {
-  p.ctx->ClearCancelHook();
+  if (p.ctx != nullptr) p.ctx->ClearCancelHook();
   if (p.intercepted != 0) InterceptEnd(p, status);
   if (p.inline_done) {  // the blocking Call's own, which does not throw
     std::move(p.done)(std::move(status));

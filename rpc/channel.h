@@ -220,7 +220,7 @@ class Channel {
   };
   struct Pending {
     const char* method = nullptr;  // full name (static), for error messages
-    ClientContext* ctx = nullptr;
+    ClientContext* ctx = nullptr;  // null for a call refused for its context in use
     google::protobuf::MessageLite* response = nullptr;
     CallCallback done;
     bool inline_done = false;

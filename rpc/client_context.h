@@ -1,6 +1,9 @@
 // ClientContext: per-call settings and results on the client side.
 //
-// One ClientContext per call (do not reuse it); it must outlive the call.
+// One ClientContext per call (do not reuse it); it must outlive the call. A
+// call made with a context whose call has not ended fails
+// FAILED_PRECONDITION at once and leaves that call alone (two calls started
+// with it at the same instant on two threads are not caught).
 //
 //   rdmarpc::ClientContext ctx;
 //   ctx.set_timeout(absl::Milliseconds(200));
@@ -107,6 +110,8 @@ class ClientContext {
   using CancelHook = void (*)(void* owner, uint64_t call_id);
   bool SetCancelHook(CancelHook hook, void* owner, uint64_t call_id);
   void ClearCancelHook();
+  // A call of this context has set its hook and not ended yet.
+  bool InUse() const { return (state_.load(std::memory_order_relaxed) & kHookSet) != 0; }
 
   absl::Time deadline_ = absl::InfiniteFuture();
   bool wait_for_ready_ = false;

@@ -51,9 +51,11 @@ EchoRequest Req(const std::string& data, int sleep_ms = 0) {
 
 // Starts a 30 s call to `method`, cancels it once its handler is running
 // (`started` past `started_before`), and expects the call to end CANCELLED
-// and the handler to see the cancel.
-void ExpectCancelReachesRunningHandler(Channel& ch, EchoService& service,
-                                       const MethodInfo& method, int started_before) {
+// and the handler to see the cancel. `while_running`, if any, runs with the
+// call's context just before the cancel.
+void ExpectCancelReachesRunningHandler(
+    Channel& ch, EchoService& service, const MethodInfo& method, int started_before,
+    const std::function<void(ClientContext&)>& while_running = nullptr) {
   ClientContext ctx;
   EchoResponse resp;
   std::promise<Status> result;
@@ -62,6 +64,7 @@ void ExpectCancelReachesRunningHandler(Channel& ch, EchoService& service,
   while (service.started.load() <= started_before && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(1));
   }
+  if (while_running) while_running(ctx);
   ctx.TryCancel();
   auto f = result.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
@@ -651,6 +654,28 @@ TEST_P(RpcSuite, CancelStopsThePendingCallAndTheHandler) {
   ASSERT_TRUE(ts.server);
   auto ch = MakeChannel(ts.address);
   ExpectCancelReachesRunningHandler(*ch, ts.service, kEcho, /*started_before=*/0);
+}
+
+// A ClientContext serves one call at a time: a call made with one whose call
+// is still pending fails FAILED_PRECONDITION at once, blocking or not,
+// unsent, and the pending call keeps its context: TryCancel still reaches it.
+TEST_P(RpcSuite, ACallWithAContextStillInUseFailsAndLeavesTheOtherCallAlone) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  ExpectCancelReachesRunningHandler(*ch, ts.service, kEcho, 0, [&](ClientContext& busy) {
+    EchoResponse resp;
+    Status s = ch->Call(kEcho, &busy, Req("second"), &resp);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("each call needs a ClientContext of its own"), std::string::npos)
+        << s;
+    std::promise<Status> async;
+    ch->CallAsync(kEcho, &busy, Req("third"), &resp, [&](Status st) { async.set_value(st); });
+    auto f = async.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_EQ(f.get().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(ts.service.started.load(), 1) << "a call with a context in use reached the server";
+  });
 }
 
 // Cancels and deadlines racing with responses: every call ends exactly once,
