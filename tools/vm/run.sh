@@ -246,13 +246,17 @@ show_command_kernel_log() {  # $1 = io dir
   as_kernel_lines <<<"$lines"
 }
 
-# Kills the VMs unless every guest reaches its command within boot_s.
+# Kills the VMs unless every guest reaches its command within boot_s. A slow
+# boot is reported: how long boots take under load is what boot_s is set by.
 watch_boot() {
   local t io up
   for (( t = 0; t < boot_s; t++ )); do
     up=1
     for io in "${ios[@]}"; do [ -e "$io/ready" ] || up=0; done
-    [ "$up" = 0 ] || return 0
+    if [ "$up" = 1 ]; then
+      [ "$t" -lt 30 ] || echo "rdmavm: INFRA: slow boot: the guests reached their command after ~$t s (~6 s is usual, $boot_s s the limit)" >&2
+      return 0
+    fi
     sleep 1
   done
   : > "$run/boot_hung"
