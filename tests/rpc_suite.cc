@@ -669,11 +669,18 @@ TEST_P(RpcSuite, ACallWithAContextStillInUseFailsAndLeavesTheOtherCallAlone) {
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
     EXPECT_NE(s.message().find("each call needs a ClientContext of its own"), std::string::npos)
         << s;
-    std::promise<Status> async;
-    ch->CallAsync(kEcho, &busy, Req("third"), &resp, [&](Status st) { async.set_value(st); });
-    auto f = async.get_future();
-    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-    EXPECT_EQ(f.get().code(), StatusCode::kFailedPrecondition);
+    // Shared: on the old code the call was sent, and its callback could
+    // come after this returned.
+    auto async = std::make_shared<std::promise<Status>>();
+    EchoResponse async_resp;
+    ch->CallAsync(kEcho, &busy, Req("third"), &async_resp,
+                  [async](Status st) { async->set_value(std::move(st)); });
+    auto f = async->get_future();
+    if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      ADD_FAILURE() << "the asynchronous call with a context in use did not end at once";
+    } else {
+      EXPECT_EQ(f.get().code(), StatusCode::kFailedPrecondition);
+    }
     EXPECT_EQ(ts.service.started.load(), 1) << "a call with a context in use reached the server";
   });
 }
@@ -2247,6 +2254,12 @@ TEST_P(RpcSuite, AClientCallbackOrInterceptorThatThrowsEndsOnlyItsCall) {
   for (int callback_threads : {2, 0}) {
     SCOPED_TRACE(absl::StrCat("callback_threads ", callback_threads));
     Journal journal;
+    // Before the channel, whose destruction ends the calls still pending if
+    // the test gives up on them.
+    std::atomic<int> ran{0};
+    std::vector<std::unique_ptr<ClientContext>> contexts;
+    std::vector<EchoResponse> responses(3);
+    std::promise<Status> last;
     ChannelOptions options;
     options.callback_threads = callback_threads;
     options.interceptors = {std::make_shared<ThrowingClientInterceptor>("outer", &journal, false),
@@ -2279,10 +2292,6 @@ TEST_P(RpcSuite, AClientCallbackOrInterceptorThatThrowsEndsOnlyItsCall) {
                                         "inner end OK", "thrower end OK", "outer end OK"}));
 
     // Two asynchronous calls whose callbacks throw, then one whose does not.
-    std::atomic<int> ran{0};
-    std::vector<std::unique_ptr<ClientContext>> contexts;
-    std::vector<EchoResponse> responses(3);
-    std::promise<Status> last;
     for (int i = 0; i < 3; ++i) {
       contexts.push_back(std::make_unique<ClientContext>());
       contexts.back()->set_timeout(absl::Seconds(20));
@@ -2294,8 +2303,11 @@ TEST_P(RpcSuite, AClientCallbackOrInterceptorThatThrowsEndsOnlyItsCall) {
                     });
     }
     auto done = last.get_future();
-    ASSERT_EQ(done.wait_for(std::chrono::seconds(20)), std::future_status::ready);
-    EXPECT_TRUE(done.get().ok());
+    if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      ADD_FAILURE() << "the asynchronous call after two throwing callbacks did not end";
+    } else {
+      EXPECT_TRUE(done.get().ok());
+    }
     s = call("nowhere", &resp);
     EXPECT_TRUE(s.ok()) << s;
     EXPECT_EQ(resp.data(), "nowhere");
