@@ -24,7 +24,8 @@
 #
 # A guest not booted within RDMARPC_VM_BOOT_TIMEOUT seconds (120) has its
 # kernel's log and stacks printed and is booted again, once
-# (RDMARPC_VM_FAKE_STUCK_BOOT=1 makes every boot stick, for run_test.sh).
+# (RDMARPC_VM_FAKE_STUCK_BOOT=1 makes every boot stick, for run_test.sh); one
+# that took RDMARPC_VM_SLOW_BOOT seconds (30) or more is reported.
 # A command still running close to the time limit (--timeout, or Bazel's
 # TEST_TIMEOUT where smaller; RDMARPC_VM_WATCHDOG seconds of guest uptime
 # where set) has the stacks of its processes printed and is killed.
@@ -157,6 +158,7 @@ margin_s=$(( limit_s / 4 > 60 ? limit_s / 4 : 60 ))
 # once. Seen here: 1 boot in ~160 printed nothing at all, and a CI run failed
 # on it as a test timeout.
 boot_s=${RDMARPC_VM_BOOT_TIMEOUT:-120}
+slow_boot_s=${RDMARPC_VM_SLOW_BOOT:-30}
 
 # cmd.sh: the caller's environment, working directory and command, for bash.
 # It marks the guest as booted ("ready") and runs the command under the watchdog.
@@ -254,7 +256,7 @@ watch_boot() {
     up=1
     for io in "${ios[@]}"; do [ -e "$io/ready" ] || up=0; done
     if [ "$up" = 1 ]; then
-      [ "$t" -lt 30 ] || echo "rdmavm: INFRA: slow boot: the guests reached their command after ~$t s (~6 s is usual, $boot_s s the limit)" >&2
+      [ "$t" -lt "$slow_boot_s" ] || echo "rdmavm: INFRA: slow boot: the guests reached their command after ~$t s (~6 s is usual, $boot_s s the limit)" >&2
       return 0
     fi
     sleep 1
