@@ -267,7 +267,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   p.response = response;
   p.done = std::move(done);
   p.inline_done = inline_done;
-  if (ctx->InUse()) {
+  if (!ctx->BeginCall()) {
     // Ended without its context: the other call's cancel hook, metadata and
     // results stay as they are, and no interceptor sees this one.
     Deliver(std::move(p),
@@ -933,7 +933,7 @@ void Channel::InterceptEnd(const Pending& p, const Status& status) {
 }
 
 void Channel::Deliver(Pending&& p, Status status) {
-  if (p.ctx != nullptr) p.ctx->ClearCancelHook();
+  if (p.ctx != nullptr) p.ctx->EndCall();
   if (p.intercepted != 0) InterceptEnd(p, status);
   if (p.inline_done) {  // the blocking Call's own, which does not throw
     std::move(p.done)(std::move(status));

@@ -35,6 +35,6 @@ bool ClientContext::SetCancelHook(CancelHook hook, void* owner, uint64_t call_id
   return true;
 }
 
-void ClientContext::ClearCancelHook() { state_.fetch_and(~kHookSet); }
+void ClientContext::EndCall() { state_.fetch_and(~(kHookSet | kInCall)); }
 
 }  // namespace rdmarpc

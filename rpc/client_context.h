@@ -2,8 +2,7 @@
 //
 // One ClientContext per call (do not reuse it); it must outlive the call. A
 // call made with a context whose call has not ended fails
-// FAILED_PRECONDITION at once and leaves that call alone (two calls started
-// with it at the same instant on two threads are not caught).
+// FAILED_PRECONDITION at once and leaves that call alone.
 //
 //   rdmarpc::ClientContext ctx;
 //   ctx.set_timeout(absl::Milliseconds(200));
@@ -103,15 +102,17 @@ class ClientContext {
 
  private:
   friend class Channel;
+  // As a call starts: marks the context as its own. False, changing nothing,
+  // when a call that has not ended holds it already.
+  bool BeginCall() { return (state_.fetch_or(kInCall) & kInCall) == 0; }
   // Called by the channel while the call is pending; cleared when it ends.
   // True when the context was cancelled already: the hook has run. A plain
   // function and its two arguments, not a std::function: every call sets and
   // clears it, and a std::function pays a type-erased manager call for each.
   using CancelHook = void (*)(void* owner, uint64_t call_id);
   bool SetCancelHook(CancelHook hook, void* owner, uint64_t call_id);
-  void ClearCancelHook();
-  // A call of this context has set its hook and not ended yet.
-  bool InUse() const { return (state_.load(std::memory_order_relaxed) & kHookSet) != 0; }
+  // As the call ends: clears the hook and frees the context for BeginCall.
+  void EndCall();
 
   absl::Time deadline_ = absl::InfiniteFuture();
   bool wait_for_ready_ = false;
@@ -126,10 +127,13 @@ class ClientContext {
   // hook's fields are written before kHookSet is published, and whichever of
   // SetCancelHook and TryCancel sets its bit second runs the hook, so it runs
   // once however the two race. A hook may still run just after
-  // ClearCancelHook (as with a lock, which would release before calling it);
-  // the channel's hook ignores a call id that has ended.
+  // EndCall (as with a lock, which would release before calling it); the
+  // channel's hook ignores a call id that has ended. kInCall is a bit of its
+  // own, not kHookSet: a call can end (its deadline) before its hook is set,
+  // and a hook set after that stays set.
   static constexpr uint32_t kCancelled = 1;
   static constexpr uint32_t kHookSet = 2;
+  static constexpr uint32_t kInCall = 4;
   std::atomic<uint32_t> state_{0};
   std::atomic<CancelHook> cancel_hook_{nullptr};
   std::atomic<void*> cancel_owner_{nullptr};
