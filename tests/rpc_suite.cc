@@ -2152,28 +2152,31 @@ TEST_P(RpcSuite, AnOnCancelCallbackThatThrowsEndsOnlyItsCall) {
   }
 }
 
+// The value of a call's metadata "throw-in": where the throwing
+// interceptors below throw.
+std::string ThrowIn(const Metadata& md) {
+  for (const auto& [key, value] : md) {
+    if (key == "throw-in") return value;
+  }
+  return "";
+}
+
 // Throws where the client's metadata "throw-in" says: "request" in
 // OnRequest (as a token parser might on a malformed token), "response" in
 // OnResponse. Counts the OnResponse calls it saw.
 class ThrowingInterceptor : public ServerInterceptor {
  public:
   Status OnRequest(ServerContext& ctx) override {
-    if (Where(ctx) == "request") throw std::invalid_argument("malformed token");
+    if (ThrowIn(ctx.client_metadata()) == "request") throw std::invalid_argument("malformed token");
     return Status();
   }
   void OnResponse(ServerContext& ctx, const Status&) override {
     responses.fetch_add(1);
-    if (Where(ctx) == "response") throw std::runtime_error("metrics backend down");
+    if (ThrowIn(ctx.client_metadata()) == "response") {
+      throw std::runtime_error("metrics backend down");
+    }
   }
   std::atomic<int> responses{0};
-
- private:
-  static std::string Where(const ServerContext& ctx) {
-    for (const auto& [key, value] : ctx.client_metadata()) {
-      if (key == "throw-in") return value;
-    }
-    return "";
-  }
 };
 
 // An interceptor that throws in OnRequest refuses that call UNKNOWN (its
@@ -2223,20 +2226,15 @@ class ThrowingClientInterceptor : public ClientInterceptor {
       : name_(std::move(name)), journal_(journal), throws_(throws) {}
   void OnStart(ClientContext& ctx, absl::string_view) override {
     journal_->Add(name_ + " start");
-    if (throws_ && Where(ctx) == "start") throw std::runtime_error("no tracing span");
+    if (throws_ && ThrowIn(ctx.metadata()) == "start") throw std::runtime_error("no tracing span");
   }
   void OnEnd(const ClientContext& ctx, absl::string_view, const Status& status) override {
     journal_->Add(absl::StrCat(name_, " end ", absl::StatusCodeToString(status.code())));
-    if (throws_ && Where(ctx) == "end") throw std::runtime_error("metrics backend down");
+    if (throws_ && ThrowIn(ctx.metadata()) == "end")
+      throw std::runtime_error("metrics backend down");
   }
 
  private:
-  static std::string Where(const ClientContext& ctx) {
-    for (const auto& [key, value] : ctx.metadata()) {
-      if (key == "throw-in") return value;
-    }
-    return "";
-  }
   const std::string name_;
   Journal* const journal_;
   const bool throws_;
