@@ -319,12 +319,13 @@ std::shared_ptr<transport::Connection> Channel::Start(
   std::shared_ptr<transport::Connection> conn;
   Watch* watch = nullptr;
   uint64_t id = 0;
+  bool cancelled = false;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_ && !queueing_) {
       conn = conn_;
       watch = BeginSendLocked();
-      id = TrackLocked(std::move(p), conn.get());
+      id = TrackLocked(std::move(p), conn.get(), &cancelled);
     }
   }
   if (!conn) {
@@ -341,10 +342,10 @@ std::shared_ptr<transport::Connection> Channel::Start(
     msg.header.timeout_us =
         std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
   }
-  const bool cancelled = ctx->SetCancelHook(&Channel::CancelHook, this, id);
-  // A call cancelled before it was sent has ended already. (One that timed
-  // out meanwhile is sent; its late response is dropped.)
+  // A call cancelled before it was sent ends unsent. (One that timed out
+  // meanwhile is sent; its late response is dropped.)
   if (cancelled) {
+    CancelHook(this, id);
     EndSend(watch, *conn);
     return nullptr;
   }
@@ -375,17 +376,18 @@ void Channel::Wait(const MethodInfo& method, Pending&& p,
   if (!ctx->metadata().empty()) w.metadata = transport::EncodeMetadata(ctx->metadata());
   w.attachment = std::move(attachment);
   w.wait_for_ready = ctx->wait_for_ready();
+  bool cancelled = false;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    w.id = TrackLocked(std::move(p), nullptr);
+    w.id = TrackLocked(std::move(p), nullptr, &cancelled);
+    if (!cancelled) {
+      waiting_.push_back(std::move(w));
+      queueing_ = true;
+    }
   }
-  // The hook before the connector can see the call: once sent, its response
-  // may end it at any moment, and a hook set after that would outlive it.
-  if (ctx->SetCancelHook(&Channel::CancelHook, this, w.id)) return;  // ended already
-  {
-    std::lock_guard<InlineMutex> lock(mu_);
-    waiting_.push_back(std::move(w));
-    queueing_ = true;
+  if (cancelled) {
+    CancelHook(this, w.id);
+    return;
   }
   WakeConnector();
 }
@@ -576,10 +578,12 @@ StatusOr<Attachment> Channel::AllocateAttachment(size_t size, size_t message_roo
   return Attachment(std::move(*memory), size);
 }
 
-uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn) {
+uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn, bool* cancelled) {
   p.conn = conn;
-  const absl::Time deadline = p.ctx->deadline();
+  ClientContext* const ctx = p.ctx;
+  const absl::Time deadline = ctx->deadline();
   const uint64_t id = pending_.Insert(std::move(p));
+  *cancelled = ctx->SetCancelHook(&Channel::CancelHook, this, id);
   if (deadline != absl::InfiniteFuture()) {
     pending_.Get(id)->timer = timers_->Schedule(
         deadline,

@@ -288,8 +288,13 @@ class Channel {
   ChannelState StateLocked() const;
   // Stops the connector and waits until it no longer uses the channel.
   void StopConnector(bool shut_transport_down);
-  // Gives the call its id and, with a deadline, its timer. Needs mu_.
-  uint64_t TrackLocked(Pending&& p, transport::Connection* conn);
+  // Gives the call its id, its cancel hook and, with a deadline, its timer.
+  // Needs mu_, so nothing ends the call before its hook is set: a hook set
+  // after its call ended would stay set, and the context's next TryCancel
+  // would run it on a channel that may be gone. Sets *cancelled when the
+  // context was cancelled already; the caller then ends the call, after
+  // letting go of mu_.
+  uint64_t TrackLocked(Pending&& p, transport::Connection* conn, bool* cancelled);
   // Ends call `id` with `status` unless it already ended; `msg` is the
   // response, if one came. Sends kCancel to the server when asked.
   void Complete(uint64_t id, Status status, transport::InboundMessage* msg, bool tell_server);

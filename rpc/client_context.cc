@@ -30,9 +30,7 @@ bool ClientContext::SetCancelHook(CancelHook hook, void* owner, uint64_t call_id
   cancel_hook_.store(hook, std::memory_order_relaxed);
   cancel_owner_.store(owner, std::memory_order_relaxed);
   cancel_call_id_.store(call_id, std::memory_order_relaxed);
-  if ((state_.fetch_or(kHookSet) & kCancelled) == 0) return false;
-  hook(owner, call_id);
-  return true;
+  return (state_.fetch_or(kHookSet) & kCancelled) != 0;
 }
 
 void ClientContext::EndCall() { state_.fetch_and(~(kHookSet | kInCall)); }

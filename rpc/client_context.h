@@ -105,10 +105,13 @@ class ClientContext {
   // As a call starts: marks the context as its own. False, changing nothing,
   // when a call that has not ended holds it already.
   bool BeginCall() { return (state_.fetch_or(kInCall) & kInCall) == 0; }
-  // Called by the channel while the call is pending; cleared when it ends.
-  // True when the context was cancelled already: the hook has run. A plain
-  // function and its two arguments, not a std::function: every call sets and
-  // clears it, and a std::function pays a type-erased manager call for each.
+  // Set by the channel under the lock that tracks the call, so that nothing
+  // ends the call before its hook is set; cleared when it ends. True when
+  // the context was cancelled already: the hook has not run, and the caller
+  // ends the call (once it has let go of that lock, which the hook takes). A
+  // plain function and its two arguments, not a std::function: every call
+  // sets and clears it, and a std::function pays a type-erased manager call
+  // for each.
   using CancelHook = void (*)(void* owner, uint64_t call_id);
   bool SetCancelHook(CancelHook hook, void* owner, uint64_t call_id);
   // As the call ends: clears the hook and frees the context for BeginCall.
@@ -125,12 +128,12 @@ class ClientContext {
   Attachment response_attachment_;
   // Cancellation without a lock (every call sets and clears the hook): the
   // hook's fields are written before kHookSet is published, and whichever of
-  // SetCancelHook and TryCancel sets its bit second runs the hook, so it runs
-  // once however the two race. A hook may still run just after
-  // EndCall (as with a lock, which would release before calling it); the
-  // channel's hook ignores a call id that has ended. kInCall is a bit of its
-  // own, not kHookSet: a call can end (its deadline) before its hook is set,
-  // and a hook set after that stays set.
+  // SetCancelHook and TryCancel sets its bit second runs the hook (for
+  // SetCancelHook, its caller), so it runs once however the two race. A hook
+  // may still run just after EndCall (as with a lock, which would release
+  // before calling it); the channel's hook ignores a call id that has ended.
+  // kInCall is a bit of its own, not kHookSet: a call holds its context from
+  // its start, before it is tracked and its hook set.
   static constexpr uint32_t kCancelled = 1;
   static constexpr uint32_t kHookSet = 2;
   static constexpr uint32_t kInCall = 4;
