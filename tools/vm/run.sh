@@ -24,7 +24,8 @@
 #
 # A guest not booted within RDMARPC_VM_BOOT_TIMEOUT seconds (120) has its
 # kernel's log and stacks printed and is booted again, once
-# (RDMARPC_VM_FAKE_STUCK_BOOT=1 makes every boot stick, for run_test.sh); one
+# (for run_test.sh, RDMARPC_VM_FAKE_STUCK_BOOT=1 makes every boot stick, and
+# =late makes each wait for the runner's diagnosis, as a slow boot would); one
 # that took RDMARPC_VM_SLOW_BOOT seconds (30) or more is reported.
 # A command still running close to the time limit (--timeout, or Bazel's
 # TEST_TIMEOUT where smaller; RDMARPC_VM_WATCHDOG seconds of guest uptime
@@ -174,6 +175,7 @@ write_cmd() {  # $1 = io dir, $2 = role, $3/$4 = self ip/ipv6, $5/$6 = peer ip/i
     printf 'export RDMARPC_VM_ROLE=%q RDMARPC_TEST_ADDR=%q RDMARPC_TEST_ADDR6=%q' "$role" "$self" "$self6"
     printf ' RDMARPC_PEER_ADDR=%q RDMARPC_PEER_ADDR6=%q RDMARPC_VM_OUT=%q\n' "$peer" "$peer6" "$io/out"
     [ -z "${XML_OUTPUT_FILE:-}" ] || printf 'export XML_OUTPUT_FILE=%q\n' "$io/test.xml"
+    [ "${RDMARPC_VM_FAKE_STUCK_BOOT:-}" != late ] || printf 'until [ -e %q ]; do sleep 0.2; done\n' "$io/unstick"
     printf ': > %q\n' "$io/ready"
     printf 'cd %q || exit 96\n' "$PWD"
     declare -f guest_descendants guest_watchdog_run
@@ -208,7 +210,7 @@ boot() {  # $1 = io dir, $2 = prefix for output lines, rest = extra qemu args
     -nodefaults -no-user-config -display none -no-reboot \
     -accel tcg,thread=multi -cpu max -m "${RDMARPC_VM_MEM:-2G}" -smp 2 \
     -kernel "$vm_dir/vmlinuz" -initrd "$vm_dir/initrd.cpio.gz" \
-    -append "console=ttyS0 panic=-1 loglevel=7 sysrq_always_enabled rdinit=/init clocksource=tsc tsc=reliable init_on_alloc=0" \
+    -append "console=ttyS0 panic=-1 loglevel=7 sysrq_always_enabled rdinit=/init nokaslr clocksource=tsc tsc=reliable init_on_alloc=0" \
     -serial stdio \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$io,mount_tag=io,security_model=none" \
@@ -248,30 +250,83 @@ show_command_kernel_log() {  # $1 = io dir
   as_kernel_lines <<<"$lines"
 }
 
-# Kills the VMs unless every guest reaches its command within boot_s. A slow
-# boot is reported: how long boots take under load is what boot_s is set by.
+# Where a stuck guest's vCPUs are, through qemu's monitor: a hang early in
+# boot comes before the keyboard driver that SysRq needs. Registers are read
+# twice, a second apart (a RIP that stays put, HLT=1, is a vCPU idle waiting
+# for an interrupt); then each vCPU's stack is read and the words that point
+# into kernel text are named, the oldest last, as the kernel's "?" entries
+# are: some are stale. Names come from the symbols prepare.sh read (the guest
+# boots with nokaslr, so they hold in every boot).
+show_vcpus() {  # $1 = io dir
+  local io=$1 look cpu rsp
+  # Opened read-write, a FIFO never blocks; what qemu wrote since boot
+  # (sendkey echoes and all) comes first and is skipped by the parser.
+  monitor() { printf '%s\n' "$@" 1<> "$io.mon.in"; sleep 1; timeout 1 cat "$io.mon.out" 2>/dev/null | tr -d '\r'; }
+  for look in 1 2; do
+    echo "rdmavm: INFRA: guest $(basename "$io")'s vCPUs (look $look of 2):" >&2
+    monitor 'info registers -a' > "$io.regs"
+    name_addresses regs < "$io.regs"
+  done
+  while read -r cpu rsp; do
+    monitor "cpu $cpu" "x/96gx 0x$rsp" | name_addresses "stack $cpu"
+  done < <(awk '/^CPU#/ { c = substr($1, 5) } /RSP=/ { match($0, /RSP=[0-9a-f]+/); print c, substr($0, RSTART + 4, RLENGTH - 4) }' "$io.regs")
+}
+
+# Reads the monitor's output; prints each vCPU's RIP ("regs") or the text
+# addresses in a stack dump ("stack N"), named from $vm_dir/kallsyms.
+name_addresses() {  # $1 = regs | "stack N"
+  awk -v what="$1" -v syms="$vm_dir/kallsyms" '
+    function name(a,   lo, hi, mid, off) {
+      if (n == 0 || a < addr[1] || a > addr[n]) return a
+      lo = 1; hi = n
+      while (lo < hi) { mid = int((lo + hi + 1) / 2); if (addr[mid] <= a) lo = mid; else hi = mid - 1 }
+      off = hex(a) - hex(addr[lo])
+      # Far past its symbol: init text, freed by then and not listed.
+      return off < 65536 ? sym[lo] "+0x" sprintf("%x", off) : a
+    }
+    function hex(h,   v, i) { v = 0; for (i = 9; i <= 16; i++) v = v * 16 + index("0123456789abcdef", substr(h, i, 1)) - 1; return v }
+    BEGIN {
+      # Kernel text addresses are 16 lower-case hex digits: as strings they
+      # compare as numbers; offsets need only the low 32 bits.
+      while ((getline line < syms) > 0) { split(line, f, " "); n++; addr[n] = f[1]; sym[n] = f[3] }
+    }
+    what == "regs" && /^CPU#/ { cpu = $1 }
+    what == "regs" && /^RIP=/ { print "rdmavm-vcpu: " cpu " RIP=" name(substr($1, 5)) " " $NF }
+    what != "regs" && /^[0-9a-f]+: 0x/ {
+      for (i = 2; i <= NF; i++) if ($i ~ /^0xffffffff8/) { a = substr($i, 3); if (a >= addr[1] && a <= addr[n]) t = t " " name(a) }
+    }
+    END { if (what != "regs") print "rdmavm-vcpu: CPU#" substr(what, 7) " stack:" (t == "" ? " (no kernel text addresses)" : t) }
+  ' >&2
+}
+
+# Kills the VMs unless every guest reaches its command within boot_s, or
+# while the stuck ones are looked into.
 watch_boot() {
   local t io up
   for (( t = 0; t < boot_s; t++ )); do
     up=1
     for io in "${ios[@]}"; do [ -e "$io/ready" ] || up=0; done
-    if [ "$up" = 1 ]; then
-      [ "$t" -lt "$slow_boot_s" ] || echo "rdmavm: INFRA: slow boot: the guests reached their command after ~$t s (~6 s is usual, $boot_s s the limit)" >&2
-      return 0
-    fi
+    [ "$up" = 0 ] || return 0
     sleep 1
   done
-  : > "$run/boot_hung"
-  local stuck=()
+  local stuck=() late=()
   for io in "${ios[@]}"; do
     [ -e "$io/ready" ] && continue
-    stuck+=("$io")
+    late+=("$io")
     echo "rdmavm: INFRA: guest $(basename "$io") not booted after ${boot_s} s; asking its kernel for stacks (SysRq w, l)" >&2
     # Opened read-write, a FIFO never blocks, even where qemu is gone.
     printf 'sendkey alt-sysrq-8\nsendkey alt-sysrq-w\nsendkey alt-sysrq-l\n' 1<> "$io.mon.in"
+    [ "${RDMARPC_VM_FAKE_STUCK_BOOT:-}" != late ] || : > "$io/unstick"
   done
   sleep 10
-  for io in "${stuck[@]}"; do show_kernel_log "$io" "is stuck in boot"; done
+  # One that got there meanwhile was slow, not stuck: it runs on.
+  for io in "${late[@]}"; do [ -e "$io/ready" ] || stuck+=("$io"); done
+  [ "${#stuck[@]}" != 0 ] || return 0
+  : > "$run/boot_hung"
+  for io in "${stuck[@]}"; do
+    show_kernel_log "$io" "is stuck in boot"
+    show_vcpus "$io"
+  done
   for io in "${ios[@]}"; do
     # qemu writes its pid file before the guest starts, but maybe after boot_s.
     t=0
@@ -290,7 +345,9 @@ write_env() {  # $1 = io dir, $2 = netdev kind, $3/$4 = self ip/ipv6
 
 # Writes each guest's files, boots the VMs and returns when they are all off.
 boot_all() {  # the command
-  local elapsed=$(( $(date +%s) - start )) i io role pids=()
+  local began elapsed i io role pids=()
+  began=$(date +%s)
+  elapsed=$(( began - start ))
   watchdog_s=${RDMARPC_VM_WATCHDOG:-$(( limit_s - margin_s - elapsed > 1 ? limit_s - margin_s - elapsed : 1 ))}
   rm -f "$run/boot_hung" "$run"/sock* "$run"/*.pid "$run"/*.mon.* "$run"/*.kernel
   for (( i = 0; i < vms; i++ )); do
@@ -314,6 +371,21 @@ boot_all() {  # the command
   wait "${pids[@]}"
   kill "$watcher" 2>/dev/null
   wait "$watcher" 2>/dev/null
+  [ -e "$run/boot_hung" ] || report_slow_boot "$began"
+}
+
+# How long boots take under load is what boot_s is set by, so a slow one is
+# reported. When the guests' "ready" files were made says it (the watcher may
+# be gone before it could), in the host's clock.
+report_slow_boot() {  # $1 = when qemu started, in seconds since the epoch
+  local io t slowest=0
+  for io in "${ios[@]}"; do
+    [ -e "$io/ready" ] || return 0
+    t=$(( $(stat -c %Y "$io/ready") - $1 ))
+    [ "$t" -le "$slowest" ] || slowest=$t
+  done
+  [ "$slowest" -lt "$slow_boot_s" ] \
+    || echo "rdmavm: INFRA: slow boot: the guests reached their command after ~$slowest s (~6 s is usual, $boot_s s the limit)" >&2
 }
 
 mtu=${RDMARPC_VM_MTU:-9000}
