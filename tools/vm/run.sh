@@ -252,24 +252,32 @@ show_command_kernel_log() {  # $1 = io dir
 
 # Where a stuck guest's vCPUs are, through qemu's monitor: a hang early in
 # boot comes before the keyboard driver that SysRq needs. Registers are read
-# twice, a second apart (a RIP that stays put, HLT=1, is a vCPU idle waiting
-# for an interrupt); then each vCPU's stack is read and the words that point
-# into kernel text are named, the oldest last, as the kernel's "?" entries
-# are: some are stale. Names come from the symbols prepare.sh read (the guest
-# boots with nokaslr, so they hold in every boot).
+# twice, a second apart (HLT=1 is a vCPU idle, waiting for an interrupt; a
+# RIP that differs between the two reads is one that runs); then each vCPU's
+# stack is read, and the words on it that point into kernel text are named,
+# innermost first (as with the kernel's "?" entries, some are stale). Names
+# come from the symbols prepare.sh read (the guest boots with nokaslr, so
+# they hold in every boot).
 show_vcpus() {  # $1 = io dir
   local io=$1 look cpu rsp
-  # Opened read-write, a FIFO never blocks; what qemu wrote since boot
-  # (sendkey echoes and all) comes first and is skipped by the parser.
-  monitor() { printf '%s\n' "$@" 1<> "$io.mon.in"; sleep 1; timeout 1 cat "$io.mon.out" 2>/dev/null | tr -d '\r'; }
   for look in 1 2; do
     echo "rdmavm: INFRA: guest $(basename "$io")'s vCPUs (look $look of 2):" >&2
-    monitor 'info registers -a' > "$io.regs"
+    ask_monitor "$io" 'info registers -a' > "$io.regs"
     name_addresses regs < "$io.regs"
   done
   while read -r cpu rsp; do
-    monitor "cpu $cpu" "x/96gx 0x$rsp" | name_addresses "stack $cpu"
+    ask_monitor "$io" "cpu $cpu" "x/96gx 0x$rsp" | name_addresses "stack $cpu"
   done < <(awk '/^CPU#/ { c = substr($1, 5) } /RSP=/ { match($0, /RSP=[0-9a-f]+/); print c, substr($0, RSTART + 4, RLENGTH - 4) }' "$io.regs")
+}
+
+# Gives qemu's monitor the commands and prints what it wrote since the last
+# time, which the parser skips but for the answers (sendkey echoes and all).
+ask_monitor() {  # $1 = io dir, rest = monitor commands
+  local io=$1; shift
+  # Opened read-write, a FIFO never blocks, even where qemu is gone.
+  printf '%s\n' "$@" 1<> "$io.mon.in"
+  sleep 1
+  timeout 1 cat "$io.mon.out" 2>/dev/null | tr -d '\r'
 }
 
 # Reads the monitor's output; prints each vCPU's RIP ("regs") or the text
