@@ -66,15 +66,17 @@ echo "$kernel_pkg" > "$vm_dir/kernel_pkg"
 # (run.sh, show_vcpus). Debian's package holds no real System.map (that is
 # in its 800 MB -dbg package), so one boot reads them; the guest boots with
 # nokaslr, so every boot has these addresses. Without them a stuck boot's
-# report gives bare addresses.
+# report gives bare addresses. The guest runs the command in this working
+# directory, which it lacks where that is under /tmp (the guest's own): "/".
+# The warning goes to stdout, as make deps hides this script's stderr.
 rm -f "$vm_dir/kallsyms"
-if RDMARPC_VM=always RDMARPC_VM_DIR=$vm_dir RDMARPC_VM_KEEP=$work/syms "$here/run.sh" --timeout 300 -- \
-    sh -c 'awk '"'"'$2 ~ /^[tTwW]$/ && NF == 3'"'"' /proc/kallsyms > "$RDMARPC_VM_OUT/kallsyms"' >"$work/syms.log" 2>&1 \
+if (cd / && RDMARPC_VM=always RDMARPC_VM_DIR=$vm_dir RDMARPC_VM_KEEP=$work/syms "$here/run.sh" --timeout 300 -- \
+    sh -c 'awk '"'"'$2 ~ /^[tTwW]$/ && NF == 3'"'"' /proc/kallsyms > "$RDMARPC_VM_OUT/kallsyms"') >"$work/syms.log" 2>&1 \
     && [ -s "$work/syms/kallsyms" ]; then
   cp "$work/syms/kallsyms" "$vm_dir/kallsyms"
 else
-  echo "prepare: warning: could not read the guest kernel's symbols (a stuck boot will be reported by address):" >&2
-  tail -n 20 "$work/syms.log" >&2
+  echo "prepare: warning: could not read the guest kernel's symbols (a stuck boot will be reported by address):"
+  tail -n 20 "$work/syms.log"
 fi
 echo "$stamp" > "$vm_dir/stamp"
 echo "prepare: done ($(wc -l < "$initrd/modules/order") modules)"
