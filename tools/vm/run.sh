@@ -301,7 +301,7 @@ name_addresses() {  # $1 = regs | "stack N"
     what == "regs" && /^CPU#/ { cpu = $1 }
     what == "regs" && /^RIP=/ { print "rdmavm-vcpu: " cpu " RIP=" name(substr($1, 5)) " " $NF }
     what != "regs" && /^[0-9a-f]+: 0x/ {
-      for (i = 2; i <= NF; i++) if ($i ~ /^0xffffffff8/) { a = substr($i, 3); if (a >= addr[1] && a <= addr[n]) t = t " " name(a) }
+      for (i = 2; i <= NF; i++) if ($i ~ /^0xffffffff8/) { a = substr($i, 3); if (n == 0 || (a >= addr[1] && a <= addr[n])) t = t " " name(a) }
     }
     END { if (what != "regs") print "rdmavm-vcpu: CPU#" substr(what, 7) " stack:" (t == "" ? " (no kernel text addresses)" : t) }
   ' >&2
@@ -383,8 +383,8 @@ boot_all() {  # the command
 }
 
 # How long boots take under load is what boot_s is set by, so a slow one is
-# reported. When the guests' "ready" files were made says it (the watcher may
-# be gone before it could), in the host's clock.
+# reported. Its time is when each guest's "ready" file was made, in the
+# host's clock: the watcher may be gone before it could say so.
 report_slow_boot() {  # $1 = when qemu started, in seconds since the epoch
   local io t slowest=0
   for io in "${ios[@]}"; do
