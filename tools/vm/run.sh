@@ -260,6 +260,7 @@ show_command_kernel_log() {  # $1 = io dir
 # they hold in every boot).
 show_vcpus() {  # $1 = io dir
   local io=$1 look cpu rsp
+  [ -s "$vm_dir/kallsyms" ] || echo "rdmavm: INFRA: no kernel symbols in $vm_dir/kallsyms, so the addresses below are bare: tools/vm/prepare.sh reads them (make deps), and says why it could not" >&2
   for look in 1 2; do
     echo "rdmavm: INFRA: guest $(basename "$io")'s vCPUs (look $look of 2):" >&2
     ask_monitor "$io" 'info registers -a' > "$io.regs"
