@@ -271,14 +271,19 @@ show_vcpus() {  # $1 = io dir
   done < <(awk '/^CPU#/ { c = substr($1, 5) } /RSP=/ { match($0, /RSP=[0-9a-f]+/); print c, substr($0, RSTART + 4, RLENGTH - 4) }' "$io.regs")
 }
 
-# Gives qemu's monitor the commands and prints what it wrote since the last
-# time, which the parser skips but for the answers (sendkey echoes and all).
-ask_monitor() {  # $1 = io dir, rest = monitor commands
+# Gives qemu's monitor the commands.
+tell_monitor() {  # $1 = io dir, rest = monitor commands
   local io=$1; shift
   # Opened read-write, a FIFO never blocks, even where qemu is gone.
   printf '%s\n' "$@" 1<> "$io.mon.in"
+}
+
+# Gives qemu's monitor the commands and prints what it wrote since the last
+# time, which the parser skips but for the answers (sendkey echoes and all).
+ask_monitor() {  # $1 = io dir, rest = monitor commands
+  tell_monitor "$@"
   sleep 1
-  timeout 1 cat "$io.mon.out" 2>/dev/null | tr -d '\r'
+  timeout 1 cat "$1.mon.out" 2>/dev/null | tr -d '\r'
 }
 
 # Reads the monitor's output; prints each vCPU's RIP ("regs") or the text
@@ -323,8 +328,7 @@ watch_boot() {
     [ -e "$io/ready" ] && continue
     late+=("$io")
     echo "rdmavm: INFRA: guest $(basename "$io") not booted after ${boot_s} s; asking its kernel for stacks (SysRq w, l)" >&2
-    # Opened read-write, a FIFO never blocks, even where qemu is gone.
-    printf 'sendkey alt-sysrq-8\nsendkey alt-sysrq-w\nsendkey alt-sysrq-l\n' 1<> "$io.mon.in"
+    tell_monitor "$io" 'sendkey alt-sysrq-8' 'sendkey alt-sysrq-w' 'sendkey alt-sysrq-l'
     [ "${RDMARPC_VM_FAKE_STUCK_BOOT:-}" != late ] || : > "$io/unstick"
   done
   sleep 10
