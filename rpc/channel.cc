@@ -584,7 +584,7 @@ uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn, bool* ca
   const absl::Time deadline = ctx->deadline();
   const uint64_t id = pending_.Insert(std::move(p));
   *cancelled = ctx->SetCancelHook(&Channel::CancelHook, this, id);
-  if (deadline != absl::InfiniteFuture()) {
+  if (!*cancelled && deadline != absl::InfiniteFuture()) {  // a cancelled one ends now
     pending_.Get(id)->timer = timers_->Schedule(
         deadline,
         [this, id] {
