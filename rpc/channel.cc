@@ -584,7 +584,13 @@ uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn, bool* ca
   const absl::Time deadline = ctx->deadline();
   const uint64_t id = pending_.Insert(std::move(p));
   *cancelled = ctx->SetCancelHook(&Channel::CancelHook, this, id);
-  if (!*cancelled && deadline != absl::InfiniteFuture()) {  // a cancelled one ends now
+  if (*cancelled) {
+    // It ends unsent, so its cancel has no server to tell: a kCancel would
+    // name a call id the server never saw.
+    pending_.Get(id)->conn = nullptr;
+    return id;
+  }
+  if (deadline != absl::InfiniteFuture()) {
     pending_.Get(id)->timer = timers_->Schedule(
         deadline,
         [this, id] {

@@ -292,8 +292,8 @@ class Channel {
   // Needs mu_, so nothing ends the call before its hook is set: a hook set
   // after its call ended would stay set, and the context's next TryCancel
   // would run it on a channel that may be gone. Sets *cancelled when the
-  // context was cancelled already; the caller then ends the call, after
-  // letting go of mu_.
+  // context was cancelled already; the caller then ends the call, unsent,
+  // after letting go of mu_.
   uint64_t TrackLocked(Pending&& p, transport::Connection* conn, bool* cancelled);
   // Ends call `id` with `status` unless it already ended; `msg` is the
   // response, if one came. Sends kCancel to the server when asked.

@@ -244,6 +244,26 @@ TEST_F(BadServerTest, AnswersToCallsNobodyMadeAreIgnored) {
   EXPECT_TRUE(call->Wait().ok());
 }
 
+// A call whose context was cancelled before it started ends CANCELLED and
+// puts nothing on the wire, not even a kCancel for the id it never sent.
+TEST_F(BadServerTest, ACallCancelledBeforeItStartsSendsNothing) {
+  ExpectNextCallServed();  // connected: the call takes the direct path
+  ClientContext cancelled;
+  cancelled.TryCancel();
+  EchoRequest request;
+  request.set_data("never");
+  EchoResponse response;
+  const Status s = channel_->Call(kEcho, &cancelled, request, &response);
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s;
+  Header next;
+  auto call = StartCall(&next, "after");
+  ASSERT_TRUE(peer_);
+  EXPECT_EQ(next.kind, MessageKind::kRequest)
+      << "a frame of kind " << static_cast<int>(next.kind) << " came first";
+  peer_->SendFrame(Response(next.call_id), "", EchoResponseBytes("after"));
+  EXPECT_TRUE(call->Wait().ok());
+}
+
 TEST_F(BadServerTest, GarbageEndsPendingCallsUnavailableAndTheChannelReconnects) {
   Header req;
   auto call = StartCall(&req);
