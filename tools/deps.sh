@@ -16,6 +16,8 @@ packages=(
   qemu-system-x86 busybox-static kmod cpio
   # the VM runner's watchdog prints a hung test's stacks with it
   gdb
+  # tests/with_own_etc_hosts.sh: unshare and mount
+  util-linux mount
   # bench/grpc_bench measures gRPC beside rdmarpc (its smoke test runs in
   # make test)
   libgrpc++-dev protobuf-compiler-grpc

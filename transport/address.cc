@@ -1,7 +1,11 @@
 #include "transport/address.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <string.h>
+
+#include <algorithm>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -45,22 +49,54 @@ absl::StatusOr<Address> ParseAddress(absl::string_view text) {
   return a;
 }
 
-absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* len) {
+absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* res = nullptr;
   const std::string port = std::to_string(addr.port);
   const int rc = getaddrinfo(addr.host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
+  if (rc != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot resolve ", addr.ToString(), ": ", gai_strerror(rc)));
   }
-  sockaddr_storage ss{};
-  memcpy(&ss, res->ai_addr, res->ai_addrlen);
-  if (len) *len = res->ai_addrlen;
+  std::vector<SocketAddress> out;
+  for (const addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    if (ai->ai_addrlen > sizeof(sockaddr_storage)) continue;
+    SocketAddress a{};
+    memcpy(&a.storage, ai->ai_addr, ai->ai_addrlen);
+    a.len = ai->ai_addrlen;
+    // A name listed twice in /etc/hosts comes back twice.
+    const bool seen = std::any_of(out.begin(), out.end(), [&](const SocketAddress& b) {
+      return b.len == a.len && memcmp(&b.storage, &a.storage, a.len) == 0;
+    });
+    if (!seen) out.push_back(a);
+  }
   freeaddrinfo(res);
-  return ss;
+  if (out.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", addr.ToString(), ": no address of a stream socket"));
+  }
+  return out;
+}
+
+absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* len) {
+  auto all = ResolveAddresses(addr);
+  if (!all.ok()) return all.status();
+  if (len) *len = all->front().len;
+  return all->front().storage;
+}
+
+std::string SockaddrString(const sockaddr* sa) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
+    return absl::StrCat(host, ":", ntohs(in->sin_port));
+  }
+  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+  return absl::StrCat("[", host, "]:", ntohs(in6->sin6_port));
 }
 
 }  // namespace rdmarpc::transport

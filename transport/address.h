@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -25,10 +26,25 @@ struct Address {
 
 absl::StatusOr<Address> ParseAddress(absl::string_view text);
 
-// The socket address of host:port (first result of getaddrinfo), with its
-// length in *len when len is not null. UNAVAILABLE naming the address if it
-// does not resolve.
+// One result of a name's resolution: what connect(2) and bind(2) take.
+struct SocketAddress {
+  sockaddr_storage storage;
+  socklen_t len;
+};
+
+// Every socket address of host:port, in getaddrinfo's order (RFC 6724: on
+// a stock Debian, "localhost" is [::1] first, then 127.0.0.1), each once.
+// A connect tries them in turn: a server that listens on one family only
+// is still found by name. UNAVAILABLE naming the address if it does not
+// resolve; never an empty list.
+absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr);
+
+// The first of ResolveAddresses, with its length in *len when len is not
+// null: where a server listens, and what names a local device.
 absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* len = nullptr);
+
+// "127.0.0.1:5000", "[::1]:5000": a socket address for error texts.
+std::string SockaddrString(const sockaddr* sa);
 
 }  // namespace rdmarpc::transport
 

@@ -81,18 +81,6 @@ std::string GidToString(const ibv_gid& gid) {
   return buf;
 }
 
-std::string SockaddrString(const sockaddr* sa) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  if (sa->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    return absl::StrCat(host, ":", ntohs(in->sin_port));
-  }
-  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-  return absl::StrCat("[", host, "]:", ntohs(in6->sin6_port));
-}
-
 std::string DescribeDevices() {
   std::string out;
   const int n = ForEachDevice([&](const char* name, ibv_context* ctx, const ibv_device_attr& attr) {

@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/address.h"
 #include "transport/rdma/rdma_options.h"
 
 namespace rdmarpc::transport::rdma {
@@ -42,7 +43,6 @@ std::string DescribeDevices();
 bool RdmaUsable();
 
 std::string GidToString(const ibv_gid& gid);
-std::string SockaddrString(const sockaddr* sa);
 
 // The IP address of the GID that `options` names (device, port, gid_index),
 // with `port` as its port number; nullopt when no GID is named or the port is

@@ -327,24 +327,54 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return absl::FailedPreconditionError("transport is shut down");
   }
-  auto dst = ResolveAddress(addr);
-  if (!dst.ok()) return dst.status();
+  auto addresses = ResolveAddresses(addr);
+  if (!addresses.ok()) return addresses.status();
   auto src = NamedGidAddress(rdma_, 0);
   if (!src.ok()) return src.status();
-  if (src->has_value() && (*src)->ss_family != dst->ss_family) {
+  std::vector<SocketAddress> reachable = *addresses;
+  if (src->has_value()) {
+    // A named GID reaches the addresses of its own family only.
+    reachable.erase(std::remove_if(reachable.begin(), reachable.end(),
+                                   [&](const SocketAddress& a) {
+                                     return a.storage.ss_family != (*src)->ss_family;
+                                   }),
+                    reachable.end());
+  }
+  if (reachable.empty()) {
     const auto family = [](const sockaddr_storage& a) {
       return a.ss_family == AF_INET ? "IPv4" : "IPv6";
     };
+    const sockaddr_storage& dst = addresses->front().storage;
     return absl::InvalidArgumentError(absl::StrCat(
-        "connect to ", addr.ToString(), ": RdmaOptions names device ", rdma_.device,
-        " gid_index ", rdma_.gid_index, ", whose address ",
+        "connect to ", addr.ToString(), ": RdmaOptions names device ", rdma_.device, " gid_index ",
+        rdma_.gid_index, ", whose address ",
         SockaddrHost(reinterpret_cast<const sockaddr*>(&**src)), " is ", family(**src),
-        " and cannot reach an ", family(*dst), " address. Name the GID that holds an ",
-        family(*dst), " address (`rdma link`, `ibv_devinfo -v`; an IPv4 one reads ::ffff:a.b.c.d), "
+        " and cannot reach an ", family(dst), " address. Name the GID that holds an ", family(dst),
+        " address (`rdma link`, `ibv_devinfo -v`; an IPv4 one reads ::ffff:a.b.c.d), "
         "or name no GID."));
   }
+  // Each address in turn, within the one deadline: a name may resolve to an
+  // address no device routes ([::1] for "localhost", where the server took
+  // 127.0.0.1).
+  if (reachable.size() == 1) return ConnectTo(reachable.front().storage, *src, observer, deadline);
+  std::string why;
+  absl::Status last;
+  for (const SocketAddress& a : reachable) {
+    auto conn = ConnectTo(a.storage, *src, observer, deadline);
+    if (conn.ok()) return conn;
+    last = conn.status();
+    absl::StrAppend(&why, why.empty() ? "" : "; ", last.message());
+    if (absl::IsFailedPrecondition(last) || absl::Now() >= deadline) break;
+  }
+  return absl::Status(last.code(), absl::StrCat("connect to ", addr.ToString(), ", each of its ",
+                                                reachable.size(), " addresses in turn: ", why));
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
+    sockaddr_storage dst, std::optional<sockaddr_storage> src, ConnectionObserver* observer,
+    absl::Time deadline) {
   auto at = std::make_shared<Attempt>();
-  at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&*dst)));
+  at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&dst)));
   at->observer = observer;
   auto result = at->done.get_future();
   const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
@@ -369,7 +399,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
       }
     }
     cm_targets_[at->id] = CmTarget{at, nullptr, {}};
-    sockaddr* from = src->has_value() ? reinterpret_cast<sockaddr*>(&**src) : nullptr;
+    sockaddr* from = src.has_value() ? reinterpret_cast<sockaddr*>(&*src) : nullptr;
     if (rdma_.trace) {
       TraceLine(options_.name,
                 absl::StrCat(at->target, ": resolving the address",
@@ -377,7 +407,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
                                                  rdma_.gid_index, ")")
                                   : "; rdma_cm picks the device"));
     }
-    if (rdma_resolve_addr(at->id, from, reinterpret_cast<sockaddr*>(&*dst), timeout_ms) != 0) {
+    if (rdma_resolve_addr(at->id, from, reinterpret_cast<sockaddr*>(&dst), timeout_ms) != 0) {
       cm_targets_.erase(at->id);
       rdma_destroy_id(at->id);
       at->Finish(absl::UnavailableError(absl::StrCat(

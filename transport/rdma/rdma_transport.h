@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -82,6 +83,11 @@ class RdmaTransport : public Transport {
   // thread, with no event unacked (rdma_destroy_id waits for its acks).
   void DestroyRetiredIds();
   void OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener);
+  // One address of Connect's: `src` is the named GID's address, if any.
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectTo(sockaddr_storage dst,
+                                                        std::optional<sockaddr_storage> src,
+                                                        ConnectionObserver* observer,
+                                                        absl::Time deadline);
   void AbandonAttempt(Attempt* at);
   absl::StatusOr<Endpoint*> EndpointFor(rdma_cm_id* id);
   // Logs the device, port and GID of the endpoint's first connection, and

@@ -61,21 +61,6 @@ void ConfigureConnectedSocket(int fd, const TcpOptions& options) {
   }
 }
 
-std::string SockaddrToString(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    port = ntohs(in->sin_port);
-    return absl::StrCat("tcp://", host, ":", port);
-  }
-  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
-  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-  port = ntohs(in6->sin6_port);
-  return absl::StrCat("tcp://[", host, "]:", port);
-}
-
 // Waits until `fd` has `events` (POLLIN, POLLOUT), `deadline` passes or
 // `stop_fd` becomes readable; the error is what ended the wait.
 absl::Status AwaitSocket(int fd, short events, int stop_fd, absl::Time deadline) {
@@ -496,7 +481,9 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
         return;
       }
       ConfigureConnectedSocket(fd, transport_->tcp_);
-      auto conn = std::make_shared<TcpConnection>(transport_, fd, SockaddrToString(ss), nullptr);
+      auto conn = std::make_shared<TcpConnection>(
+          transport_, fd, absl::StrCat("tcp://", SockaddrString(reinterpret_cast<sockaddr*>(&ss))),
+          nullptr);
       conn->HoldHello();
       ConnectionObserver* observer = on_accept_(conn);
       if (observer == nullptr) continue;  // refused: conn closes its fd
@@ -619,33 +606,52 @@ void TcpTransport::Forget(int fd) {
   conns_.erase(it);
 }
 
+absl::StatusOr<int> TcpTransport::ConnectSocket(const SocketAddress& to, absl::Time deadline) {
+  const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  const auto fail = [&](absl::Status s) {
+    close(fd);
+    return s;
+  };
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.len) != 0) {
+    if (errno != EINPROGRESS) return fail(absl::UnavailableError(ErrnoText(errno)));
+    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd_, deadline); !s.ok()) return fail(s);
+    int err = 0;
+    socklen_t elen = sizeof err;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+    if (err != 0) return fail(absl::UnavailableError(ErrnoText(err)));
+  }
+  if (absl::Status s = AwaitHello(fd, stop_fd_, deadline); !s.ok()) return fail(s);
+  return fd;
+}
+
 absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address& addr,
                                                                   ConnectionObserver* observer,
                                                                   absl::Time deadline) {
   if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
-  socklen_t len = 0;
-  auto ss = ResolveAddress(addr, &len);
-  if (!ss.ok()) return ss.status();
-  const int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  auto addresses = ResolveAddresses(addr);
+  if (!addresses.ok()) return addresses.status();
   const std::string target = addr.ToString();
-  auto fail = [&](const std::string& why) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("connect to ", target, ": ", why));
-  };
-  if (connect(fd, reinterpret_cast<sockaddr*>(&*ss), len) != 0) {
-    if (errno != EINPROGRESS) return fail(ErrnoText(errno));
-    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd_, deadline); !s.ok()) {
-      return fail(std::string(s.message()));
+  // Each address in turn, within the one deadline: a name may resolve to an
+  // address the server does not listen on ([::1] for "localhost", where the
+  // server took 127.0.0.1).
+  int fd = -1;
+  std::string why;
+  for (const SocketAddress& a : *addresses) {
+    absl::StatusOr<int> connected = ConnectSocket(a, deadline);
+    if (connected.ok()) {
+      fd = *connected;
+      break;
     }
-    int err = 0;
-    socklen_t elen = sizeof err;
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
-    if (err != 0) return fail(ErrnoText(err));
+    absl::StrAppend(
+        &why, why.empty() ? "" : "; ",
+        addresses->size() > 1
+            ? absl::StrCat(SockaddrString(reinterpret_cast<const sockaddr*>(&a.storage)), ": ")
+            : std::string(),
+        connected.status().message());
+    if (absl::IsCancelled(connected.status()) || absl::Now() >= deadline) break;
   }
-  if (absl::Status s = AwaitHello(fd, stop_fd_, deadline); !s.ok()) {
-    return fail(std::string(s.message()));
-  }
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("connect to ", target, ": ", why));
   ConfigureConnectedSocket(fd, tcp_);
   auto conn = std::make_shared<TcpConnection>(this, fd, target, observer);
   bool adopted = false;

@@ -58,6 +58,9 @@ class TcpTransport : public Transport {
   };
 
   void Loop();
+  // A socket connected to `to` whose server has sent its kHello, by
+  // `deadline`; else why not (CANCELLED once Shutdown has begun).
+  absl::StatusOr<int> ConnectSocket(const SocketAddress& to, absl::Time deadline);
   // Runs fn on the I/O thread and waits for it (runs inline on that thread).
   void RunInLoopAndWait(std::function<void()> fn);
   void Adopt(std::shared_ptr<TcpConnection> conn);  // I/O thread
