@@ -87,16 +87,23 @@ absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* 
   return all->front().storage;
 }
 
-std::string SockaddrString(const sockaddr* sa) {
+std::string SockaddrHost(const sockaddr* sa) {
   char host[INET6_ADDRSTRLEN] = "?";
   if (sa->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
-    return absl::StrCat(host, ":", ntohs(in->sin_port));
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, host, sizeof host);
+  } else {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, host, sizeof host);
   }
-  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
-  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-  return absl::StrCat("[", host, "]:", ntohs(in6->sin6_port));
+  return host;
+}
+
+std::string SockaddrString(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    return absl::StrCat(SockaddrHost(sa), ":",
+                        ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port));
+  }
+  return absl::StrCat("[", SockaddrHost(sa),
+                      "]:", ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port));
 }
 
 }  // namespace rdmarpc::transport

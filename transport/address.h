@@ -32,8 +32,8 @@ struct SocketAddress {
   socklen_t len;
 };
 
-// Every socket address of host:port, in getaddrinfo's order (RFC 6724: on
-// a stock Debian, "localhost" is [::1] first, then 127.0.0.1), each once.
+// Every socket address of host:port, in getaddrinfo's order of preference
+// (on a stock Debian "localhost" is [::1] first, then 127.0.0.1), each once.
 // A connect tries them in turn: a server that listens on one family only
 // is still found by name. UNAVAILABLE naming the address if it does not
 // resolve; never an empty list.
@@ -45,6 +45,8 @@ absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* 
 
 // "127.0.0.1:5000", "[::1]:5000": a socket address for error texts.
 std::string SockaddrString(const sockaddr* sa);
+// "127.0.0.1", "::1": its IP address alone.
+std::string SockaddrHost(const sockaddr* sa);
 
 }  // namespace rdmarpc::transport
 

@@ -24,17 +24,6 @@
 namespace rdmarpc::transport::rdma {
 namespace {
 
-// The IP address alone, as text.
-std::string SockaddrHost(const sockaddr* sa) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  if (sa->sa_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, host, sizeof host);
-  } else {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, host, sizeof host);
-  }
-  return host;
-}
-
 bool IsWildcard(const sockaddr* sa) {
   if (sa->sa_family == AF_INET) {
     return reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);

@@ -8,13 +8,17 @@
 //   bazel run //transport/rdma:rdmarpc_devices -- --to rdma://10.0.0.2:7471
 //
 // Honours the transport's RDMARPC_RDMA_DEVICE, _PORT and _GID_INDEX: a named
-// device or GID is checked as a connection checks it. Exit status 0 when a
-// device has an active port and the route asked for resolves, 1 otherwise.
+// device or GID is checked as a connection checks it. A host name gets a
+// line per address, as a connection tries each. Exit status 0 when a device
+// has an active port and the route to (an address of) --to resolves, 1
+// otherwise.
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "transport/address.h"
 #include "transport/rdma/device_selection.h"
@@ -44,21 +48,34 @@ int main(int argc, char** argv) {
     fprintf(stderr, "--to: %s\n", std::string(address.status().message()).c_str());
     return 1;
   }
-  auto sockaddr = rdmarpc::transport::ResolveAddress(*address);
-  if (!sockaddr.ok()) {
-    fprintf(stderr, "--to: %s\n", std::string(sockaddr.status().message()).c_str());
+  auto addresses = rdmarpc::transport::ResolveAddresses(*address);
+  if (!addresses.ok()) {
+    fprintf(stderr, "--to: %s\n", std::string(addresses.status().message()).c_str());
     return 1;
   }
+  // A connection tries the name's addresses in turn and takes the first
+  // that connects: each gets its line, and the first route found its
+  // perftest command.
   const rdma::RdmaOptions options = rdma::RdmaOptionsFromEnv();
-  auto route = rdma::ResolveRoute(reinterpret_cast<const struct sockaddr*>(&*sockaddr), options);
-  if (!route.ok()) {
-    printf("route to %s: %s\n", to.c_str(), std::string(route.status().message()).c_str());
-    return 1;
+  std::optional<rdma::Route> first;
+  std::string first_host;
+  for (const rdmarpc::transport::SocketAddress& a : *addresses) {
+    const auto* sa = reinterpret_cast<const struct sockaddr*>(&a.storage);
+    const std::string via =
+        addresses->size() > 1
+            ? absl::StrCat(" (address ", rdmarpc::transport::SockaddrString(sa), ")")
+            : std::string();
+    auto route = rdma::ResolveRoute(sa, options);
+    const std::string what = route.ok() ? route->text : std::string(route.status().message());
+    printf("route to %s%s: %s\n", to.c_str(), via.c_str(), what.c_str());
+    if (!route.ok() || first) continue;
+    first = *route;
+    first_host = addresses->size() > 1 ? rdmarpc::transport::SockaddrHost(sa) : address->host;
   }
-  printf("route to %s: %s\n", to.c_str(), route->text.c_str());
-  printf("the same path without rdmarpc (perftest, through rdma_cm as here): `ib_read_bw -R` on "
-         "%s, then `ib_read_bw -R -d %s -i %d %s` here; without -R name the GID: -x %d\n",
-         address->host.c_str(), route->device.c_str(), route->port, address->host.c_str(),
-         route->gid_index);
+  if (!first) return 1;
+  printf(
+      "the same path without rdmarpc (perftest, through rdma_cm as here): `ib_read_bw -R` on "
+      "%s, then `ib_read_bw -R -d %s -i %d %s` here; without -R name the GID: -x %d\n",
+      first_host.c_str(), first->device.c_str(), first->port, first_host.c_str(), first->gid_index);
   return 0;
 }

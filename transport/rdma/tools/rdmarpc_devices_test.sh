@@ -3,10 +3,12 @@
 # port and GIDs, finds the route to the VM's own address on the GID that
 # carries it (the entry the listing shows), checks a named device and GID as
 # a connection would, and fails with the reason and the devices for an
-# address no device reaches and for a device that is not the route's.
+# address no device reaches and for a device that is not the route's. A
+# name with two addresses gets a line for each.
 # (tools/rdma_sh_prelude.sh comes before this.)
 set -uo pipefail
 tool=$1
+with_own_etc_hosts=$2
 ip=$RDMARPC_TEST_ADDR
 check() {  # what, condition...
   local what=$1
@@ -58,6 +60,23 @@ check "an address no device reaches exits 1 (got $rc)" test "$rc" = 1
 check "the error says which step failed" contains "$out" "route to rdma://192.0.2.1:7471: rdma_resolve_"
 check "and why" contains "$out" "no RDMA device reaches it"
 check "the error lists the devices" contains "$out" "Devices: $dev port 1"
+
+# A name with two addresses, one that no device reaches (getaddrinfo puts
+# it second here, after the local one): a line for each, as a connection
+# tries each; the route found is enough (exit 0), and perftest's command
+# names its address. The name is in an /etc/hosts of
+# the command's own (tests/with_own_etc_hosts.sh).
+out=$(timeout 60 "$with_own_etc_hosts" bash -c \
+  'printf "192.0.2.1 two-addresses\n%s two-addresses\n" "$1" >"$RDMARPC_TEST_HOSTS" &&
+   "$2" --to rdma://two-addresses:7471' _ "$ip" "$tool" 2>&1)
+rc=$?
+echo "$out"
+check "a name with one address that routes exits 0 (got $rc)" test "$rc" = 0
+check "the address that does not route gets a line, with why" \
+  contains "$out" "route to rdma://two-addresses:7471 (address 192.0.2.1:7471): rdma_resolve_"
+check "the one that routes gets a line, with the route" contains "$out" \
+  "route to rdma://two-addresses:7471 (address $ip:7471): device $dev port 1 gid_index $gid"
+check "perftest's command names the address that routes" contains "$out" "ib_read_bw -R -d $dev -i 1 $ip"
 
 out=$("$tool" --to "$ip" 2>&1)
 rc=$?
