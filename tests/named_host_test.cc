@@ -1,13 +1,18 @@
 // A channel to a host name that resolves to several addresses tries each in
 // turn, so a server that listens on one family only is still reached by
 // name: on a stock Debian "localhost" is [::1] first, then 127.0.0.1, and a
-// server on 127.0.0.1 or 0.0.0.0 refuses [::1].
+// server on 127.0.0.1 or 0.0.0.0 refuses [::1]. An address that hangs gets
+// its share of the connect timeout, not all of it.
 //
 // Runs under tests/with_own_etc_hosts.sh, which gives the process an
 // /etc/hosts of its own (in a private mount namespace) at the path in
 // $RDMARPC_TEST_HOSTS, for names no machine has. The Tcp tests run on the
 // host; the Rdma one in the Soft-RoCE VM.
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <string>
@@ -47,8 +52,8 @@ void NameTwoAddresses(const std::string& first, const std::string& second) {
 
 uint16_t PortOf(const std::string& address) { return transport::ParseAddress(address)->port; }
 
-Status EchoOnce(const std::string& target, const std::string& data) {
-  auto ch = Channel::Create(target);
+Status EchoOnce(const std::string& target, const std::string& data, ChannelOptions options = {}) {
+  auto ch = Channel::Create(target, std::move(options));
   if (!ch.ok()) return ch.status();
   ClientContext ctx;
   ctx.set_timeout(absl::Seconds(20));
@@ -69,6 +74,44 @@ TEST(TcpNamedHost, ReachesAServerOnEitherOfTheNamesAddresses) {
     const Status s = EchoOnce(absl::StrCat("tcp://", kName, ":", PortOf(ts.address)), listen);
     EXPECT_TRUE(s.ok()) << listen << ": " << s;
   }
+}
+
+// A socket on [::1]:port that takes connections (the kernel's handshake)
+// but never accepts them, so no kHello comes: a server that hangs.
+class SilentListener {
+ public:
+  explicit SilentListener(uint16_t port) {
+    fd_ = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    setsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    a.sin6_port = htons(port);
+    listening_ = bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(fd_, 16) == 0;
+  }
+  ~SilentListener() { close(fd_); }
+  bool listening() const { return listening_; }
+
+ private:
+  int fd_ = -1;
+  bool listening_ = false;
+};
+
+// The name's first address hangs: it gets its share of connect_timeout,
+// not all of it, and the second address, where the server is, gets the rest.
+TEST(TcpNamedHost, AnAddressThatHangsLeavesTimeForTheNext) {
+  NameTwoAddresses("::1", "127.0.0.1");
+  TestServer ts("tcp://127.0.0.1:0");
+  ASSERT_TRUE(ts.server);
+  const uint16_t port = PortOf(ts.address);
+  SilentListener hangs(port);
+  ASSERT_TRUE(hangs.listening()) << "[::1]:" << port << ": " << strerror(errno);
+  ChannelOptions options;
+  options.connect_timeout = absl::Seconds(4);
+  const Status s =
+      EchoOnce(absl::StrCat("tcp://", kName, ":", port), "past the hang", std::move(options));
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(TcpNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
@@ -100,6 +143,24 @@ TEST(RdmaNamedHost, ReachesAServerOnTheNamesSecondAddress) {
   ASSERT_TRUE(ts.server);
   const Status s =
       EchoOnce(absl::StrCat("rdma://", kName, ":", PortOf(ts.address)), std::string(100, 'r'));
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// The name's first address is a host of the interface's IPv6 network that
+// does not exist: nothing answers there, and the attempt hangs until its
+// share of connect_timeout is over; the second address gets the rest.
+TEST(RdmaNamedHost, AnAddressThatHangsLeavesTimeForTheNext) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  const std::string ip6 = rdma::testing::RequireRdmaTestAddress6();
+  ASSERT_FALSE(ip.empty() || ip6.empty());
+  const std::string absent = ip6.substr(0, ip6.rfind(':') + 1) + "fe";
+  NameTwoAddresses(absent, ip);
+  TestServer ts("rdma://" + ip + ":0");
+  ASSERT_TRUE(ts.server);
+  ChannelOptions options;
+  options.connect_timeout = absl::Seconds(6);
+  const Status s = EchoOnce(absl::StrCat("rdma://", kName, ":", PortOf(ts.address)),
+                            "past the hang", std::move(options));
   EXPECT_TRUE(s.ok()) << s;
 }
 

@@ -80,6 +80,12 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
   return out;
 }
 
+absl::Time AttemptDeadline(absl::Time deadline, size_t left) {
+  if (left <= 1 || deadline == absl::InfiniteFuture()) return deadline;
+  const absl::Time now = absl::Now();
+  return deadline <= now ? deadline : now + (deadline - now) / static_cast<int64_t>(left);
+}
+
 absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* len) {
   auto all = ResolveAddresses(addr);
   if (!all.ok()) return all.status();

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace rdmarpc::transport {
 
@@ -38,6 +39,13 @@ struct SocketAddress {
 // is still found by name. UNAVAILABLE naming the address if it does not
 // resolve; never an empty list.
 absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr);
+
+// When a connect's attempt on one of its addresses must give up, so that
+// the `left` addresses still to try (this one included) share the time to
+// `deadline`: one that swallows its packets, or whose server never answers,
+// does not use up the time of those after it. Unbounded for an unbounded
+// deadline.
+absl::Time AttemptDeadline(absl::Time deadline, size_t left);
 
 // The first of ResolveAddresses, with its length in *len when len is not
 // null: where a server listens, and what names a local device.

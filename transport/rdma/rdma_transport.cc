@@ -342,14 +342,15 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
         " address (`rdma link`, `ibv_devinfo -v`; an IPv4 one reads ::ffff:a.b.c.d), "
         "or name no GID."));
   }
-  // Each address in turn, within the one deadline: a name may resolve to an
-  // address no device routes ([::1] for "localhost", where the server took
-  // 127.0.0.1).
+  // Each address in turn, sharing the deadline: a name may resolve to an
+  // address no device routes, or one the server does not listen on ([::1]
+  // for "localhost", where the server took 127.0.0.1).
   if (reachable.size() == 1) return ConnectTo(reachable.front().storage, *src, observer, deadline);
   std::string why;
   absl::Status last;
-  for (const SocketAddress& a : reachable) {
-    auto conn = ConnectTo(a.storage, *src, observer, deadline);
+  for (size_t i = 0; i < reachable.size(); ++i) {
+    auto conn = ConnectTo(reachable[i].storage, *src, observer,
+                          AttemptDeadline(deadline, reachable.size() - i));
     if (conn.ok()) return conn;
     last = conn.status();
     absl::StrAppend(&why, why.empty() ? "" : "; ", last.message());

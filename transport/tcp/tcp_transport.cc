@@ -632,13 +632,15 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
   const std::string target = addr.ToString();
-  // Each address in turn, within the one deadline: a name may resolve to an
+  // Each address in turn, sharing the deadline: a name may resolve to an
   // address the server does not listen on ([::1] for "localhost", where the
   // server took 127.0.0.1).
   int fd = -1;
   std::string why;
-  for (const SocketAddress& a : *addresses) {
-    absl::StatusOr<int> connected = ConnectSocket(a, deadline);
+  for (size_t i = 0; i < addresses->size(); ++i) {
+    const SocketAddress& a = (*addresses)[i];
+    absl::StatusOr<int> connected =
+        ConnectSocket(a, AttemptDeadline(deadline, addresses->size() - i));
     if (connected.ok()) {
       fd = *connected;
       break;
