@@ -7,7 +7,7 @@
 // Runs under tests/with_own_etc_hosts.sh, which gives the process an
 // /etc/hosts of its own (in a private mount namespace) at the path in
 // $RDMARPC_TEST_HOSTS, for names no machine has. The Tcp tests run on the
-// host; the Rdma one in the Soft-RoCE VM.
+// host, the Rdma ones in the Soft-RoCE VM.
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +16,6 @@
 
 #include <fstream>
 #include <string>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
