@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -26,6 +27,11 @@ struct Address {
 };
 
 absl::StatusOr<Address> ParseAddress(absl::string_view text);
+
+// "127.0.0.1:5000", "[::1]:5000": a socket address for error texts.
+std::string SockaddrString(const sockaddr* sa);
+// "127.0.0.1", "::1": its IP address alone.
+std::string SockaddrHost(const sockaddr* sa);
 
 // One result of a name's resolution: what connect(2) and bind(2) take.
 struct SocketAddress {
@@ -47,14 +53,33 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
 // deadline.
 absl::Time AttemptDeadline(absl::Time deadline, size_t left);
 
+// Runs `attempt(address, its_deadline)` on each address in turn, each
+// within its AttemptDeadline, until one succeeds, one fails for good
+// (`gives_up(status)`: the transport shuts down) or `deadline` passes. The
+// error has the last attempt's code and each attempt's message, after its
+// address when `name_each` (for messages that do not name it).
+template <typename T, typename Attempt, typename GivesUp>
+absl::StatusOr<T> TryEachAddress(const std::vector<SocketAddress>& addresses, absl::Time deadline,
+                                 bool name_each, Attempt attempt, GivesUp gives_up) {
+  std::string why;
+  absl::Status last;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    absl::StatusOr<T> result =
+        attempt(addresses[i], AttemptDeadline(deadline, addresses.size() - i));
+    if (result.ok()) return result;
+    last = result.status();
+    const sockaddr* sa = reinterpret_cast<const sockaddr*>(&addresses[i].storage);
+    absl::StrAppend(&why, why.empty() ? "" : "; ",
+                    name_each && addresses.size() > 1 ? SockaddrString(sa) + ": " : "",
+                    last.message());
+    if (gives_up(last) || absl::Now() >= deadline) break;
+  }
+  return absl::Status(last.code(), why);
+}
+
 // The first of ResolveAddresses, with its length in *len when len is not
 // null: where a server listens, and what names a local device.
 absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* len = nullptr);
-
-// "127.0.0.1:5000", "[::1]:5000": a socket address for error texts.
-std::string SockaddrString(const sockaddr* sa);
-// "127.0.0.1", "::1": its IP address alone.
-std::string SockaddrHost(const sockaddr* sa);
 
 }  // namespace rdmarpc::transport
 

@@ -345,19 +345,17 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
   // Each address in turn, sharing the deadline: a name may resolve to an
   // address no device routes, or one the server does not listen on ([::1]
   // for "localhost", where the server took 127.0.0.1).
-  if (reachable.size() == 1) return ConnectTo(reachable.front().storage, *src, observer, deadline);
-  std::string why;
-  absl::Status last;
-  for (size_t i = 0; i < reachable.size(); ++i) {
-    auto conn = ConnectTo(reachable[i].storage, *src, observer,
-                          AttemptDeadline(deadline, reachable.size() - i));
-    if (conn.ok()) return conn;
-    last = conn.status();
-    absl::StrAppend(&why, why.empty() ? "" : "; ", last.message());
-    if (absl::IsFailedPrecondition(last) || absl::Now() >= deadline) break;
-  }
-  return absl::Status(last.code(), absl::StrCat("connect to ", addr.ToString(), ", each of its ",
-                                                reachable.size(), " addresses in turn: ", why));
+  auto conn = TryEachAddress<std::shared_ptr<Connection>>(
+      reachable, deadline, /*name_each=*/false,
+      [&](const SocketAddress& a, absl::Time by) {
+        return ConnectTo(a.storage, *src, observer, by);
+      },
+      [](const absl::Status& s) { return absl::IsFailedPrecondition(s); });
+  if (conn.ok() || reachable.size() == 1) return conn;
+  return absl::Status(
+      conn.status().code(),
+      absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
+                   " addresses in turn: ", conn.status().message()));
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(

@@ -635,27 +635,15 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
   // Each address in turn, sharing the deadline: a name may resolve to an
   // address the server does not listen on ([::1] for "localhost", where the
   // server took 127.0.0.1).
-  int fd = -1;
-  std::string why;
-  for (size_t i = 0; i < addresses->size(); ++i) {
-    const SocketAddress& a = (*addresses)[i];
-    absl::StatusOr<int> connected =
-        ConnectSocket(a, AttemptDeadline(deadline, addresses->size() - i));
-    if (connected.ok()) {
-      fd = *connected;
-      break;
-    }
-    absl::StrAppend(
-        &why, why.empty() ? "" : "; ",
-        addresses->size() > 1
-            ? absl::StrCat(SockaddrString(reinterpret_cast<const sockaddr*>(&a.storage)), ": ")
-            : std::string(),
-        connected.status().message());
-    if (absl::IsCancelled(connected.status()) || absl::Now() >= deadline) break;
+  absl::StatusOr<int> fd = TryEachAddress<int>(
+      *addresses, deadline, /*name_each=*/true,
+      [this](const SocketAddress& a, absl::Time by) { return ConnectSocket(a, by); },
+      [](const absl::Status& s) { return absl::IsCancelled(s); });
+  if (!fd.ok()) {
+    return absl::UnavailableError(absl::StrCat("connect to ", target, ": ", fd.status().message()));
   }
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("connect to ", target, ": ", why));
-  ConfigureConnectedSocket(fd, tcp_);
-  auto conn = std::make_shared<TcpConnection>(this, fd, target, observer);
+  ConfigureConnectedSocket(*fd, tcp_);
+  auto conn = std::make_shared<TcpConnection>(this, *fd, target, observer);
   bool adopted = false;
   RunInLoopAndWait([&] {
     if (loop_exit_) return;
