@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares what the Soft-RoCE test VM boots: a stock Debian kernel and a small
 # busybox initramfs holding the modules for 9p, overlayfs and rdma_rxe/rdma_cm,
-# and the kernel's symbols, read in one boot of it. Idempotent: does nothing when $RDMARPC_VM_DIR already holds a matching image.
+# and the kernel's symbols, read in one boot of it. Idempotent: does nothing
+# when $RDMARPC_VM_DIR already holds a matching image.
 #
 # Usage: tools/vm/prepare.sh            (RDMARPC_VM_DIR defaults to .cache/vm)
 set -euo pipefail

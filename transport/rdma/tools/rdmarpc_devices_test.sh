@@ -64,8 +64,8 @@ check "the error lists the devices" contains "$out" "Devices: $dev port 1"
 # A name with two addresses, one that no device reaches (getaddrinfo puts
 # it second here, after the local one): a line for each, as a connection
 # tries each; the route found is enough (exit 0), and perftest's command
-# names its address. The name is in an /etc/hosts of
-# the command's own (tests/with_own_etc_hosts.sh).
+# names its address. The name is in an /etc/hosts of the command's own
+# (tests/with_own_etc_hosts.sh).
 out=$(timeout 60 "$with_own_etc_hosts" bash -c \
   'printf "192.0.2.1 two-addresses\n%s two-addresses\n" "$1" >"$RDMARPC_TEST_HOSTS" &&
    "$2" --to rdma://two-addresses:7471' _ "$ip" "$tool" 2>&1)
