@@ -200,7 +200,8 @@ class Server : private transport::ConnectionObserver {
 class ServerBuilder {
  public:
   // "tcp://host:port", "rdma://host:port" or "auto://host:port"; port 0 picks
-  // a free port, written to *selected_port by BuildAndStart.
+  // a free port, written to *selected_port by BuildAndStart. A host name
+  // means each of its addresses, on that one port.
   ServerBuilder& AddListeningPort(std::string address, int* selected_port = nullptr);
   // The service must outlive the server.
   ServerBuilder& RegisterService(Service* service);

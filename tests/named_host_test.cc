@@ -2,7 +2,8 @@
 // turn, so a server that listens on one family only is still reached by
 // name: on a stock Debian "localhost" is [::1] first, then 127.0.0.1, and a
 // server on 127.0.0.1 or 0.0.0.0 refuses [::1]. An address that hangs gets
-// its share of the connect timeout, not all of it.
+// its share of the connect timeout, not all of it. A server on such a name
+// listens on each of its addresses, so a client that dials either reaches it.
 //
 // Runs under tests/with_own_etc_hosts.sh, which gives the process an
 // /etc/hosts of its own (in a private mount namespace) at the path in
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "rpc/channel.h"
+#include "rpc/server.h"
 #include "tests/echo_service.h"
 #include "transport/address.h"
 #include "transport/rdma/testing/rdma_test_env.h"
@@ -75,8 +77,9 @@ TEST(TcpNamedHost, ReachesAServerOnEitherOfTheNamesAddresses) {
   }
 }
 
-// A socket on [::1]:port that takes connections (the kernel's handshake)
-// but never accepts them, so no kHello comes: a server that hangs.
+// A socket on [::1]:port (any free port for 0) that takes connections (the
+// kernel's handshake) but never accepts them, so no kHello comes: a server
+// that hangs, or a port some other program has taken.
 class SilentListener {
  public:
   explicit SilentListener(uint16_t port) {
@@ -88,13 +91,18 @@ class SilentListener {
     a.sin6_addr = in6addr_loopback;
     a.sin6_port = htons(port);
     listening_ = bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(fd_, 16) == 0;
+    socklen_t len = sizeof a;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin6_port);
   }
   ~SilentListener() { close(fd_); }
   bool listening() const { return listening_; }
+  uint16_t port() const { return port_; }
 
  private:
   int fd_ = -1;
   bool listening_ = false;
+  uint16_t port_ = 0;
 };
 
 // The name's first address hangs: it gets its share of connect_timeout,
@@ -131,6 +139,49 @@ TEST(TcpNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
   }
 }
 
+// A server on the name listens on both of its addresses, on one port.
+TEST(TcpNamedHost, AServerOnTheNameListensOnEachOfItsAddresses) {
+  NameTwoAddresses("::1", "127.0.0.1");
+  TestServer ts(absl::StrCat("tcp://", kName, ":0"));
+  ASSERT_TRUE(ts.server);
+  const uint16_t port = PortOf(ts.address);
+  for (const std::string& at :
+       {absl::StrCat("tcp://[::1]:", port), absl::StrCat("tcp://127.0.0.1:", port)}) {
+    const Status s = EchoOnce(at, at);
+    EXPECT_TRUE(s.ok()) << at << ": " << s;
+  }
+}
+
+// Another program has the port on [::1]: the server leaves that address out
+// and listens on the name's other one.
+TEST(TcpNamedHost, AnAddressTheServerCannotBindIsLeftOut) {
+  NameTwoAddresses("::1", "127.0.0.1");
+  SilentListener taken(0);
+  ASSERT_TRUE(taken.listening()) << strerror(errno);
+  const std::string name = absl::StrCat("tcp://", kName, ":", taken.port());
+  TestServer ts(name);
+  ASSERT_TRUE(ts.server);
+  EXPECT_EQ(ts.address, name);
+  const std::string at = absl::StrCat("tcp://127.0.0.1:", taken.port());
+  const Status s = EchoOnce(at, at);
+  EXPECT_TRUE(s.ok()) << at << ": " << s;
+}
+
+TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEach) {
+  NameTwoAddresses("192.0.2.1", "198.51.100.1");
+  EchoService service;
+  auto server = ServerBuilder()
+                    .AddListeningPort(absl::StrCat("tcp://", kName, ":0"))
+                    .RegisterService(&service)
+                    .BuildAndStart();
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), StatusCode::kUnavailable) << server.status();
+  for (const char* tried : {"192.0.2.1:0: Cannot assign requested address",
+                            "198.51.100.1:0: Cannot assign requested address"}) {
+    EXPECT_NE(server.status().message().find(tried), absl::string_view::npos) << server.status();
+  }
+}
+
 // Over RDMA: the name's first address is the interface's IPv6 one, where
 // no server listens (rdma_cm's connect is rejected), the second its IPv4.
 TEST(RdmaNamedHost, ReachesAServerOnTheNamesSecondAddress) {
@@ -143,6 +194,22 @@ TEST(RdmaNamedHost, ReachesAServerOnTheNamesSecondAddress) {
   const Status s =
       EchoOnce(absl::StrCat("rdma://", kName, ":", PortOf(ts.address)), std::string(100, 'r'));
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// Over RDMA, a server on the name takes a cm_id on each of its addresses.
+TEST(RdmaNamedHost, AServerOnTheNameListensOnEachOfItsAddresses) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  const std::string ip6 = rdma::testing::RequireRdmaTestAddress6();
+  ASSERT_FALSE(ip.empty() || ip6.empty());
+  NameTwoAddresses(ip6, ip);
+  TestServer ts(absl::StrCat("rdma://", kName, ":0"));
+  ASSERT_TRUE(ts.server);
+  const uint16_t port = PortOf(ts.address);
+  for (const std::string& at :
+       {absl::StrCat("rdma://[", ip6, "]:", port), absl::StrCat("rdma://", ip, ":", port)}) {
+    const Status s = EchoOnce(at, at);
+    EXPECT_TRUE(s.ok()) << at << ": " << s;
+  }
 }
 
 // The name's first address is a host of the interface's IPv6 network that

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "transport/listen_on_each.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_selection.h"
 #include "transport/rdma/fault_injection.h"
@@ -450,26 +451,48 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
                                                strerror(errno), ". Devices: ", DescribeDevices(),
                                                ". ", kTry));
   }
-  auto local = ResolveAddress(addr);
-  if (!local.ok()) return local.status();
+  auto addresses = ResolveAddresses(addr);
+  if (!addresses.ok()) return addresses.status();
   auto named = NamedGidAddress(rdma_, addr.port);
   if (!named.ok()) return named.status();
   Address listening = addr;
   if (named->has_value()) {
     // The named GID decides where to listen: a wildcard becomes its address,
-    // any other address must be it.
+    // any other name must have it among its addresses.
     const sockaddr_storage& gid_addr = **named;
     const std::string gid_host = SockaddrHost(reinterpret_cast<const sockaddr*>(&gid_addr));
-    if (!IsWildcard(reinterpret_cast<const sockaddr*>(&*local)) &&
-        SockaddrHost(reinterpret_cast<const sockaddr*>(&*local)) != gid_host) {
+    const bool fits =
+        std::any_of(addresses->begin(), addresses->end(), [&](const SocketAddress& a) {
+          const sockaddr* sa = reinterpret_cast<const sockaddr*>(&a.storage);
+          return IsWildcard(sa) || SockaddrHost(sa) == gid_host;
+        });
+    if (!fits) {
       return absl::InvalidArgumentError(absl::StrCat(
           "listen on ", addr.ToString(), ": RdmaOptions names device ", rdma_.device,
           " gid_index ", rdma_.gid_index, ", whose address is ", gid_host,
           ". Listen on that address or on a wildcard (0.0.0.0), or name no GID."));
     }
-    *local = gid_addr;
+    SocketAddress only{};
+    only.storage = gid_addr;
+    only.len = gid_addr.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    *addresses = {only};
     listening.host = gid_host;
   }
+  auto listener = ListenOnEachAddress(
+      *addresses, listening, options_.name,
+      [&](const SocketAddress& a) { return ListenAt(a, listening, on_accept); });
+  if (!listener.ok()) {
+    return absl::Status(
+        listener.status().code(),
+        absl::StrCat("listen on ", addr.ToString(), ": ", listener.status().message(),
+                     ". Devices: ", DescribeDevices(), ". ", kTry));
+  }
+  return listener;
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::ListenAt(const SocketAddress& at,
+                                                                  const Address& asked,
+                                                                  AcceptCallback on_accept) {
   absl::Status status;
   std::unique_ptr<RdmaListener> listener;
   RunOnCmAndWait([&] {
@@ -478,19 +501,21 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
       status = absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno)));
       return;
     }
-    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&*local)) != 0 ||
+    sockaddr_storage local = at.storage;
+    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&local)) != 0 ||
         rdma_listen(id, 1024) != 0) {
-      status = absl::UnavailableError(absl::StrCat(
-          "listen on ", addr.ToString(), ": ", strerror(errno), ". Devices: ", DescribeDevices(),
-          ". ", kTry));
+      status = absl::UnavailableError(strerror(errno));
       rdma_destroy_id(id);
       return;
     }
-    Address bound = listening;
+    Address bound = asked;
     bound.scheme = "rdma";
     bound.port = ntohs(rdma_get_src_port(id));
     listener = std::make_unique<RdmaListener>(this, id, bound, std::move(on_accept));
-    if (rdma_.trace) TraceLine(options_.name, absl::StrCat("listening on ", bound.ToString()));
+    if (rdma_.trace) {
+      TraceLine(options_.name, absl::StrCat("listening on ", bound.ToString(), " at ",
+                                            SockaddrString(rdma_get_local_addr(id))));
+    }
     cm_targets_[id] = CmTarget{nullptr, listener.get(), {}};
   });
   if (!status.ok()) return status;

@@ -88,6 +88,9 @@ class RdmaTransport : public Transport {
                                                         std::optional<sockaddr_storage> src,
                                                         ConnectionObserver* observer,
                                                         absl::Time deadline);
+  // A listener on the one address `at`, for Listen's name `asked`.
+  absl::StatusOr<std::unique_ptr<Listener>> ListenAt(const SocketAddress& at, const Address& asked,
+                                                     AcceptCallback on_accept);
   void AbandonAttempt(Attempt* at);
   absl::StatusOr<Endpoint*> EndpointFor(rdma_cm_id* id);
   // Logs the device, port and GID of the endpoint's first connection, and

@@ -24,6 +24,7 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "transport/listen_on_each.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -657,23 +658,35 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
 absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::Listen(const Address& addr,
                                                                AcceptCallback on_accept) {
   if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
-  socklen_t len = 0;
-  auto ss = ResolveAddress(addr, &len);
-  if (!ss.ok()) return ss.status();
-  const int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  auto addresses = ResolveAddresses(addr);
+  if (!addresses.ok()) return addresses.status();
+  auto listener = ListenOnEachAddress(*addresses, addr, options_.name, [&](const SocketAddress& a) {
+    return ListenSocket(a, addr, on_accept);
+  });
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(), absl::StrCat("listen on ", addr.ToString(), ": ",
+                                                               listener.status().message()));
+  }
+  return listener;
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::ListenSocket(const SocketAddress& at,
+                                                                     const Address& asked,
+                                                                     AcceptCallback on_accept) {
+  const int fd = socket(at.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&*ss), len) != 0 || listen(fd, 1024) != 0) {
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&at.storage), at.len) != 0 ||
+      listen(fd, 1024) != 0) {
     const int err = errno;
     close(fd);
-    return absl::UnavailableError(
-        absl::StrCat("listen on ", addr.ToString(), ": ", ErrnoText(err)));
+    return absl::UnavailableError(ErrnoText(err));
   }
   sockaddr_storage bound{};
   socklen_t blen = sizeof bound;
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &blen);
-  Address bound_addr = addr;
+  Address bound_addr = asked;
   bound_addr.scheme = "tcp";  // also when asked for auto://
   bound_addr.port = ntohs(bound.ss_family == AF_INET
                               ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port

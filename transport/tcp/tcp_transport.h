@@ -61,6 +61,10 @@ class TcpTransport : public Transport {
   // A socket connected to `to` whose server has sent its kHello, by
   // `deadline`; else why not (CANCELLED once Shutdown has begun).
   absl::StatusOr<int> ConnectSocket(const SocketAddress& to, absl::Time deadline);
+  // A listener on the one address `at`, for Listen's name `asked`.
+  absl::StatusOr<std::unique_ptr<Listener>> ListenSocket(const SocketAddress& at,
+                                                         const Address& asked,
+                                                         AcceptCallback on_accept);
   // Runs fn on the I/O thread and waits for it (runs inline on that thread).
   void RunInLoopAndWait(std::function<void()> fn);
   void Adopt(std::shared_ptr<TcpConnection> conn);  // I/O thread

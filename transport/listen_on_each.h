@@ -1,0 +1,47 @@
+// A server's name means every address it resolves to, as in gRPC: on a
+// stock Debian "localhost" is [::1] and 127.0.0.1, and a server on
+// "tcp://localhost:P" is reached by a client that dials "tcp://127.0.0.1:P"
+// as well as by one that dials the name. Each transport binds one address
+// (`listen_one`); ListenOnEachAddress binds them all and hands back one
+// Listener that stops them together.
+//
+//   auto addresses = ResolveAddresses(addr);
+//   auto listener = ListenOnEachAddress(*addresses, addr, "server",
+//       [&](const SocketAddress& a) { return ListenSocket(a, addr, on_accept); });
+//
+// What not to rely on:
+// - With port 0 the first address's bind picks the port and the others ask
+//   for that one, so the server has one port to report; the others can
+//   find it taken.
+// - An address that cannot be bound (IPv6 turned off, its port taken, an
+//   address of another machine) is left out with one log line on stderr.
+//   Only when none can be is it an error, as in gRPC.
+#ifndef RDMARPC_TRANSPORT_LISTEN_ON_EACH_H_
+#define RDMARPC_TRANSPORT_LISTEN_ON_EACH_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "transport/address.h"
+#include "transport/transport.h"
+
+namespace rdmarpc::transport {
+
+using ListenOne =
+    absl::FunctionRef<absl::StatusOr<std::unique_ptr<Listener>>(const SocketAddress&)>;
+
+// A listener on each of `addresses` (never empty) that `listen_one` could
+// bind, whose address() is the first's: `asked` with the port that was
+// bound. When none could be, the last error's code and each address's
+// message (after the address, when there are several). `log_name` begins
+// the line that names an address left out.
+absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
+    const std::vector<SocketAddress>& addresses, const Address& asked, const std::string& log_name,
+    ListenOne listen_one);
+
+}  // namespace rdmarpc::transport
+
+#endif  // RDMARPC_TRANSPORT_LISTEN_ON_EACH_H_

@@ -1,0 +1,110 @@
+#include "transport/listen_on_each.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+SocketAddress Ipv4(const char* ip, uint16_t port) {
+  SocketAddress a{};
+  auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
+  in->sin_family = AF_INET;
+  in->sin_port = htons(port);
+  inet_pton(AF_INET, ip, &in->sin_addr);
+  a.len = sizeof(sockaddr_in);
+  return a;
+}
+
+uint16_t PortOf(const SocketAddress& a) {
+  return ntohs(reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_port);
+}
+
+// Stands for one bound socket: records what it was asked for and when it
+// is stopped.
+class FakeListener : public Listener {
+ public:
+  FakeListener(Address address, int* alive) : address_(std::move(address)), alive_(alive) {
+    ++*alive_;
+  }
+  ~FakeListener() override { --*alive_; }
+  const Address& address() const override { return address_; }
+
+ private:
+  const Address address_;
+  int* const alive_;
+};
+
+// Binds what it is asked for, taking `picked` for port 0, and refuses the
+// addresses in `refuse`.
+struct FakeTransport {
+  Address asked{"tcp", "name", 0};
+  uint16_t picked = 4242;
+  std::vector<std::string> refuse;
+  std::vector<SocketAddress> tried;
+  int alive = 0;
+
+  absl::StatusOr<std::unique_ptr<Listener>> ListenOne(const SocketAddress& a) {
+    tried.push_back(a);
+    const std::string host = SockaddrHost(reinterpret_cast<const sockaddr*>(&a.storage));
+    for (const std::string& r : refuse) {
+      if (r == host) return absl::UnavailableError("Address already in use");
+    }
+    Address bound = asked;
+    bound.port = PortOf(a) == 0 ? picked : PortOf(a);
+    return std::unique_ptr<Listener>(std::make_unique<FakeListener>(bound, &alive));
+  }
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const std::vector<SocketAddress>& all) {
+    return ListenOnEachAddress(all, asked, "test",
+                               [this](const SocketAddress& a) { return ListenOne(a); });
+  }
+};
+
+TEST(ListenOnEachAddress, PortZeroIsPickedByTheFirstAndAskedOfTheRest) {
+  FakeTransport t;
+  auto listener = t.Listen({Ipv4("10.0.0.1", 0), Ipv4("10.0.0.2", 0), Ipv4("10.0.0.3", 0)});
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  ASSERT_EQ(t.tried.size(), 3u);
+  EXPECT_EQ(PortOf(t.tried[0]), 0);
+  EXPECT_EQ(PortOf(t.tried[1]), t.picked);
+  EXPECT_EQ(PortOf(t.tried[2]), t.picked);
+  EXPECT_EQ((*listener)->address().port, t.picked);
+  EXPECT_EQ(t.alive, 3);
+  listener->reset();
+  EXPECT_EQ(t.alive, 0) << "the group stops every listener it holds";
+}
+
+TEST(ListenOnEachAddress, AnAddressThatFailsIsLeftOut) {
+  FakeTransport t;
+  t.refuse = {"10.0.0.1"};
+  auto listener = t.Listen({Ipv4("10.0.0.1", 0), Ipv4("10.0.0.2", 0)});
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  EXPECT_EQ(PortOf(t.tried[1]), 0) << "no port was picked yet";
+  EXPECT_EQ((*listener)->address().port, t.picked);
+  EXPECT_EQ(t.alive, 1);
+}
+
+TEST(ListenOnEachAddress, NoAddressBoundNamesEach) {
+  FakeTransport t;
+  t.refuse = {"10.0.0.1", "10.0.0.2"};
+  auto listener = t.Listen({Ipv4("10.0.0.1", 7), Ipv4("10.0.0.2", 7)});
+  ASSERT_FALSE(listener.ok());
+  EXPECT_EQ(listener.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(listener.status().message(),
+            "10.0.0.1:7: Address already in use; 10.0.0.2:7: Address already in use");
+}
+
+TEST(ListenOnEachAddress, OneAddressKeepsItsMessageBare) {
+  FakeTransport t;
+  t.refuse = {"10.0.0.1"};
+  auto listener = t.Listen({Ipv4("10.0.0.1", 7)});
+  ASSERT_FALSE(listener.ok());
+  EXPECT_EQ(listener.status().message(), "Address already in use");
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport
