@@ -12,6 +12,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -35,6 +36,25 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr int kMaxDrainReads = 256;
 
 std::string ErrnoText(int err) { return strerror(err); }
+
+// How long a listener that ran out of file descriptors (or kernel memory)
+// stops watching its socket before it tries again. The connection waits in
+// the kernel's backlog meanwhile and is taken once a descriptor is free. A
+// listener that kept watching would find its socket readable at once, for
+// ever, and spin the I/O thread that serves every connection.
+constexpr absl::Duration kAcceptPause = absl::Milliseconds(100);
+
+bool AcceptOutOfResources(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
+// What to try, for the log line of a listener out of resources.
+std::string AcceptAdvice(int err) {
+  if (err != EMFILE) return "";
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  return absl::StrCat(" (this process may open ", limit.rlim_cur, " files: raise `ulimit -n`)");
+}
 
 // The longest TCP_KEEPIDLE (seconds) and TCP_USER_TIMEOUT (milliseconds)
 // Linux takes. It refuses longer ones, and a refused option leaves the
@@ -461,6 +481,10 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
     transport_->RunInLoopAndWait([this] {
       epoll_ctl(transport_->epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
       transport_->listeners_.erase(fd_);
+      auto& paused = transport_->paused_accepts_;
+      paused.erase(
+          std::remove_if(paused.begin(), paused.end(), [&](const auto& p) { return p.fd == fd_; }),
+          paused.end());
       transport_->retired_.push_back(this);
     });
     close(fd_);
@@ -474,12 +498,29 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
       const int fd = accept4(fd_, reinterpret_cast<sockaddr*>(&ss), &len,
                              SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        const int err = errno;
+        if (err == EINTR || err == ECONNABORTED) continue;
+        if (err == EAGAIN || err == EWOULDBLOCK) return;
+        if (!AcceptOutOfResources(err)) {
           fprintf(stderr, "rdmarpc[%s]: accept on %s: %s\n", transport_->options_.name.c_str(),
-                  bound_.ToString().c_str(), strerror(errno));
+                  bound_.ToString().c_str(), strerror(err));
+          return;
         }
+        if (!starved_) {
+          fprintf(stderr,
+                  "rdmarpc[%s]: accept on %s: %s%s; new connections wait in the backlog, "
+                  "tried again every %s\n",
+                  transport_->options_.name.c_str(), bound_.ToString().c_str(), strerror(err),
+                  AcceptAdvice(err).c_str(), absl::FormatDuration(kAcceptPause).c_str());
+          starved_ = true;
+        }
+        transport_->PauseAccepts(this, fd_);
         return;
+      }
+      if (starved_) {
+        fprintf(stderr, "rdmarpc[%s]: accepting on %s again\n", transport_->options_.name.c_str(),
+                bound_.ToString().c_str());
+        starved_ = false;
       }
       ConfigureConnectedSocket(fd, transport_->tcp_);
       auto conn = std::make_shared<TcpConnection>(
@@ -499,6 +540,7 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
   const int fd_;
   const Address bound_;
   AcceptCallback on_accept_;
+  bool starved_ = false;  // out of resources since the last accept; I/O thread
 };
 
 // ----------------------------------------------------------------- transport
@@ -526,7 +568,7 @@ void TcpTransport::Loop() {
   loop_thread_id_ = std::this_thread::get_id();
   epoll_event events[64];
   while (!loop_exit_) {
-    const int n = epoll_wait(epoll_fd_, events, 64, -1);
+    const int n = epoll_wait(epoll_fd_, events, 64, EpollTimeoutMs());
     for (int i = 0; i < n; ++i) {
       if (loop_exit_) break;
       if (events[i].data.ptr == nullptr) {
@@ -553,6 +595,7 @@ void TcpTransport::Loop() {
     // as soon as a task of the batch took it out: retired_ skips its events.
     graveyard_.clear();
     retired_.clear();
+    ResumeAccepts();
   }
   // A task queued while the loop ended (a Connect racing Shutdown) still
   // runs, seeing loop_exit_, so that its caller does not wait for ever.
@@ -563,6 +606,33 @@ void TcpTransport::Loop() {
     late.swap(tasks_);
   }
   for (auto& t : late) t();
+}
+
+int TcpTransport::EpollTimeoutMs() const {
+  if (paused_accepts_.empty()) return -1;
+  absl::Time first = absl::InfiniteFuture();
+  for (const PausedAccept& p : paused_accepts_) first = std::min(first, p.resume);
+  const absl::Duration left = absl::Ceil(first - absl::Now(), absl::Milliseconds(1));
+  return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(left)));
+}
+
+void TcpTransport::PauseAccepts(IoHandler* listener, int fd) {
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  paused_accepts_.push_back(PausedAccept{listener, fd, absl::Now() + kAcceptPause});
+}
+
+void TcpTransport::ResumeAccepts() {
+  if (paused_accepts_.empty()) return;
+  const absl::Time now = absl::Now();
+  auto due = std::partition(paused_accepts_.begin(), paused_accepts_.end(),
+                            [&](const PausedAccept& p) { return p.resume > now; });
+  for (auto it = due; it != paused_accepts_.end(); ++it) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = it->listener;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, it->fd, &ev);
+  }
+  paused_accepts_.erase(due, paused_accepts_.end());
 }
 
 void TcpTransport::RunInLoopAndWait(std::function<void()> fn) {
@@ -709,6 +779,7 @@ void TcpTransport::Shutdown() {
   (void)!write(stop_fd_, &one, sizeof one);
   RunInLoopAndWait([this] {
     for (auto& [fd, l] : listeners_) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    paused_accepts_.clear();
     std::vector<std::shared_ptr<TcpConnection>> all;
     for (auto& [fd, c] : conns_) all.push_back(c);
     for (auto& c : all) c->Finish(absl::UnavailableError("transport shutting down"));

@@ -57,7 +57,18 @@ class TcpTransport : public Transport {
     virtual void OnEvents(uint32_t events) = 0;
   };
 
+  // A listener out of descriptors, no longer watched until `resume`.
+  struct PausedAccept {
+    IoHandler* listener;
+    int fd;
+    absl::Time resume;
+  };
+
   void Loop();
+  // epoll_wait's timeout: until the first paused listener is due, else none.
+  int EpollTimeoutMs() const;                      // I/O thread
+  void PauseAccepts(IoHandler* listener, int fd);  // I/O thread
+  void ResumeAccepts();                            // I/O thread: those due
   // A socket connected to `to` whose server has sent its kHello, by
   // `deadline`; else why not (CANCELLED once Shutdown has begun).
   absl::StatusOr<int> ConnectSocket(const SocketAddress& to, absl::Time deadline);
@@ -87,6 +98,7 @@ class TcpTransport : public Transport {
   std::unordered_map<int, TcpListener*> listeners_;                   // I/O thread
   std::vector<std::shared_ptr<TcpConnection>> graveyard_;            // I/O thread
   std::vector<IoHandler*> retired_;  // I/O thread: listeners gone during this batch
+  std::vector<PausedAccept> paused_accepts_;  // I/O thread
 };
 
 }  // namespace rdmarpc::transport

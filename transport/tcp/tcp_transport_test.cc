@@ -3,7 +3,8 @@
 // waits on a peer that does not answer; the keepalive and peer timeout the
 // connection's socket gets; a connect that returns only once the server took
 // the connection (kHello); Delivered waiting for the peer's acknowledgment;
-// a listener destroyed while its events are due.
+// a listener destroyed while its events are due; a server out of file
+// descriptors.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
@@ -11,6 +12,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -484,6 +486,78 @@ TEST(TcpTransport, AListenerDestroyedMidBatchGetsNoMoreEvents) {
   ASSERT_EQ(destroying.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   close(raw);
   EXPECT_EQ(accepted.load(), 1) << "the destroyed listener accepted a connection";
+}
+
+// A server out of file descriptors (accept4: EMFILE) leaves the connection
+// in the kernel's backlog and tries again now and then, asleep: its listening
+// socket stays readable, and a listener that kept watching it would spin the
+// I/O thread that serves every connection. Once a descriptor is free, the
+// waiting client is taken. It says so once, not at each try.
+TEST(TcpTransport, AServerOutOfDescriptorsWaitsAsleepAndTakesTheClientLater) {
+  NoObserver server_observer;  // outlives the transport, which calls it
+  TransportOptions options;
+  options.name = "starved-server";
+  TcpTransport server(options);
+  auto listener = server.Listen(
+      *ParseAddress("tcp://127.0.0.1:0"),
+      [&](std::shared_ptr<Connection>) -> ConnectionObserver* { return &server_observer; });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons((*listener)->address().port);
+  const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(client, 0) << strerror(errno);
+
+  // Descriptors run out: a low limit, filled. Made before, what the test
+  // needs later (the client's socket, the file stderr goes to).
+  ::testing::internal::CaptureStderr();
+  rlimit old_limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old_limit), 0);
+  rlimit low = old_limit;
+  low.rlim_cur = std::min<rlim_t>(old_limit.rlim_cur, 256);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0) << strerror(errno);
+  std::vector<int> fillers;
+  for (int fd; (fd = dup(client)) >= 0;) fillers.push_back(fd);
+  const int dup_errno = errno;
+  const auto free_descriptors = [&] {
+    for (int fd : fillers) close(fd);
+    fillers.clear();
+    setrlimit(RLIMIT_NOFILE, &old_limit);
+  };
+  ASSERT_EQ(dup_errno, EMFILE) << strerror(dup_errno);
+
+  const int connected = connect(client, reinterpret_cast<sockaddr*>(&to), sizeof to);
+  const int connect_errno = errno;
+  absl::SleepFor(absl::Milliseconds(50));  // the server has tried and failed by now
+  const absl::Duration cpu_before = ProcessCpuTime();
+  absl::SleepFor(absl::Milliseconds(500));
+  const absl::Duration cpu = ProcessCpuTime() - cpu_before;
+  pollfd early{client, POLLIN, 0};
+  const int taken_early = poll(&early, 1, 0);
+  free_descriptors();
+  ASSERT_EQ(connected, 0) << strerror(connect_errno);
+  EXPECT_EQ(taken_early, 0) << "the server took a connection it had no descriptor for";
+  EXPECT_LT(cpu, absl::Milliseconds(250)) << "the server spun for " << cpu << " in 500 ms";
+
+  // The hello that says the server took the connection.
+  pollfd p{client, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1) << "the server never took the waiting client";
+  char frame[kHeaderSize];
+  ASSERT_EQ(recv(client, frame, sizeof frame, MSG_WAITALL), static_cast<ssize_t>(sizeof frame));
+  Header hello;
+  ASSERT_TRUE(DecodeHeader(frame, sizeof frame, &hello).ok());
+  EXPECT_EQ(hello.kind, MessageKind::kHello);
+  close(client);
+  listener->reset();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  size_t lines = 0;
+  for (size_t at = 0; (at = log.find("Too many open files", at)) != std::string::npos; ++at) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1u) << log.substr(0, 2000);
+  EXPECT_NE(log.find("raise `ulimit -n`"), std::string::npos) << log.substr(0, 2000);
+  EXPECT_NE(log.find("accepting on tcp://127.0.0.1:"), std::string::npos) << log.substr(0, 2000);
 }
 
 }  // namespace
