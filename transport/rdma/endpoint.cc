@@ -23,6 +23,7 @@
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_events.h"
 #include "transport/rdma/fault_injection.h"
+#include "transport/rdma/locked_memory.h"
 #include "transport/rdma/rdma_connection.h"
 #include "transport/rdma/sanitizer_sync.h"
 #include "transport/wire_format.h"
@@ -147,6 +148,9 @@ absl::Status Endpoint::Init() {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   while (slot_count_.load() < target_) {
     if (absl::Status s = GrowSlots(); !s.ok()) return s;
+  }
+  if (const std::string notice = LockedMemoryNotice(); !notice.empty()) {
+    fprintf(stderr, "rdmarpc[%s]: %s: %s\n", owner_.c_str(), device_name_.c_str(), notice.c_str());
   }
   RefillSrq();
   poller_ = std::thread([this] { PollLoop(); });

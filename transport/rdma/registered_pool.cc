@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
+#include "transport/rdma/locked_memory.h"
 
 namespace rdmarpc::transport::rdma {
 
@@ -21,9 +22,9 @@ ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, int access) {
 
 absl::Status RegistrationError(size_t bytes, const std::string& what, const std::string& device,
                                int err) {
-  return absl::ResourceExhaustedError(
-      absl::StrCat("ibv_reg_mr of ", bytes, " bytes for ", what, " on ", device,
-                   " failed: ", strerror(err), " (check `ulimit -l`, the locked-memory limit)"));
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "ibv_reg_mr of ", bytes, " bytes for ", what, " on ", device, " failed: ", strerror(err),
+      err == ENOMEM ? absl::StrCat(" (", LockedMemoryAdvice(), ")") : ""));
 }
 
 RegisteredPool::RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device,
@@ -57,16 +58,18 @@ size_t RegisteredPool::IdleBytesLocked() const {
   return idle;
 }
 
-std::vector<RegisteredPool::Block*> RegisteredPool::EvictLocked(size_t needed) {
+std::vector<RegisteredPool::Block*> RegisteredPool::EvictLocked(size_t bytes) {
   std::vector<Block*> evicted;
-  for (int cls = kClasses - 1; cls >= 0 && registered_ + needed > max_bytes_; --cls) {
+  size_t freed = 0;
+  for (int cls = kClasses - 1; cls >= 0 && freed < bytes; --cls) {
     for (auto& kind : free_) {
       std::vector<Block*>& list = kind[cls];
-      while (!list.empty() && registered_ + needed > max_bytes_) {
+      while (!list.empty() && freed < bytes) {
         Block* b = list.back();
         list.pop_back();
         by_data_.erase(b->data);
         registered_ -= b->capacity;
+        freed += b->capacity;
         evicted.push_back(b);
       }
     }
@@ -99,7 +102,7 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
             " bytes (RdmaOptions::max_registered_bytes; ", registered_ - idle,
             " in use by payloads now, ", capacity, " more needed)"));
       }
-      evicted = EvictLocked(capacity);
+      evicted = EvictLocked(registered_ + capacity - max_bytes_);
     }
     registered_ += capacity;  // reserved; undone below on failure
   }
@@ -113,8 +116,21 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
   const int remote = memory_windows_ ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ;
   const int access = IBV_ACCESS_LOCAL_WRITE | (remote_read ? remote : 0);
   ibv_mr* mr = RegisterMemory(pd_, mem, capacity, access);
+  int err = mr == nullptr ? errno : 0;
+  if (err == ENOMEM) {
+    // Past the locked-memory limit, which idle blocks count against too.
+    std::vector<Block*> idle;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      idle = EvictLocked(capacity);
+    }
+    if (!idle.empty()) {
+      for (Block* b : idle) Destroy(b);
+      mr = RegisterMemory(pd_, mem, capacity, access);
+      err = mr == nullptr ? errno : 0;
+    }
+  }
   if (mr == nullptr) {
-    const int err = errno;
     free(mem);
     std::lock_guard<std::mutex> lock(mu_);
     registered_ -= capacity;

@@ -19,7 +19,9 @@
 // kind) are deregistered and freed, largest first, as far as that Get needs.
 // Without that, a process whose payload sizes changed (a burst of 64 MiB
 // requests, then 1 MiB responses) would be refused for good, its bound held
-// by blocks nobody uses. Blocks in use are never taken back.
+// by blocks nobody uses. Blocks in use are never taken back. A registration
+// refused for the locked-memory limit (ENOMEM) evicts idle blocks the same
+// way and is tried once more: the limit counts every block of the process.
 //
 // What not to rely on: once put back a block may carry someone else's bytes,
 // or be freed; callers must not Put() a block a peer may still READ.
@@ -45,7 +47,8 @@ namespace rdmarpc::transport::rdma {
 // failing on purpose when a test asks (FaultInjection::FailRegistrations).
 ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, int access);
 // What a failed registration of `bytes` for `what` on `device` says, with
-// `err` its errno: RESOURCE_EXHAUSTED, pointing at the locked-memory limit.
+// `err` its errno: RESOURCE_EXHAUSTED, for ENOMEM naming the locked-memory
+// limit and how to raise it (locked_memory.h).
 absl::Status RegistrationError(size_t bytes, const std::string& what, const std::string& device,
                                int err);
 
@@ -88,9 +91,9 @@ class RegisteredPool {
 
   // Bytes in the free lists (only when the bound is near: not kept as a sum).
   size_t IdleBytesLocked() const;
-  // Takes idle blocks out of the pool, largest first, until `needed` more
-  // bytes fit under max_bytes_; they are to be destroyed outside mu_.
-  std::vector<Block*> EvictLocked(size_t needed);
+  // Takes idle blocks of at least `bytes` in all out of the pool (fewer when
+  // fewer are idle), largest first; they are to be destroyed outside mu_.
+  std::vector<Block*> EvictLocked(size_t bytes);
   void Destroy(Block* block);
 };
 

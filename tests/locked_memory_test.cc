@@ -1,0 +1,123 @@
+// RDMA in a process whose registrations the locked-memory limit bounds
+// (RLIMIT_MEMLOCK, `ulimit -l`), as a user's program or a systemd service
+// is (Debian gives them 8 MiB): the first endpoint says what the limit is,
+// a call whose buffers do not fit fails alone and names the limit, and idle
+// payload buffers make way for a size that needs new ones.
+//
+// Runs in the Soft-RoCE VM under tests/without_ipc_lock.sh, which drops the
+// CAP_IPC_LOCK that root would have; the test sets the limit itself. Server
+// and client share this process, and so the limit.
+#include "transport/rdma/locked_memory.h"
+
+#include <sys/resource.h>
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "tests/echo_service.h"
+#include "transport/rdma/testing/rdma_test_env.h"
+
+namespace rdmarpc::testing {
+namespace {
+
+constexpr size_t kMiB = 1 << 20;
+
+void LimitLockedMemory(size_t bytes) {
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &limit), 0);
+  limit.rlim_cur = bytes;
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < bytes) limit.rlim_max = bytes;
+  ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &limit), 0) << strerror(errno);
+  const std::optional<size_t> seen = transport::rdma::LockedMemoryLimit();
+  ASSERT_TRUE(seen.has_value()) << "not limited: run under tests/without_ipc_lock.sh";
+  ASSERT_EQ(*seen, bytes);
+}
+
+// Fewer receive slots than the defaults, so that what is left of the limit
+// goes to payload buffers.
+transport::TransportTunables FewSlots() {
+  transport::TransportTunables t;
+  t.rdma.server_receive_slots = 64;
+  t.rdma.client_receive_slots = 64;
+  return t;
+}
+
+// A request of `size` bytes whose response is one byte: payload buffers for
+// the request only, one at each end.
+Status Send(Channel& ch, size_t size) {
+  ClientContext ctx;
+  ctx.set_timeout(absl::Seconds(30));
+  EchoRequest req;
+  req.set_data(std::string(size, 'm'));
+  req.set_response_size(1);
+  EchoResponse resp;
+  return ch.Call(kEcho, &ctx, req, &resp);
+}
+
+struct Peers {
+  TestServer server;
+  std::shared_ptr<Channel> channel;
+
+  explicit Peers(const std::string& ip) : server("rdma://" + ip + ":0", 64u << 20, 4, FewSlots()) {
+    if (!server.server) return;
+    ChannelOptions options;
+    options.transport = FewSlots();
+    auto ch = Channel::Create(server.address, std::move(options));
+    EXPECT_TRUE(ch.ok()) << ch.status();
+    if (ch.ok()) channel = std::move(*ch);
+  }
+};
+
+// Runs first: the line comes once per process, with the first endpoint.
+TEST(LockedMemory, ACallTooBigForTheLimitFailsAloneAndNamesIt) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  LimitLockedMemory(64 * kMiB);
+  ::testing::internal::CaptureStderr();
+  Peers peers(ip);
+  const Status first = peers.channel ? Send(*peers.channel, 10) : Status();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(peers.channel);
+  ASSERT_TRUE(first.ok()) << first;
+  EXPECT_NE(log.find("registered memory is limited to 64 MiB by `ulimit -l` (no CAP_IPC_LOCK)"),
+            std::string::npos)
+      << log;
+
+  // 40 MiB travel in a 64 MiB buffer: more than the whole limit.
+  const Status big = Send(*peers.channel, 40 * kMiB);
+  EXPECT_EQ(big.code(), StatusCode::kResourceExhausted) << big;
+  EXPECT_NE(big.message().find("the locked-memory limit is 64 MiB"), std::string::npos) << big;
+  EXPECT_NE(big.message().find("raise `ulimit -l`"), std::string::npos) << big;
+
+  for (size_t size : {size_t{10}, kMiB}) {
+    const Status s = Send(*peers.channel, size);
+    EXPECT_TRUE(s.ok()) << size << " bytes after the refusal: " << s;
+  }
+}
+
+// After 1 MiB requests (a 2 MiB buffer idle at each end), 3 MiB ones need
+// 4 MiB buffers, which fit only once the idle ones are given back.
+TEST(LockedMemory, IdleBuffersMakeWayForANewSize) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  LimitLockedMemory(64 * kMiB);
+  Peers peers(ip);
+  ASSERT_TRUE(peers.channel);
+  ASSERT_TRUE(Send(*peers.channel, 10).ok());
+  const size_t base = transport::rdma::PinnedBytes();
+  ASSERT_GT(base, 0u) << "VmPin does not count registrations here";
+  // Without eviction the 3 MiB request needs base + 12 MiB (two 2 MiB
+  // buffers idle, two 4 MiB ones in use), with it base + 8 or 10.
+  LimitLockedMemory(base + 11 * kMiB);
+  const Status one = Send(*peers.channel, kMiB);
+  ASSERT_TRUE(one.ok()) << one;
+  const Status three = Send(*peers.channel, 3 * kMiB);
+  EXPECT_TRUE(three.ok()) << three;
+}
+
+}  // namespace
+}  // namespace rdmarpc::testing
