@@ -86,11 +86,12 @@ absl::Time AttemptDeadline(absl::Time deadline, size_t left) {
   return deadline <= now ? deadline : now + (deadline - now) / static_cast<int64_t>(left);
 }
 
-absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* len) {
-  auto all = ResolveAddresses(addr);
-  if (!all.ok()) return all.status();
-  if (len) *len = all->front().len;
-  return all->front().storage;
+void AppendAttempt(std::string* why, const SocketAddress& at, bool name_it,
+                   absl::string_view message) {
+  absl::StrAppend(
+      why, why->empty() ? "" : "; ",
+      name_it ? SockaddrString(reinterpret_cast<const sockaddr*>(&at.storage)) + ": " : "",
+      message);
 }
 
 std::string SockaddrHost(const sockaddr* sa) {

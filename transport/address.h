@@ -53,6 +53,12 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
 // deadline.
 absl::Time AttemptDeadline(absl::Time deadline, size_t left);
 
+// Appends `message`, what became of an attempt on `at`, to `why`: after
+// "; " when `why` has one already, and after the address when `name_it`.
+// What a loop over a name's addresses reports: "[::1]:5: refused; ...".
+void AppendAttempt(std::string* why, const SocketAddress& at, bool name_it,
+                   absl::string_view message);
+
 // Runs `attempt(address, its_deadline)` on each address in turn, each
 // within its AttemptDeadline, until one succeeds, one fails for good
 // (`gives_up(status)`: the transport shuts down) or `deadline` passes. The
@@ -68,18 +74,11 @@ absl::StatusOr<T> TryEachAddress(const std::vector<SocketAddress>& addresses, ab
         attempt(addresses[i], AttemptDeadline(deadline, addresses.size() - i));
     if (result.ok()) return result;
     last = result.status();
-    const sockaddr* sa = reinterpret_cast<const sockaddr*>(&addresses[i].storage);
-    absl::StrAppend(&why, why.empty() ? "" : "; ",
-                    name_each && addresses.size() > 1 ? SockaddrString(sa) + ": " : "",
-                    last.message());
+    AppendAttempt(&why, addresses[i], name_each && addresses.size() > 1, last.message());
     if (gives_up(last) || absl::Now() >= deadline) break;
   }
   return absl::Status(last.code(), why);
 }
-
-// The first of ResolveAddresses, with its length in *len when len is not
-// null: where a server listens, and what names a local device.
-absl::StatusOr<sockaddr_storage> ResolveAddress(const Address& addr, socklen_t* len = nullptr);
 
 }  // namespace rdmarpc::transport
 

@@ -63,19 +63,18 @@ TEST(ParseAddress, RefusesWhatIsNotAnAddressSayingWhy) {
   }
 }
 
-TEST(ResolveAddress, GivesTheSocketAddressOfNumericHosts) {
-  socklen_t len = 0;
-  auto v4 = ResolveAddress(*ParseAddress("tcp://127.0.0.1:5000"), &len);
+TEST(ResolveAddresses, GivesTheSocketAddressOfNumericHosts) {
+  auto v4 = ResolveAddresses(*ParseAddress("tcp://127.0.0.1:5000"));
   ASSERT_TRUE(v4.ok()) << v4.status();
-  ASSERT_EQ(v4->ss_family, AF_INET);
-  EXPECT_EQ(len, sizeof(sockaddr_in));
-  const auto* in = reinterpret_cast<const sockaddr_in*>(&*v4);
+  ASSERT_EQ(v4->front().storage.ss_family, AF_INET);
+  EXPECT_EQ(v4->front().len, sizeof(sockaddr_in));
+  const auto* in = reinterpret_cast<const sockaddr_in*>(&v4->front().storage);
   EXPECT_EQ(ntohs(in->sin_port), 5000);
   EXPECT_EQ(ntohl(in->sin_addr.s_addr), INADDR_LOOPBACK);
-  auto v6 = ResolveAddress(*ParseAddress("tcp://[::1]:7"), &len);
+  auto v6 = ResolveAddresses(*ParseAddress("tcp://[::1]:7"));
   ASSERT_TRUE(v6.ok()) << v6.status();
-  ASSERT_EQ(v6->ss_family, AF_INET6);
-  EXPECT_EQ(ntohs(reinterpret_cast<const sockaddr_in6*>(&*v6)->sin6_port), 7);
+  ASSERT_EQ(v6->front().storage.ss_family, AF_INET6);
+  EXPECT_EQ(ntohs(reinterpret_cast<const sockaddr_in6*>(&v6->front().storage)->sin6_port), 7);
 }
 
 TEST(AttemptDeadline, SharesWhatIsLeftAmongTheAddressesLeft) {

@@ -6,8 +6,6 @@
 #include <cstdio>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-
 namespace rdmarpc::transport {
 namespace {
 
@@ -44,9 +42,7 @@ absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
       continue;
     }
     last = one.status();
-    const sockaddr* sa = reinterpret_cast<const sockaddr*>(&a.storage);
-    absl::StrAppend(&left_out, left_out.empty() ? "" : "; ",
-                    addresses.size() > 1 ? SockaddrString(sa) + ": " : "", last.message());
+    AppendAttempt(&left_out, a, addresses.size() > 1, last.message());
   }
   if (bound.empty()) return absl::Status(last.code(), left_out);
   if (!left_out.empty()) {

@@ -73,8 +73,9 @@ std::string LockedMemoryAdvice() {
 
 std::string LockedMemoryNotice() {
   static std::atomic<bool> said{false};
+  if (said.exchange(true)) return "";
   const std::optional<size_t> limit = LockedMemoryLimit();
-  if (!limit || said.exchange(true)) return "";
+  if (!limit) return "";
   return absl::StrCat(
       "registered memory is limited to ", Mebibytes(*limit), " by `ulimit -l` (no CAP_IPC_LOCK), ",
       Mebibytes(PinnedBytes()),
