@@ -39,10 +39,10 @@
 //   holds it, and a pointer kept from data() must not be written through
 //   afterwards (the peer may be READing those bytes; the transport reuses
 //   the memory only once it can no longer, transport/rdma/rdma_connection.h).
-// - Over RDMA, registered blocks come in powers of two, so size plus room is
-//   rounded up. The room is cut to what max_message_size leaves after the
-//   attachment (the channel's, or the server's for a response), since both
-//   travel in one frame.
+// - Over RDMA, size plus room is taken from a registered block up to a
+//   quarter larger. The room is cut to what max_message_size leaves after
+//   the attachment (the channel's, or the server's for a response), since
+//   both travel in one frame.
 // - A received attachment (ClientContext::response_attachment) holds the
 //   transport's block until the context is destroyed.
 #ifndef RDMARPC_RPC_ATTACHMENT_H_

@@ -87,8 +87,8 @@ TEST(LockedMemory, ACallTooBigForTheLimitFailsAloneAndNamesIt) {
             std::string::npos)
       << log;
 
-  // 40 MiB travel in a 64 MiB buffer: more than the whole limit.
-  const Status big = Send(*peers.channel, 40 * kMiB);
+  // 60 MiB travel in a 64 MiB buffer: the whole limit, and some is pinned.
+  const Status big = Send(*peers.channel, 60 * kMiB);
   EXPECT_EQ(big.code(), StatusCode::kResourceExhausted) << big;
   EXPECT_NE(big.message().find("the locked-memory limit is 64 MiB"), std::string::npos) << big;
   EXPECT_NE(big.message().find("raise `ulimit -l`"), std::string::npos) << big;
@@ -99,8 +99,8 @@ TEST(LockedMemory, ACallTooBigForTheLimitFailsAloneAndNamesIt) {
   }
 }
 
-// After 1 MiB requests (a 2 MiB buffer idle at each end), 3 MiB ones need
-// 4 MiB buffers, which fit only once the idle ones are given back.
+// After 3 MiB requests (a 3.5 MiB buffer idle at each end), 6 MiB ones need
+// 7 MiB buffers, which fit only once idle ones are given back.
 TEST(LockedMemory, IdleBuffersMakeWayForANewSize) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();
   ASSERT_FALSE(ip.empty());
@@ -110,13 +110,13 @@ TEST(LockedMemory, IdleBuffersMakeWayForANewSize) {
   ASSERT_TRUE(Send(*peers.channel, 10).ok());
   const size_t base = transport::rdma::PinnedBytes();
   ASSERT_GT(base, 0u) << "VmPin does not count registrations here";
-  // Without eviction the 3 MiB request needs base + 12 MiB (two 2 MiB
-  // buffers idle, two 4 MiB ones in use), with it base + 8 or 10.
-  LimitLockedMemory(base + 11 * kMiB);
-  const Status one = Send(*peers.channel, kMiB);
-  ASSERT_TRUE(one.ok()) << one;
+  // Without eviction the 6 MiB request needs base + 21 MiB (two 3.5 MiB
+  // buffers idle, two 7 MiB ones in use), with it base + 14 or 17.5.
+  LimitLockedMemory(base + 19 * kMiB);
   const Status three = Send(*peers.channel, 3 * kMiB);
-  EXPECT_TRUE(three.ok()) << three;
+  ASSERT_TRUE(three.ok()) << three;
+  const Status six = Send(*peers.channel, 6 * kMiB);
+  EXPECT_TRUE(six.ok()) << six;
 }
 
 }  // namespace

@@ -79,8 +79,8 @@ std::string LockedMemoryNotice() {
   return absl::StrCat(
       "registered memory is limited to ", Mebibytes(*limit), " by `ulimit -l` (no CAP_IPC_LOCK), ",
       Mebibytes(PinnedBytes()),
-      " of it pinned now. A payload sent by READ needs a registered buffer of the next power "
-      "of two at each end, and a call whose buffers do not fit fails RESOURCE_EXHAUSTED: raise "
+      " of it pinned now. A payload sent by READ needs a registered buffer of up to 1.25 times "
+      "its size at each end, and a call whose buffers do not fit fails RESOURCE_EXHAUSTED: raise "
       "memlock in /etc/security/limits.conf (LimitMEMLOCK= for a systemd service)");
 }
 

@@ -53,7 +53,7 @@ void RegisteredPool::Destroy(Block* block) {
 size_t RegisteredPool::IdleBytesLocked() const {
   size_t idle = 0;
   for (const auto& kind : free_) {
-    for (int cls = 0; cls < kClasses; ++cls) idle += kind[cls].size() * (kMinBlock << cls);
+    for (int cls = 0; cls < kSizeClasses; ++cls) idle += kind[cls].size() * ClassBytes(cls);
   }
   return idle;
 }
@@ -61,7 +61,7 @@ size_t RegisteredPool::IdleBytesLocked() const {
 std::vector<RegisteredPool::Block*> RegisteredPool::EvictLocked(size_t bytes) {
   std::vector<Block*> evicted;
   size_t freed = 0;
-  for (int cls = kClasses - 1; cls >= 0 && freed < bytes; --cls) {
+  for (int cls = kSizeClasses - 1; cls >= 0 && freed < bytes; --cls) {
     for (auto& kind : free_) {
       std::vector<Block*>& list = kind[cls];
       while (!list.empty() && freed < bytes) {
@@ -78,13 +78,12 @@ std::vector<RegisteredPool::Block*> RegisteredPool::EvictLocked(size_t bytes) {
 }
 
 absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool remote_read) {
-  int cls = 0;
-  while (cls < kClasses && (kMinBlock << cls) < size) ++cls;
-  if (cls == kClasses) {
+  const int cls = SizeClassOf(size);
+  if (cls == kSizeClasses) {
     return absl::ResourceExhaustedError(
         absl::StrCat("buffer of ", size, " bytes exceeds the largest pool class (1 GiB)"));
   }
-  const size_t capacity = kMinBlock << cls;
+  const size_t capacity = ClassBytes(cls);
   std::vector<Block*> evicted;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -1,4 +1,4 @@
-// RegisteredPool: registered buffers by power-of-two size class, for one PD.
+// RegisteredPool: registered buffers by size class (size_classes.h), for one PD.
 //
 // Why: registering memory (ibv_reg_mr) costs far more than a call, so every
 // buffer is registered once, when the pool first grows to need it, and then
@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "transport/rdma/size_classes.h"
 
 namespace rdmarpc::transport::rdma {
 
@@ -62,10 +63,6 @@ class RegisteredPool {
     bool remote_read;
   };
 
-  static constexpr size_t kMinBlock = 16 * 1024;
-  static constexpr int kClasses = 17;  // 16 KiB .. 1 GiB
-  static_assert((kMinBlock << (kClasses - 1)) == (size_t{1} << 30), "classes reach 1 GiB");
-
   RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device, bool memory_windows);
   ~RegisteredPool();
   RegisteredPool(const RegisteredPool&) = delete;
@@ -86,7 +83,7 @@ class RegisteredPool {
   const bool memory_windows_;
   mutable std::mutex mu_;
   size_t registered_ = 0;                        // guarded by mu_
-  std::vector<Block*> free_[2][kClasses];        // [remote_read][class], guarded by mu_
+  std::vector<Block*> free_[2][kSizeClasses];    // [remote_read][class], guarded by mu_
   std::unordered_map<const char*, Block*> by_data_;  // every block; guarded by mu_
 
   // Bytes in the free lists (only when the bound is near: not kept as a sum).

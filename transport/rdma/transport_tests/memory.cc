@@ -493,7 +493,7 @@ TEST(RdmaTransport, RegisteredMemoryBoundIsResourceExhaustedNamingIt) {
 // that is enough; blocks in use are never touched.
 TEST(RdmaTransport, IdlePayloadBuffersMakeRoomUnderTheBoundForOtherSizes) {
   constexpr size_t kMiB = size_t{1} << 20;
-  constexpr size_t kThreeHalves = 3 * kMiB / 2;  // a 2 MiB block each
+  constexpr size_t kThreeHalves = 3 * kMiB / 2;  // a block of its own size: a class
   Fixture fx;
   RdmaOptions bounded;
   bounded.max_registered_bytes = 4 * kMiB;
@@ -503,28 +503,29 @@ TEST(RdmaTransport, IdlePayloadBuffersMakeRoomUnderTheBoundForOtherSizes) {
   const uint64_t base = Counters().registered_bytes;
   Buffer kept = Filled(*conn, kThreeHalves, 1);
   { Buffer dropped = Filled(*conn, kThreeHalves, 2); }
-  ASSERT_EQ(Counters().registered_bytes - base, 4 * kMiB);
+  ASSERT_EQ(Counters().registered_bytes - base, 3 * kMiB)
+      << "a 1.5 MiB payload should take a 1.5 MiB block (size_classes.h)";
 
-  auto refused = conn->AllocatePayload(3 * kMiB);  // a 4 MiB block: not without `kept`
+  auto refused = conn->AllocatePayload(3 * kMiB);  // a 3 MiB block: not without `kept`
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   for (const std::string& part :
-       {std::string("max_registered_bytes"), absl::StrCat(2 * kMiB, " in use")}) {
+       {std::string("max_registered_bytes"), absl::StrCat(kThreeHalves, " in use")}) {
     EXPECT_NE(refused.status().message().find(part), absl::string_view::npos)
         << "\"" << part << "\" not in: " << refused.status();
   }
-  EXPECT_EQ(Counters().registered_bytes - base, 4 * kMiB)
+  EXPECT_EQ(Counters().registered_bytes - base, 3 * kMiB)
       << "an idle block was freed for a request it could not make room for";
 
   {
-    auto other_size = conn->AllocatePayload(kMiB / 2);
+    auto other_size = conn->AllocatePayload(2 * kMiB);
     ASSERT_TRUE(other_size.ok()) << other_size.status();
-    EXPECT_EQ(Counters().registered_bytes - base, 2 * kMiB + kMiB / 2)
-        << "the idle 2 MiB block should have made room, and nothing else changed";
+    EXPECT_EQ(Counters().registered_bytes - base, kThreeHalves + 2 * kMiB)
+        << "the idle 1.5 MiB block should have made room, and nothing else changed";
   }
 
   // `kept` is still registered and whole: the server READs it, and the echo
-  // is pulled into a block the idle 512 KiB one makes room for (the other
+  // is pulled into a block the idle 2 MiB one makes room for (the other
   // kind: a READ target, not a block to advertise).
   auto r = Call(*conn, waiter, 1, std::move(kept));
   ASSERT_TRUE(r.ok()) << r.status();
