@@ -182,7 +182,7 @@ struct TransportPair {
     listener = std::move(*l);
     client = std::make_unique<rdma::RdmaTransport>(TransportOptions{}, rdma::RdmaOptionsFromEnv(),
                                                    false);
-    auto c = client->Connect(listener->address(), sink, absl::Now() + absl::Seconds(10));
+    auto c = client->Connect(listener->address(), sink, rdmarpc::SteadyNow() + absl::Seconds(10));
     if (!c.ok()) return false;
     conn = *c;
     return true;

@@ -151,7 +151,7 @@ absl::Status Start(Setup& s, const std::string& ip, int connections) {
     co.name = absl::StrCat("burst-client-", s.name, "-", i);
     s.clients.push_back(std::make_unique<RdmaTransport>(co, o, /*server=*/false));
     auto c = s.clients.back()->Connect(s.listener->address(), &s.responses,
-                                       absl::Now() + absl::Seconds(30));
+                                       rdmarpc::SteadyNow() + absl::Seconds(30));
     if (!c.ok()) return c.status();
     s.conns.push_back(*c);
   }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/ring_fifo.h"
 #include "base/stage_trace.h"
+#include "base/steady_clock.h"
 #include "rpc/internal/own_thread.h"
 #include "rpc/internal/payload.h"
 #include "rpc/internal/user_code.h"
@@ -288,9 +289,9 @@ std::shared_ptr<transport::Connection> Channel::Start(
 
   // No clock read for a call without deadline (the common case): in a VM a
   // clock read is not free.
-  const absl::Time deadline = ctx->deadline();
+  const absl::Time deadline = ctx->steady_deadline();
   const bool has_deadline = deadline != absl::InfiniteFuture();
-  if (has_deadline && absl::Now() >= deadline) {
+  if (has_deadline && SteadyNow() >= deadline) {
     return fail(StatusCode::kDeadlineExceeded, "deadline passed before the call started");
   }
   const bool has_metadata = !ctx->metadata().empty();
@@ -339,8 +340,7 @@ std::shared_ptr<transport::Connection> Channel::Start(
   msg.header.method_id = method.id;
   msg.header.call_id = id;
   if (has_deadline) {
-    msg.header.timeout_us =
-        std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
+    msg.header.timeout_us = std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - SteadyNow()));
   }
   // A call cancelled before it was sent ends unsent. (One that timed out
   // meanwhile is sent; its late response is dropped.)
@@ -441,8 +441,7 @@ void Channel::ConnectForWaiting() {
     // Not before the backoff after a failed attempt ends; calls wait for it.
     {
       std::unique_lock<std::mutex> lock(connector_->mu);
-      connector_->wake.wait_until(lock, absl::ToChronoTime(retry_after),
-                                  [&] { return connector_->stop; });
+      WaitUntil(connector_->wake, lock, retry_after, [&] { return connector_->stop; });
       if (connector_->stop) return;
     }
     std::lock_guard<InlineMutex> lock(mu_);
@@ -512,10 +511,10 @@ void Channel::ConnectForWaiting() {
         cleared_why = conn_cleared_why_;
         cleared_by_go_away = conn_cleared_by_go_away_;
       }
-      const absl::Time deadline = p->ctx->deadline();
+      const absl::Time deadline = p->ctx->steady_deadline();
       if (deadline != absl::InfiniteFuture()) {
         msg.header.timeout_us =
-            std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - absl::Now()));
+            std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - SteadyNow()));
       }
     }
     if (!conn) {
@@ -544,7 +543,7 @@ void Channel::ConnectForWaiting() {
     // success: without a backoff, a server that accepts and drops would be
     // retried at once.
     if (connected.ok() && !again.empty() && backoff_ == absl::ZeroDuration()) {
-      StartBackoffLocked(absl::Now(), last_not_sent);
+      StartBackoffLocked(SteadyNow(), last_not_sent);
     }
     another_round = !again.empty() || (!conn_ && connect_waiters_ > 0);
   }
@@ -581,7 +580,7 @@ StatusOr<Attachment> Channel::AllocateAttachment(size_t size, size_t message_roo
 uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn, bool* cancelled) {
   p.conn = conn;
   ClientContext* const ctx = p.ctx;
-  const absl::Time deadline = ctx->deadline();
+  const absl::Time deadline = ctx->steady_deadline();
   const uint64_t id = pending_.Insert(std::move(p));
   *cancelled = ctx->SetCancelHook(&Channel::CancelHook, this, id);
   if (*cancelled) {
@@ -615,7 +614,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(bool* 
                                "for a connection; connect from another thread"));
   }
   std::lock_guard<std::mutex> connecting(connect_mu_);
-  const absl::Time start = absl::Now();
+  const absl::Time start = SteadyNow();
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;  // another caller connected meanwhile
@@ -749,8 +748,8 @@ ChannelState Channel::GetState(bool try_to_connect) {
 
 bool Channel::WaitForStateChange(ChannelState last, absl::Time deadline) {
   std::unique_lock<InlineMutex> lock(mu_);
-  return state_changed_.wait_until(lock, absl::ToChronoTime(deadline),
-                                   [&] { return StateLocked() != last; });
+  return WaitUntil(state_changed_, lock, FromWallClock(deadline),
+                   [&] { return StateLocked() != last; });
 }
 
 bool Channel::WaitForConnected(absl::Time deadline) {
@@ -766,8 +765,8 @@ bool Channel::WaitForConnected(absl::Time deadline) {
   lock.unlock();
   WakeConnector();
   lock.lock();
-  const bool connected = state_changed_.wait_until(lock, absl::ToChronoTime(deadline),
-                                                   [&] { return conn_ != nullptr; });
+  const bool connected =
+      WaitUntil(state_changed_, lock, FromWallClock(deadline), [&] { return conn_ != nullptr; });
   --connect_waiters_;
   return connected;
 }
@@ -904,8 +903,8 @@ bool Channel::RetryLocked(uint64_t id, const Status& status,
     return false;
   }
   std::uniform_real_distribution<double> jitter(0.8, 1.2);
-  const absl::Time at = absl::Now() + retry.backoff * jitter(jitter_);
-  if (at >= p->ctx->deadline()) return false;
+  const absl::Time at = SteadyNow() + retry.backoff * jitter(jitter_);
+  if (at >= p->ctx->steady_deadline()) return false;
   ++retry.attempts;
   retry.backoff = std::min(retry.backoff * policy.multiplier, policy.max_backoff);
   ++stats_.retries;

@@ -196,13 +196,14 @@ class Channel {
   //   if (channel->GetState(/*try_to_connect=*/true) != rdmarpc::ChannelState::kReady &&
   //       !channel->WaitForConnected(absl::Now() + absl::Seconds(5))) { ...not up yet }
   ChannelState GetState(bool try_to_connect);
-  // Waits until the state is no longer `last` (true) or `deadline` passes
-  // (false). It starts no attempt.
+  // Waits until the state is no longer `last` (true) or `deadline`, a
+  // wall-clock time as absl::Now() gives it, passes (false). It starts no
+  // attempt.
   bool WaitForStateChange(ChannelState last, absl::Time deadline);
   // Connects if need be, through failed attempts (each after its backoff),
-  // until connected (true) or `deadline` (false). From an inline callback of
-  // the channel it starts an attempt but does not wait: the attempt may
-  // need the thread the callback runs on.
+  // until connected (true) or `deadline` (wall-clock, as above) passes
+  // (false). From an inline callback of the channel it starts an attempt but
+  // does not wait: the attempt may need the thread the callback runs on.
   bool WaitForConnected(absl::Time deadline);
   ChannelStats stats() const;
 

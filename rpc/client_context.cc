@@ -10,7 +10,7 @@ ClientContext::~ClientContext() {
 
 std::unique_ptr<ClientContext> ClientContext::FromServerContext(ServerContext& parent) {
   auto child = std::make_unique<ClientContext>();
-  child->deadline_ = parent.deadline();
+  child->deadline_ = parent.steady_deadline();
   child->parent_ = parent.CallTreeForChildren();
   // Registered before the check: a cancel that comes after it finds the
   // child in the tree, one that came before is seen here. A deadline that

@@ -34,6 +34,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/steady_clock.h"
 #include "rpc/attachment.h"
 #include "rpc/internal/call_tree.h"
 #include "transport/wire_format.h"
@@ -57,9 +58,12 @@ class ClientContext {
   // is the handler's to choose. It may outlive `parent`.
   static std::unique_ptr<ClientContext> FromServerContext(ServerContext& parent);
 
-  void set_deadline(absl::Time deadline) { deadline_ = deadline; }
-  void set_timeout(absl::Duration timeout) { deadline_ = absl::Now() + timeout; }
-  absl::Time deadline() const { return deadline_; }  // InfiniteFuture() if unset
+  // A wall-clock time, as absl::Now() gives it. The call keeps it as the
+  // time left, so a step of the wall clock afterwards neither ends the call
+  // early nor keeps it waiting longer (base/steady_clock.h).
+  void set_deadline(absl::Time deadline) { deadline_ = FromWallClock(deadline); }
+  void set_timeout(absl::Duration timeout) { deadline_ = SteadyNow() + timeout; }
+  absl::Time deadline() const { return ToWallClock(deadline_); }  // InfiniteFuture() if unset
 
   // Keys: 1..256 bytes of [a-z0-9-_.]; invalid metadata fails the call with
   // INVALID_ARGUMENT.
@@ -117,7 +121,9 @@ class ClientContext {
   // As the call ends: clears the hook and frees the context for BeginCall.
   void EndCall();
 
-  absl::Time deadline_ = absl::InfiniteFuture();
+  absl::Time steady_deadline() const { return deadline_; }
+
+  absl::Time deadline_ = absl::InfiniteFuture();  // on SteadyNow()'s clock
   bool wait_for_ready_ = false;
   bool retryable_ = true;
   // The tree of the call this one is made for (FromServerContext), if any.

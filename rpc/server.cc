@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/stage_trace.h"
+#include "base/steady_clock.h"
 #include "rpc/internal/payload.h"
 #include "rpc/internal/spare_pool.h"
 
@@ -75,7 +76,7 @@ class ServerCallImpl : public ServerCall {
     }
     // Past the deadline the client is no longer waiting for a result, and
     // whatever the handler made of its cancellation, the cause is the deadline.
-    if (ctx_.deadline() != absl::InfiniteFuture() && absl::Now() >= ctx_.deadline()) {
+    if (ctx_.steady_deadline() != absl::InfiniteFuture() && SteadyNow() >= ctx_.steady_deadline()) {
       status = Status(StatusCode::kDeadlineExceeded, "deadline exceeded on the server");
     }
     Attachment attachment;
@@ -115,7 +116,7 @@ class ServerCallImpl : public ServerCall {
   void Run() {
     RDMARPC_STAGE(kHandlerStart);
     if (ctx_.IsCancelled()) {
-      const bool expired = absl::Now() >= ctx_.deadline();
+      const bool expired = SteadyNow() >= ctx_.steady_deadline();
       return Finish(expired ? Status(StatusCode::kDeadlineExceeded,
                                      "deadline passed before the handler started")
                             : Status(StatusCode::kCancelled, "cancelled before it started"),
@@ -165,7 +166,7 @@ class ServerCallImpl : public ServerCall {
     auto* call = static_cast<ServerCallImpl*>(self);
     std::weak_ptr<ServerCallImpl> weak = call->self_;  // set until the handler is done
     call->deadline_timer_.store(call->server_->Timers().Schedule(
-                                    call->ctx_.deadline(),
+                                    call->ctx_.steady_deadline(),
                                     [weak] {
                                       if (auto c = weak.lock()) c->ctx_.MarkCancelled();
                                     },
@@ -268,7 +269,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
     client_md = std::move(*md);
   }
   const absl::Time deadline =
-      msg.header.timeout_us == 0 ? absl::InfiniteFuture() : absl::Now() + msg.header.timeout();
+      msg.header.timeout_us == 0 ? absl::InfiniteFuture() : SteadyNow() + msg.header.timeout();
   auto call = std::allocate_shared<ServerCallImpl>(internal::SpareAllocator<ServerCallImpl>(), this,
                                                    conn, method, m->second.limited, std::move(msg),
                                                    deadline, std::move(client_md));
@@ -554,7 +555,7 @@ void Server::Shutdown(absl::Duration grace) {
     }
     shutting_down_ = true;
   }
-  const absl::Time start = absl::Now();
+  const absl::Time start = SteadyNow();
   listeners_.clear();
   {
     // Clients send new calls elsewhere (a new connection) once they see
@@ -590,15 +591,10 @@ void Server::Shutdown(absl::Duration grace) {
       }
       return true;
     };
-    // Not wait_for: it overflows for a grace of centuries (one meant as
-    // "until the calls end") and times out at once, cancelling them.
-    const auto wait_until = [&](absl::Time t, const auto& done) {
-      cv_.wait_until(lock, absl::ToChronoTime(t), done);
-    };
     const absl::Time until = start + grace;
-    wait_until(std::min(until, start + kGoAwayAckWait),
-               [&] { return all_acked() && calls_done(); });
-    wait_until(until, calls_done);
+    WaitUntil(cv_, lock, std::min(until, start + kGoAwayAckWait),
+              [&] { return all_acked() && calls_done(); });
+    WaitUntil(cv_, lock, until, calls_done);
     closing_ = true;
     for (auto& [key, call] : inflight_) rest.push_back(call);
   }
@@ -619,7 +615,7 @@ void Server::Shutdown(absl::Duration grace) {
     const auto delivered = [&] {
       return std::all_of(open.begin(), open.end(), [](const auto& c) { return c->Delivered(); });
     };
-    while (!delivered() && absl::Now() < start + grace) absl::SleepFor(absl::Milliseconds(1));
+    while (!delivered() && SteadyNow() < start + grace) absl::SleepFor(absl::Milliseconds(1));
   }
   // Every call is answered: no deadline needs watching.
   if (internal::TimerQueue* timers = TimersIfMade()) timers->CancelAll(this);

@@ -33,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/steady_clock.h"
 #include "rpc/attachment.h"
 #include "rpc/internal/call_tree.h"
 #include "transport/transport.h"
@@ -48,7 +49,8 @@ class ServerContext {
   // runtime passes the method table's name and the connection's address,
   // both of which outlive the call (a copy of each was a heap allocation per
   // call). `conn` and the bytes `request_attachment` views outlive the call
-  // too. `max_message_size` is the server's.
+  // too. `max_message_size` is the server's; `deadline` is on SteadyNow()'s
+  // clock.
   ServerContext(const std::string& method, transport::Connection& conn, size_t max_message_size,
                 absl::Time deadline, Metadata client_md, absl::string_view request_attachment)
       : method_(method),
@@ -59,9 +61,10 @@ class ServerContext {
         client_metadata_(std::move(client_md)),
         request_attachment_(request_attachment) {}
 
-  absl::Time deadline() const { return deadline_; }
+  // A wall-clock time, as absl::Now() gives it; InfiniteFuture() if none.
+  absl::Time deadline() const { return ToWallClock(deadline_); }
   bool IsCancelled() const {
-    return cancelled_.load() || (deadline_ != absl::InfiniteFuture() && absl::Now() >= deadline_);
+    return cancelled_.load() || (deadline_ != absl::InfiniteFuture() && SteadyNow() >= deadline_);
   }
   const Metadata& client_metadata() const { return client_metadata_; }
   // "/package.Service/Method"
@@ -128,6 +131,7 @@ class ServerContext {
  private:
   friend class ClientContext;
   friend class ServerCallImpl;
+  absl::Time steady_deadline() const { return deadline_; }
   // The runtime's: `watch(owner)` makes sure MarkCancelled runs at the
   // deadline. Called at most once, by the first OnCancel of a call with a
   // deadline: only a callback needs that, so other calls pay for no timer.
@@ -155,7 +159,7 @@ class ServerContext {
   const std::string& peer_;
   transport::Connection& conn_;
   const size_t max_message_size_;
-  const absl::Time deadline_;
+  const absl::Time deadline_;  // on SteadyNow()'s clock (base/steady_clock.h)
   const Metadata client_metadata_;
   const absl::string_view request_attachment_;
   std::atomic<bool> cancelled_{false};

@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/steady_clock.h"
 
 namespace rdmarpc::transport {
 
@@ -82,7 +83,7 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
 
 absl::Time AttemptDeadline(absl::Time deadline, size_t left) {
   if (left <= 1 || deadline == absl::InfiniteFuture()) return deadline;
-  const absl::Time now = absl::Now();
+  const absl::Time now = SteadyNow();
   return deadline <= now ? deadline : now + (deadline - now) / static_cast<int64_t>(left);
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/steady_clock.h"
 
 namespace rdmarpc::transport {
 
@@ -75,7 +76,7 @@ absl::StatusOr<T> TryEachAddress(const std::vector<SocketAddress>& addresses, ab
     if (result.ok()) return result;
     last = result.status();
     AppendAttempt(&why, addresses[i], name_each && addresses.size() > 1, last.message());
-    if (gives_up(last) || absl::Now() >= deadline) break;
+    if (gives_up(last) || SteadyNow() >= deadline) break;
   }
   return absl::Status(last.code(), why);
 }

@@ -29,7 +29,7 @@ void SetPort(SocketAddress* a, uint16_t port) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
-    const std::vector<SocketAddress>& addresses, const Address& asked, const std::string& log_name,
+    const std::vector<SocketAddress>& addresses, const std::string& log_name,
     ListenOne listen_one) {
   std::vector<std::unique_ptr<Listener>> bound;
   std::string left_out;

@@ -6,7 +6,7 @@
 // Listener that stops them together.
 //
 //   auto addresses = ResolveAddresses(addr);
-//   auto listener = ListenOnEachAddress(*addresses, addr, "server",
+//   auto listener = ListenOnEachAddress(*addresses, "server",
 //       [&](const SocketAddress& a) { return ListenSocket(a, addr, on_accept); });
 //
 // What not to rely on:
@@ -34,13 +34,12 @@ using ListenOne =
     absl::FunctionRef<absl::StatusOr<std::unique_ptr<Listener>>(const SocketAddress&)>;
 
 // A listener on each of `addresses` (never empty) that `listen_one` could
-// bind, whose address() is the first's: `asked` with the port that was
-// bound. When none could be, the last error's code and each address's
-// message (after the address, when there are several). `log_name` begins
-// the line that names an address left out.
+// bind, whose address() is the first's (the name asked for, with the port
+// that was bound, as `listen_one` makes it). When none could be, the last error's code and each
+// address's message (after the address, when there are several). `log_name` begins the line that
+// names an address left out.
 absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
-    const std::vector<SocketAddress>& addresses, const Address& asked, const std::string& log_name,
-    ListenOne listen_one);
+    const std::vector<SocketAddress>& addresses, const std::string& log_name, ListenOne listen_one);
 
 }  // namespace rdmarpc::transport
 

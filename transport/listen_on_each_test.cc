@@ -59,7 +59,7 @@ struct FakeTransport {
     return std::unique_ptr<Listener>(std::make_unique<FakeListener>(bound, &alive));
   }
   absl::StatusOr<std::unique_ptr<Listener>> Listen(const std::vector<SocketAddress>& all) {
-    return ListenOnEachAddress(all, asked, "test",
+    return ListenOnEachAddress(all, "test",
                                [this](const SocketAddress& a) { return ListenOne(a); });
   }
 };

@@ -6,7 +6,7 @@
 // transport/rdma/ (rdma_cm, SEND into an SRQ, READ for large payloads).
 //
 //   std::unique_ptr<Transport> t = MakeTransport("tcp", options);
-//   auto conn = t->Connect(addr, &observer, absl::Now() + absl::Seconds(5));
+//   auto conn = t->Connect(addr, &observer, SteadyNow() + absl::Seconds(5));
 //   OutboundMessage m;
 //   m.header.kind = MessageKind::kRequest;
 //   m.payload = (*conn)->AllocatePayload(n);   // fill in place: no copy later
@@ -171,6 +171,8 @@ using AcceptCallback = std::function<ConnectionObserver*(std::shared_ptr<Connect
 class Transport {
  public:
   virtual ~Transport() = default;
+  // `deadline` is on SteadyNow()'s clock (base/steady_clock.h), as every time
+  // inside the library is.
   virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
                                                               ConnectionObserver* observer,
                                                               absl::Time deadline) = 0;

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <utility>
 
+#include "base/steady_clock.h"
+
 namespace rdmarpc::internal {
 namespace {
 
@@ -71,7 +73,7 @@ void TimerQueue::Run() {
       continue;
     }
     const absl::Time next = timers_.begin()->first.first;
-    const absl::Time now = absl::Now();
+    const absl::Time now = SteadyNow();
     if (next > now) {
       cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(next - now, kLongestWait)));
       continue;

@@ -27,8 +27,8 @@ class TimerQueue {
   TimerQueue();
   ~TimerQueue();
 
-  // Returns an id for Cancel(); never 0. `owner` tags the timer for
-  // CancelAll.
+  // Runs `fn` once SteadyNow() reaches `when` (base/steady_clock.h). Returns
+  // an id for Cancel(); never 0. `owner` tags the timer for CancelAll.
   uint64_t Schedule(absl::Time when, absl::AnyInvocable<void() &&> fn, const void* owner = nullptr);
   // Drops a timer that has not fired; a no-op otherwise.
   void Cancel(uint64_t id);

@@ -5,6 +5,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/cpu_time.h"
+#include "base/steady_clock.h"
 #include "gtest/gtest.h"
 
 namespace rdmarpc::internal {
@@ -19,7 +20,7 @@ TEST(TimerQueue, CancelAllWaitsForTheOwnersRunningCallbackAndSparesOthers) {
   std::atomic<bool> finished{false};
   std::atomic<int> dropped_fired{0};
   timers.Schedule(
-      absl::Now(),
+      SteadyNow(),
       [&] {
         running.Notify();
         absl::SleepFor(absl::Milliseconds(300));
@@ -27,9 +28,9 @@ TEST(TimerQueue, CancelAllWaitsForTheOwnersRunningCallbackAndSparesOthers) {
       },
       &a);
   timers.Schedule(
-      absl::Now() + absl::Milliseconds(500), [&] { dropped_fired++; }, &a);
+      SteadyNow() + absl::Milliseconds(500), [&] { dropped_fired++; }, &a);
   timers.Schedule(
-      absl::Now() + absl::Milliseconds(500), [&] { other_fired.Notify(); }, &b);
+      SteadyNow() + absl::Milliseconds(500), [&] { other_fired.Notify(); }, &b);
   running.WaitForNotification();
   timers.CancelAll(&a);
   EXPECT_TRUE(finished) << "CancelAll returned while the owner's callback ran";
@@ -43,14 +44,14 @@ TEST(TimerQueue, CancelAllWaitsForTheOwnersRunningCallbackAndSparesOthers) {
 TEST(TimerQueue, ATimerCenturiesOutLeavesTheThreadAsleep) {
   TimerQueue timers;
   std::atomic<bool> far_fired{false};
-  timers.Schedule(absl::Now() + absl::Hours(24 * 365 * 300), [&] { far_fired = true; });
+  timers.Schedule(SteadyNow() + absl::Hours(24 * 365 * 300), [&] { far_fired = true; });
   absl::SleepFor(absl::Milliseconds(50));  // the thread is waiting by now
   const absl::Duration cpu_before = ProcessCpuTime();
   absl::Notification near_fired;
-  const absl::Time near = absl::Now() + absl::Milliseconds(400);
+  const absl::Time near = SteadyNow() + absl::Milliseconds(400);
   timers.Schedule(near, [&] { near_fired.Notify(); });
   ASSERT_TRUE(near_fired.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_GE(absl::Now(), near);
+  EXPECT_GE(SteadyNow(), near);
   const absl::Duration cpu = ProcessCpuTime() - cpu_before;
   EXPECT_LT(cpu, absl::Milliseconds(150)) << "the timer thread spun for " << cpu;
   EXPECT_FALSE(far_fired);

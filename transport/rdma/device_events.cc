@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/steady_clock.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/endpoint.h"
 
@@ -223,7 +224,7 @@ std::string DeviceEvents::PortNote(ibv_context* verbs, uint8_t port) {
       if (p != it->second.ports.end()) history = p->second;
     }
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = SteadyNow();
   auto ago = [&](absl::Time t) {
     return absl::FormatDuration(absl::Trunc(now - t, absl::Milliseconds(1)));
   };
@@ -260,12 +261,12 @@ void DeviceEvents::Handle(ibv_context* verbs, const ibv_async_event& event) {
       const uint8_t port = static_cast<uint8_t>(event.element.port_num);
       std::string what;
       if (type == IBV_EVENT_PORT_ERR) {
-        device.ports[port].down_at = absl::Now();
+        device.ports[port].down_at = SteadyNow();
         what = absl::StrCat(
             " is down: calls over it fail, and new connections cannot be made until it is back; ",
             CheckLink(device.name));
       } else if (type == IBV_EVENT_PORT_ACTIVE) {
-        device.ports[port].up_at = absl::Now();
+        device.ports[port].up_at = SteadyNow();
         what = " is active";
       } else if (type == IBV_EVENT_GID_CHANGE) {
         what =

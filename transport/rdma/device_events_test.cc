@@ -99,7 +99,7 @@ struct Fixture {
     return true;
   }
   absl::StatusOr<std::shared_ptr<Connection>> Connect(int i) {
-    return client->Connect(listener->address(), &clients[i], absl::Now() + absl::Seconds(30));
+    return client->Connect(listener->address(), &clients[i], SteadyNow() + absl::Seconds(30));
   }
   std::shared_ptr<Connection> Accepted() {
     std::lock_guard<std::mutex> lock(accepted_mu);

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/stage_trace.h"
+#include "base/steady_clock.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_events.h"
 #include "transport/rdma/fault_injection.h"
@@ -868,7 +869,7 @@ void Endpoint::SweepIfDue() {
   const auto now = std::chrono::steady_clock::now();
   if (now - last_sweep_ < sweep_interval_) return;
   last_sweep_ = now;
-  const absl::Time t = absl::Now();
+  const absl::Time t = SteadyNow();
   // Collected first: expiring may close a connection, and closing calls out.
   std::vector<std::shared_ptr<RdmaConnection>> due;
   for (auto& [qp, conn] : by_qp_) {

@@ -460,7 +460,7 @@ struct Server {
   // A well-behaved client's connection, once Start has succeeded.
   absl::StatusOr<std::shared_ptr<Connection>> ConnectGoodClient(GoodClient* observer) {
     return client_transport->Connect(listener->address(), observer,
-                                     absl::Now() + absl::Seconds(30));
+                                     SteadyNow() + absl::Seconds(30));
   }
 };
 
@@ -689,7 +689,7 @@ struct ServerWithGoodClient {
   bool Start(size_t max_message_size) {
     if (!server.Start(max_message_size, KeepaliveOptions())) return false;
     auto c = server.client_transport->Connect(server.listener->address(), &good_observer,
-                                              absl::Now() + absl::Seconds(30));
+                                              SteadyNow() + absl::Seconds(30));
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return false;
     good = std::move(*c);
@@ -795,7 +795,7 @@ absl::StatusOr<std::shared_ptr<Connection>> ConnectToRawServer(RdmaTransport& cl
                                                                ConnectionObserver* observer,
                                                                std::string* accepted) {
   auto connecting = std::async(std::launch::async, [&] {
-    return client.Connect(address, observer, absl::Now() + absl::Seconds(30));
+    return client.Connect(address, observer, SteadyNow() + absl::Seconds(30));
   });
   *accepted = raw_server.Accept();
   return connecting.get();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/stage_trace.h"
+#include "base/steady_clock.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_events.h"
 #include "transport/rdma/device_selection.h"
@@ -62,7 +63,7 @@ RdmaConnection::RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string p
                                             : kRdmaCmDefaultPeerTimeoutMs)),
       shrink_answer_timeout_(absl::Milliseconds(endpoint->options().shrink_answer_timeout_ms)),
       keepalive_(absl::Milliseconds(endpoint->options().keepalive_ms)),
-      silent_since_(absl::Now()) {
+      silent_since_(SteadyNow()) {
   SetPeer(peer_handshake);
 }
 
@@ -368,10 +369,10 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
     // then only covers a READ already running. Without windows an expired
     // request would cost the whole connection: it waits for its answer.
     if (p.header.kind == MessageKind::kResponse) {
-      adv->release_by = absl::Now() + release_timeout_;
+      adv->release_by = SteadyNow() + release_timeout_;
     } else if (p.header.kind == MessageKind::kRequest && p.header.timeout_us > 0 &&
                adv->mw != nullptr) {
-      adv->release_by = absl::Now() + p.header.timeout() + release_timeout_;
+      adv->release_by = SteadyNow() + p.header.timeout() + release_timeout_;
     }
     next_release_due_ = std::min(next_release_due_, adv->release_by);
   }
@@ -752,7 +753,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       }
       last_remote_ = {h.remote.addr, h.remote.rkey};
       if (h.kind == MessageKind::kRequest && h.timeout_us) {
-        op.expiry = absl::Now() + h.timeout();
+        op.expiry = SteadyNow() + h.timeout();
         if (peer_release_ms > 0) {
           op.give_up = op.expiry + absl::Milliseconds(peer_release_ms) * 2;
           next_give_up_ = std::min(next_give_up_, op.give_up);
@@ -760,7 +761,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       } else if (h.kind == MessageKind::kResponse && peer_release_ms > 0) {
         // The peer revokes it at its release timeout, counted from before
         // it sent; half leaves room for the READ itself.
-        const absl::Time now = absl::Now();
+        const absl::Time now = SteadyNow();
         op.expiry = now + absl::Milliseconds(peer_release_ms) / 2;
         op.give_up = now + absl::Milliseconds(peer_release_ms) * 2;
         next_give_up_ = std::min(next_give_up_, op.give_up);
@@ -854,7 +855,7 @@ void RdmaConnection::AskForCreditsBack(uint32_t count) {
     std::lock_guard<InlineMutex> lock(mu_);
     if (closed_) return;
     shrink_asked_ = count;
-    shrink_asked_at_ = absl::Now();
+    shrink_asked_at_ = SteadyNow();
     ask_to_send_ = count;
     Count(&RdmaCounters::credit_shrinks);
     SendShrinkLocked();
@@ -889,7 +890,7 @@ void RdmaConnection::StartReads() {
     ReadOp& op = reads_[op_id];
     const size_t len = op.msg.header.payload_len;
     if (op.block == nullptr) {
-      if (absl::Now() > op.expiry) {
+      if (SteadyNow() > op.expiry) {
         if (op.msg.header.kind == MessageKind::kRequest) {
           op.msg.payload_status =
               absl::DeadlineExceededError("deadline passed before the request's payload was read");
@@ -932,7 +933,7 @@ void RdmaConnection::StartReads() {
       ++signaled_outstanding_;
       op.next += chunk;
       ++op.in_flight;
-      if (reads_in_flight_.empty()) oldest_read_since_ = absl::Now();
+      if (reads_in_flight_.empty()) oldest_read_since_ = SteadyNow();
       reads_in_flight_.push_back(static_cast<uint32_t>(chunk));
       queued = true;
       Count(&RdmaCounters::reads);
@@ -1023,7 +1024,7 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
       keepalive_outstanding_ = false;
     } else {
       reads_in_flight_.pop_front();
-      oldest_read_since_ = absl::Now();
+      oldest_read_since_ = SteadyNow();
       it = reads_.find(index);
     }
     if (it != reads_.end()) {
@@ -1114,7 +1115,7 @@ absl::Status RdmaConnection::RevocationHint(absl::Status why) {
   // A READ past its expiry may meet the peer's revocation in the middle of a
   // multi-packet response; the peer's QP then fails without NAKing anything
   // we would complete, and its disconnect is all we see.
-  const absl::Time now = absl::Now();
+  const absl::Time now = SteadyNow();
   for (const auto& [index, op] : reads_) {
     if (op.in_flight == 0 || op.give_up == absl::InfiniteFuture() || now < op.expiry) continue;
     uint32_t peer_release_ms;
@@ -1152,7 +1153,7 @@ void RdmaConnection::Teardown(absl::Status why) {
               absl::StrCat(peer_, ": tearing down QP ", qp_num_, ": ", why.ToString()));
   }
   keep_alive_ = shared_from_this();
-  teardown_started_ = absl::Now();
+  teardown_started_ = SteadyNow();
   uint32_t room_back;
   {
     std::lock_guard<InlineMutex> lock(mu_);
@@ -1181,13 +1182,13 @@ bool RdmaConnection::FinishTeardown() {
     // unsignaled SEND only reads a local slot, freed with the QP.
     drained = signaled_outstanding_ == 0;
   }
-  if (!drained && absl::Now() - teardown_started_ < kDrainBound) return false;
+  if (!drained && SteadyNow() - teardown_started_ < kDrainBound) return false;
   if (endpoint_->options().trace) {
     TraceLine(
         options_.name,
         absl::StrCat(peer_, ": QP ", qp_num_, " ",
                      drained ? "drained" : "not drained (blocks a READ may still write are leaked)",
-                     " after ", Rounded(absl::Now() - teardown_started_), "; freeing it"));
+                     " after ", Rounded(SteadyNow() - teardown_started_), "; freeing it"));
   }
   endpoint_->RemoveConnection(this);
   // Nothing may post from here on (Send refuses since Teardown): the token is

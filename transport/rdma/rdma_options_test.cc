@@ -230,8 +230,8 @@ TEST(CheckRdmaOptions, ListenAndConnectRefuseBadOptions) {
       << listener.status().message();
 
   RdmaTransport client(TransportOptions{}, o, /*server=*/false);
-  const auto conn = client.Connect(Address{"rdma", "127.0.0.1", 1}, nullptr,
-                                   absl::Now() + absl::Seconds(1));
+  const auto conn =
+      client.Connect(Address{"rdma", "127.0.0.1", 1}, nullptr, SteadyNow() + absl::Seconds(1));
   EXPECT_EQ(conn.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "base/steady_clock.h"
 #include "transport/listen_on_each.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_selection.h"
@@ -367,7 +368,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
   at->observer = observer;
   auto result = at->done.get_future();
   const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
-      absl::ToInt64Milliseconds(deadline - absl::Now()), 1, rdma_.connect_timeout_ms));
+      absl::ToInt64Milliseconds(deadline - SteadyNow()), 1, rdma_.connect_timeout_ms));
   RunOnCmAndWait([&] {
     if (cm_events_stopped_) return at->Finish(absl::UnavailableError("transport shutting down"));
     if (rdma_create_id(channel_, &at->id, nullptr, RDMA_PS_TCP) != 0) {
@@ -478,9 +479,9 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
     *addresses = {only};
     listening.host = gid_host;
   }
-  auto listener = ListenOnEachAddress(
-      *addresses, listening, options_.name,
-      [&](const SocketAddress& a) { return ListenAt(a, listening, on_accept); });
+  auto listener = ListenOnEachAddress(*addresses, options_.name, [&](const SocketAddress& a) {
+    return ListenAt(a, listening, on_accept);
+  });
   if (!listener.ok()) {
     return absl::Status(
         listener.status().code(),

@@ -25,6 +25,7 @@
 #include <future>
 
 #include "absl/strings/str_cat.h"
+#include "base/steady_clock.h"
 #include "transport/listen_on_each.h"
 
 namespace rdmarpc::transport {
@@ -86,7 +87,7 @@ void ConfigureConnectedSocket(int fd, const TcpOptions& options) {
 // `stop_fd` becomes readable; the error is what ended the wait.
 absl::Status AwaitSocket(int fd, short events, int stop_fd, absl::Time deadline) {
   for (;;) {
-    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration left = deadline - SteadyNow();
     if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("timed out");
     pollfd p[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
     // Clamped: with no deadline (InfiniteFuture) the cast made -1 of it,
@@ -612,18 +613,18 @@ int TcpTransport::EpollTimeoutMs() const {
   if (paused_accepts_.empty()) return -1;
   absl::Time first = absl::InfiniteFuture();
   for (const PausedAccept& p : paused_accepts_) first = std::min(first, p.resume);
-  const absl::Duration left = absl::Ceil(first - absl::Now(), absl::Milliseconds(1));
+  const absl::Duration left = absl::Ceil(first - SteadyNow(), absl::Milliseconds(1));
   return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(left)));
 }
 
 void TcpTransport::PauseAccepts(IoHandler* listener, int fd) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-  paused_accepts_.push_back(PausedAccept{listener, fd, absl::Now() + kAcceptPause});
+  paused_accepts_.push_back(PausedAccept{listener, fd, SteadyNow() + kAcceptPause});
 }
 
 void TcpTransport::ResumeAccepts() {
   if (paused_accepts_.empty()) return;
-  const absl::Time now = absl::Now();
+  const absl::Time now = SteadyNow();
   auto due = std::partition(paused_accepts_.begin(), paused_accepts_.end(),
                             [&](const PausedAccept& p) { return p.resume > now; });
   for (auto it = due; it != paused_accepts_.end(); ++it) {
@@ -730,7 +731,7 @@ absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::Listen(const Address& ad
   if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
-  auto listener = ListenOnEachAddress(*addresses, addr, options_.name, [&](const SocketAddress& a) {
+  auto listener = ListenOnEachAddress(*addresses, options_.name, [&](const SocketAddress& a) {
     return ListenSocket(a, addr, on_accept);
   });
   if (!listener.ok()) {

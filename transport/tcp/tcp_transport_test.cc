@@ -163,7 +163,7 @@ class SilentPeer {
 absl::StatusOr<std::shared_ptr<Connection>> ConnectTaken(TcpTransport& client, SilentPeer& peer,
                                                          ConnectionObserver* observer) {
   auto connecting = std::async(std::launch::async, [&] {
-    return client.Connect(peer.address(), observer, absl::Now() + absl::Seconds(10));
+    return client.Connect(peer.address(), observer, SteadyNow() + absl::Seconds(10));
   });
   EXPECT_TRUE(peer.Accept());
   return connecting.get();
@@ -319,7 +319,7 @@ TEST(TcpTransport, ConnectReturnsOnlyOnceTheServerTookTheConnection) {
   const auto connect_to = [&](SilentPeer& peer, absl::Duration timeout,
                               const std::function<void()>& server_side) {
     auto connecting = std::async(std::launch::async, [&] {
-      return client.Connect(peer.address(), &observer, absl::Now() + timeout);
+      return client.Connect(peer.address(), &observer, SteadyNow() + timeout);
     });
     server_side();
     return connecting.get();
@@ -378,14 +378,14 @@ TEST(TcpTransport, AConnectionTheServerRefusesFailsTheConnect) {
   ASSERT_TRUE(listener.ok()) << listener.status();
   TcpTransport client(TransportOptions{});
   auto refused =
-      client.Connect((*listener)->address(), &client_observer, absl::Now() + absl::Seconds(10));
+      client.Connect((*listener)->address(), &client_observer, SteadyNow() + absl::Seconds(10));
   ASSERT_FALSE(refused.ok()) << "a connection the server refused was returned";
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
   EXPECT_NE(refused.status().message().find("before it took it"), absl::string_view::npos)
       << refused.status();
   refuse = false;
   auto taken =
-      client.Connect((*listener)->address(), &client_observer, absl::Now() + absl::Seconds(10));
+      client.Connect((*listener)->address(), &client_observer, SteadyNow() + absl::Seconds(10));
   ASSERT_TRUE(taken.ok()) << taken.status();
   OutboundMessage m;
   m.header.kind = MessageKind::kRequest;
@@ -467,7 +467,7 @@ TEST(TcpTransport, AListenerDestroyedMidBatchGetsNoMoreEvents) {
   const int doomed_port = (*doomed)->address().port;
 
   TcpTransport client(TransportOptions{});
-  auto conn = client.Connect((*busy)->address(), &client_observer, absl::Now() + absl::Seconds(10));
+  auto conn = client.Connect((*busy)->address(), &client_observer, SteadyNow() + absl::Seconds(10));
   ASSERT_TRUE(conn.ok()) << conn.status();
   OutboundMessage m;
   m.header.kind = MessageKind::kRequest;

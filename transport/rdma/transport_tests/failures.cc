@@ -269,7 +269,7 @@ TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
     // caller may: a later call into it is a use after free (ASan round).
     auto observer = std::make_unique<Waiter>();
     auto conn =
-        fx.client->Connect(fx.addr, observer.get(), absl::Now() + absl::Microseconds(200 * i));
+        fx.client->Connect(fx.addr, observer.get(), SteadyNow() + absl::Microseconds(200 * i));
     if (conn.ok()) {
       (*conn)->Close();
       connected.push_back(std::move(observer));
@@ -368,7 +368,7 @@ TEST(RdmaTransport, ShutdownWhileConnectingEndsEveryConnect) {
         // Destroyed when its connect fails, as a caller may (see the
         // abandoned connects' test).
         auto observer = std::make_unique<Waiter>();
-        auto c = client.Connect(fx.addr, observer.get(), absl::Now() + absl::Seconds(30));
+        auto c = client.Connect(fx.addr, observer.get(), SteadyNow() + absl::Seconds(30));
         if (!c.ok()) return c.status();
         std::lock_guard<std::mutex> lock(connected_mu);
         connected.push_back(std::move(observer));
@@ -508,7 +508,7 @@ TEST(RdmaTransport, ListenerDestroyedAfterItsTransportShutDownGoesCleanly) {
   ASSERT_EQ(gone.wait_for(std::chrono::seconds(20)), std::future_status::ready)
       << "destroying the listener waited for the CM thread";
   EXPECT_EQ(CmIdsOnceBackTo(ids_before), ids_before) << "the listener's rdma_cm id was left behind";
-  auto late = server.Connect(fx.addr, &fx.NewWaiter(), absl::Now() + absl::Seconds(5));
+  auto late = server.Connect(fx.addr, &fx.NewWaiter(), SteadyNow() + absl::Seconds(5));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
 }
 
@@ -568,7 +568,7 @@ int DoomedClient(const std::string& target) {
   o.name = "doomed-client";
   Waiter w;  // outlives the transport
   RdmaTransport t(o, RdmaOptions(), false);
-  auto c = t.Connect(*ParseAddress("rdma://" + target), &w, absl::Now() + absl::Seconds(30));
+  auto c = t.Connect(*ParseAddress("rdma://" + target), &w, SteadyNow() + absl::Seconds(30));
   if (!c.ok()) return 2;
   if (!(*c)->Send(Request(1, Filled(**c, 32u << 20, 1))).ok()) return 3;
   (void)!write(1, "sent\n", 5);

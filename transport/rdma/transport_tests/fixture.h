@@ -187,7 +187,7 @@ struct Fixture {
     return kept;
   }
   absl::StatusOr<std::shared_ptr<Connection>> Connect(ConnectionObserver* observer) {
-    return client->Connect(addr, observer, absl::Now() + absl::Seconds(30));
+    return client->Connect(addr, observer, SteadyNow() + absl::Seconds(30));
   }
   // Start() and one connection for `waiter`; null, with the test failed and
   // the reason said, when either fails.

@@ -729,7 +729,7 @@ void PeerThatCannotAnswerAShrink(uint32_t timeout_ms) {
   const uint64_t overdue_before = Counters().credit_shrinks_overdue;
   ::testing::internal::CaptureStderr();
   for (int i = 0; i < 3; ++i) {
-    auto c = others.Connect(fx.addr, &fx.NewWaiter(), absl::Now() + absl::Seconds(30));
+    auto c = others.Connect(fx.addr, &fx.NewWaiter(), SteadyNow() + absl::Seconds(30));
     ASSERT_TRUE(c.ok()) << c.status();
     conns.push_back(*c);
   }

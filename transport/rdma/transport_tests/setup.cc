@@ -342,7 +342,7 @@ TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
     co.name = "named-client";
     Waiter w;
     RdmaTransport client(co, o, false);
-    return client.Connect(fx.addr, &w, absl::Now() + absl::Seconds(30)).status();
+    return client.Connect(fx.addr, &w, SteadyNow() + absl::Seconds(30)).status();
   };
   const auto expect_error = [](const absl::Status& s, absl::StatusCode code,
                                const std::vector<std::string>& mentions) {
