@@ -25,6 +25,7 @@
 #define RDMARPC_BASE_STEADY_CLOCK_H_
 
 #include <algorithm>
+#include <future>
 
 #include "absl/time/time.h"
 
@@ -37,21 +38,40 @@ absl::Time SteadyNow();
 absl::Time FromWallClock(absl::Time wall);
 absl::Time ToWallClock(absl::Time steady);
 
+// The longest single wait of the library's timed waits, which wait again for
+// what is left: wait_for adds its wait to steady_clock::now(), which
+// overflows for a wait of some 292 years and returns at once, so a deadline
+// meant as "never" (or a peer's huge timeout) would make its waiter spin.
+inline constexpr absl::Duration kLongestSteadyWait = absl::Hours(1);
+
 // Waits on `cv` (a condition_variable, or a condition_variable_any) with
 // `lock` held until `done()` (true) or until SteadyNow() reaches `deadline`
 // (false). Not wait_until with absl::ToChronoTime, which waits on the wall
 // clock.
 template <typename CondVar, typename Lock, typename Done>
 bool WaitUntil(CondVar& cv, Lock& lock, absl::Time deadline, Done done) {
-  // Waits are cut to an hour: wait_for adds its wait to steady_clock::now(),
-  // which overflows for a wait of centuries (a deadline meant as "never").
-  constexpr absl::Duration kLongestWait = absl::Hours(1);
   while (!done()) {
     const absl::Duration left = deadline - SteadyNow();
     if (left <= absl::ZeroDuration()) return false;
-    cv.wait_for(lock, absl::ToChronoNanoseconds(std::min(left, kLongestWait)));
+    cv.wait_for(lock, absl::ToChronoNanoseconds(std::min(left, kLongestSteadyWait)));
   }
   return true;
+}
+
+// Waits until `future` (a std::future or std::shared_future) is ready (true)
+// or SteadyNow() reaches `deadline` (false). Not future::wait_until with
+// absl::ToChronoTime, which waits on the wall clock: a deadline of
+// SteadyNow()'s given to it is wrong by every step of the wall clock so far.
+template <typename Future>
+bool WaitUntilReady(const Future& future, absl::Time deadline) {
+  for (;;) {
+    const absl::Duration left = std::max(deadline - SteadyNow(), absl::ZeroDuration());
+    if (future.wait_for(absl::ToChronoNanoseconds(std::min(left, kLongestSteadyWait))) ==
+        std::future_status::ready) {
+      return true;
+    }
+    if (left == absl::ZeroDuration()) return false;
+  }
 }
 
 }  // namespace rdmarpc

@@ -1,5 +1,6 @@
 #include "base/steady_clock.h"
 
+#include <future>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -51,6 +52,23 @@ TEST(SteadyClock, WaitUntilEndsAtTheDeadlineOrWhenDone) {
   EXPECT_TRUE(WaitUntil(cv, lock, absl::InfiniteFuture(), [&] { return done; }));
   lock.unlock();
   finisher.join();
+}
+
+TEST(SteadyClock, WaitUntilReadyEndsAtTheDeadlineOrWhenReady) {
+  std::promise<void> promise;
+  std::future<void> future = promise.get_future();
+  const absl::Time start = SteadyNow();
+  EXPECT_FALSE(WaitUntilReady(future, start + absl::Milliseconds(50)));
+  EXPECT_GE(SteadyNow() - start, absl::Milliseconds(50));
+  EXPECT_FALSE(WaitUntilReady(future, absl::InfinitePast()));
+
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    promise.set_value();
+  });
+  EXPECT_TRUE(WaitUntilReady(future, absl::InfiniteFuture()));
+  setter.join();
+  EXPECT_TRUE(WaitUntilReady(future, absl::InfinitePast())) << "a ready future at any deadline";
 }
 
 }  // namespace

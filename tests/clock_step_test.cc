@@ -99,13 +99,35 @@ TEST_P(ClockStep, ForwardStepsEndNoCallEarly) {
     EchoResponse resp;
     const Status s = Call(req, absl::Seconds(20), &resp);
     if (!s.ok() && failed++ == 0) first_failure = absl::StrCat("call ", i, ": ", s.ToString());
-    if (s.ok()) EXPECT_EQ(resp.tag(), i);
+    if (s.ok()) {
+      EXPECT_EQ(resp.tag(), i);
+    }
   }
   stop = true;
   stepper.join();
   EXPECT_EQ(failed, 0) << "first: " << first_failure << " (the clock stepped forward "
                        << absl::FormatDuration(stepped_) << " in all)";
   EXPECT_GE(stepped_, absl::Hours(5)) << "the calls ran faster than the steps";
+}
+
+// New connections after the clock stepped an hour forward (NTP correcting a
+// clock that was behind, once the process had started): a connect's wait
+// kept on the wall clock would see its deadline an hour gone and give every
+// connection up at once.
+TEST_P(ClockStep, ConnectionsAreMadeAfterAForwardStep) {
+  Step(absl::Hours(1));
+  for (int i = 0; i < 5; ++i) {
+    auto ch = Channel::Create(server_->address);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    EchoRequest req;
+    req.set_tag(i);
+    EchoResponse resp;
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(20));
+    const Status s = (*ch)->Call(kEcho, &ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << "connection " << i << ": " << s;
+    EXPECT_EQ(resp.tag(), i);
+  }
 }
 
 // A step back of an hour while a call with a 1 s deadline waits on a

@@ -7,16 +7,6 @@
 #include "base/steady_clock.h"
 
 namespace rdmarpc::internal {
-namespace {
-
-// The longest the thread sleeps before it looks again. wait_for adds its
-// wait to steady_clock::now(), which overflows for waits of some 292 years
-// and returns at once: a timer that far out (a deadline meant as "never",
-// or a peer's timeout_us) would have kept this thread spinning.
-constexpr absl::Duration kLongestWait = absl::Hours(1);
-
-}  // namespace
-
 TimerQueue::TimerQueue() : thread_([this] { Run(); }) {}
 
 TimerQueue::~TimerQueue() {
@@ -75,7 +65,7 @@ void TimerQueue::Run() {
     const absl::Time next = timers_.begin()->first.first;
     const absl::Time now = SteadyNow();
     if (next > now) {
-      cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(next - now, kLongestWait)));
+      cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(next - now, kLongestSteadyWait)));
       continue;
     }
     auto node = timers_.extract(timers_.begin());

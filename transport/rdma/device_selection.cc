@@ -241,22 +241,28 @@ absl::StatusOr<Route> ResolveRoute(const sockaddr* to, const RdmaOptions& o) {
     }
   } cm;
   const auto fail = [&](const std::string& what) {
-    return absl::UnavailableError(absl::StrCat(what, " for ", target, ": ", strerror(errno),
-                                               ". Devices: ", DescribeDevices()));
+    const int err = errno;  // before DescribeDevices() may change it
+    return absl::UnavailableError(
+        absl::StrCat(what, " for ", target, ": ", strerror(err), ". Devices: ", DescribeDevices()));
   };
   if (cm.channel == nullptr) return fail("rdma_create_event_channel");
   if (rdma_create_id(cm.channel, &cm.id, nullptr, RDMA_PS_TCP) != 0) return fail("rdma_create_id");
   // Each step ends in an event, success or not, within its timeout.
   const auto step = [&](int rc, const char* what, rdma_cm_event_type want) -> absl::Status {
     if (rc != 0) {
+      const int err = errno;
       return absl::UnavailableError(
-          absl::StrCat(what, " for ", target, ": ", strerror(errno),
+          absl::StrCat(what, " for ", target, ": ", strerror(err),
                        ": no RDMA device reaches it (no interface with one routes there). "
                        "Devices: ",
                        DescribeDevices()));
     }
     rdma_cm_event* ev = nullptr;
-    if (rdma_get_cm_event(cm.channel, &ev) != 0) return fail("rdma_get_cm_event");
+    // A blocking read, which a signal without SA_RESTART interrupts.
+    int got_event;
+    while ((got_event = rdma_get_cm_event(cm.channel, &ev)) != 0 && errno == EINTR) {
+    }
+    if (got_event != 0) return fail("rdma_get_cm_event");
     const rdma_cm_event_type got = ev->event;
     const int status = ev->status;
     rdma_ack_cm_event(ev);

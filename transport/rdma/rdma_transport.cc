@@ -100,6 +100,7 @@ class RdmaTransport::RdmaListener : public Listener {
 RdmaTransport::RdmaTransport(TransportOptions options, RdmaOptions rdma, bool server)
     : options_(std::move(options)), rdma_(std::move(rdma)), server_(server) {
   channel_ = rdma_create_event_channel();
+  channel_errno_ = channel_ ? 0 : errno;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (channel_) {
     fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
@@ -310,9 +311,9 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
                                                                    absl::Time deadline) {
   if (absl::Status s = CheckRdmaOptions(rdma_); !s.ok()) return s;
   if (!channel_) {
-    return absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
-                                               strerror(errno), ". Devices: ", DescribeDevices(),
-                                               ". ", kTry));
+    return absl::UnavailableError(
+        absl::StrCat("rdma_create_event_channel failed: ", strerror(channel_errno_),
+                     ". Devices: ", DescribeDevices(), ". ", kTry));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -398,15 +399,16 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
                                   : "; rdma_cm picks the device"));
     }
     if (rdma_resolve_addr(at->id, from, reinterpret_cast<sockaddr*>(&dst), timeout_ms) != 0) {
+      const int err = errno;
       cm_targets_.erase(at->id);
       rdma_destroy_id(at->id);
       at->Finish(absl::UnavailableError(absl::StrCat(
           "rdma_resolve_addr ", at->target,
           from ? absl::StrCat(" from ", SockaddrString(from), " (RdmaOptions::gid_index)") : "",
-          ": ", strerror(errno), ". ", kTry)));
+          ": ", strerror(err), ". ", kTry)));
     }
   });
-  if (result.wait_until(absl::ToChronoTime(deadline)) != std::future_status::ready) {
+  if (!WaitUntilReady(result, deadline)) {
     RunOnCmAndWait([&] {
       if (at->finished) return;
       if (at->conn) {
@@ -448,9 +450,9 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
                                                                 AcceptCallback on_accept) {
   if (absl::Status s = CheckRdmaOptions(rdma_); !s.ok()) return s;
   if (!channel_) {
-    return absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
-                                               strerror(errno), ". Devices: ", DescribeDevices(),
-                                               ". ", kTry));
+    return absl::UnavailableError(
+        absl::StrCat("rdma_create_event_channel failed: ", strerror(channel_errno_),
+                     ". Devices: ", DescribeDevices(), ". ", kTry));
   }
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();

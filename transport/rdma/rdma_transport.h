@@ -113,6 +113,7 @@ class RdmaTransport : public Transport {
   const RdmaOptions rdma_;
   const bool server_;
   rdma_event_channel* channel_ = nullptr;
+  int channel_errno_ = 0;  // why rdma_create_event_channel failed, if it did
   int wake_fd_ = -1;
   std::thread cm_thread_;
   // The CM thread's id while it runs; none once it has exited, when a new

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "base/signal_storm.h"
 #include "gtest/gtest.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_selection.h"
@@ -326,6 +327,23 @@ TEST(RdmaTransport, TraceFollowsEachConnectionFromResolveToFree) {
                            "credits: we grant 24, the peer 16", "RDMA_CM_EVENT_ESTABLISHED",
                            "RDMA_CM_EVENT_DISCONNECTED", "tearing down QP", "drained after"});
   }
+}
+
+// ResolveRoute (what `rdmarpc_devices --to` prints) waits for rdma_cm's
+// answers in a blocking read, which a signal without SA_RESTART interrupts:
+// the route is still found, as in a program that takes signals.
+TEST(RdmaTransport, RouteIsResolvedUnderSignals) {
+  const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(7471);
+  ASSERT_EQ(inet_pton(AF_INET, ip.c_str(), &to.sin_addr), 1) << ip;
+  SignalStorm storm(absl::Microseconds(200));
+  for (int i = 0; i < 50; ++i) {
+    auto route = ResolveRoute(reinterpret_cast<const sockaddr*>(&to), RdmaOptions());
+    ASSERT_TRUE(route.ok()) << "resolution " << i << ": " << route.status();
+  }
+  EXPECT_GE(storm.delivered(), 50u);
 }
 
 // Names that name nothing fail before any connection is tried, saying what
