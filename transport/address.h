@@ -8,10 +8,13 @@
 #include <sys/socket.h>
 
 #include <cstdint>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -63,22 +66,34 @@ void AppendAttempt(std::string* why, const SocketAddress& at, bool name_it,
 // Runs `attempt(address, its_deadline)` on each address in turn, each
 // within its AttemptDeadline, until one succeeds, one fails for good
 // (`gives_up(status)`: the transport shuts down) or `deadline` passes. The
-// error has the last attempt's code and each attempt's message, after its
-// address when `name_each` (for messages that do not name it).
+// error has the last attempt's code, each attempt's message, after its
+// address when `name_each` (for messages that do not name it), and the
+// payloads that every attempt's error had (a kind of failure they share).
 template <typename T, typename Attempt, typename GivesUp>
 absl::StatusOr<T> TryEachAddress(const std::vector<SocketAddress>& addresses, absl::Time deadline,
                                  bool name_each, Attempt attempt, GivesUp gives_up) {
   std::string why;
   absl::Status last;
+  std::map<std::string, absl::Cord> shared;  // payloads of every error so far
   for (size_t i = 0; i < addresses.size(); ++i) {
     absl::StatusOr<T> result =
         attempt(addresses[i], AttemptDeadline(deadline, addresses.size() - i));
     if (result.ok()) return result;
     last = result.status();
+    if (i == 0) {
+      last.ForEachPayload(
+          [&](absl::string_view url, const absl::Cord& p) { shared.emplace(url, p); });
+    } else {
+      for (auto it = shared.begin(); it != shared.end();) {
+        it = last.GetPayload(it->first) ? std::next(it) : shared.erase(it);
+      }
+    }
     AppendAttempt(&why, addresses[i], name_each && addresses.size() > 1, last.message());
     if (gives_up(last) || SteadyNow() >= deadline) break;
   }
-  return absl::Status(last.code(), why);
+  absl::Status error(last.code(), why);
+  for (const auto& [url, payload] : shared) error.SetPayload(url, payload);
+  return error;
 }
 
 }  // namespace rdmarpc::transport

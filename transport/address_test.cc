@@ -6,7 +6,10 @@
 #include <netinet/in.h>
 
 #include <string>
+#include <vector>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace rdmarpc::transport {
@@ -87,6 +90,32 @@ TEST(AttemptDeadline, SharesWhatIsLeftAmongTheAddressesLeft) {
   EXPECT_EQ(AttemptDeadline(absl::InfiniteFuture(), 3), absl::InfiniteFuture());
   const absl::Time passed = SteadyNow() - absl::Seconds(1);
   EXPECT_EQ(AttemptDeadline(passed, 2), passed);
+}
+
+// The error of a name whose every address failed says what each did, and
+// keeps a payload only when every attempt's error had it: what they all
+// share describes the name (auto:// falls back on one, auto_transport.h).
+TEST(TryEachAddress, KeepsThePayloadsEveryAttemptHad) {
+  const std::vector<SocketAddress> two(2);
+  const auto run = [&](bool second_has_it) {
+    int n = 0;
+    return TryEachAddress<int>(
+        two, absl::InfiniteFuture(), /*name_each=*/false,
+        [&](const SocketAddress&, absl::Time) -> absl::StatusOr<int> {
+          absl::Status s = absl::UnavailableError(absl::StrCat("attempt ", n));
+          if (n++ == 0 || second_has_it) s.SetPayload("kind", absl::Cord("x"));
+          s.SetPayload(absl::StrCat("only ", n), absl::Cord("y"));
+          return s;
+        },
+        [](const absl::Status&) { return false; });
+  };
+  const absl::StatusOr<int> both = run(true);
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(both.status().message(), "attempt 0; attempt 1");
+  EXPECT_EQ(both.status().GetPayload("kind"), absl::Cord("x"));
+  EXPECT_FALSE(both.status().GetPayload("only 1").has_value());
+  EXPECT_FALSE(both.status().GetPayload("only 2").has_value());
+  EXPECT_FALSE(run(false).status().GetPayload("kind").has_value());
 }
 
 }  // namespace

@@ -5,11 +5,20 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "transport/auto_transport.h"
 #include "transport/rdma/rdma_options.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace rdmarpc::transport {
+namespace {
+
+bool EnvForbidsFallback() {
+  const char* no_fallback = std::getenv("RDMARPC_NO_TCP_FALLBACK");
+  return no_fallback != nullptr && strcmp(no_fallback, "1") == 0;
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> ResolveScheme(const std::string& scheme, const std::string& who,
                                           const TransportTunables& tunables) {
@@ -18,8 +27,7 @@ absl::StatusOr<std::string> ResolveScheme(const std::string& scheme, const std::
     return absl::InvalidArgumentError(absl::StrCat("no transport for scheme '", scheme, "'"));
   }
   if (rdma::RdmaUsable()) return std::string("rdma");
-  const char* no_fallback = std::getenv("RDMARPC_NO_TCP_FALLBACK");
-  const bool env_forbids = no_fallback && strcmp(no_fallback, "1") == 0;
+  const bool env_forbids = EnvForbidsFallback();
   const std::string devices = rdma::DescribeDevices();
   if (env_forbids || !tunables.tcp_fallback) {
     return absl::UnavailableError(absl::StrCat(
@@ -42,7 +50,17 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
     // Here rather than at the first connect, so that a channel or server
     // whose options cannot work is refused as it is made, not call by call.
     if (absl::Status s = rdma::CheckRdmaOptions(rdma); !s.ok()) return s;
-    return std::unique_ptr<Transport>(new rdma::RdmaTransport(options, rdma, options.listening));
+    auto made = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
+    // rdma:// too: an AutoTransport passes rdma:// addresses through
+    // untouched, and a ChannelGroup shares this one transport between the
+    // rdma:// and auto:// addresses it is given.
+    if (!tunables.tcp_fallback || EnvForbidsFallback()) {
+      return std::unique_ptr<Transport>(std::move(made));
+    }
+    TcpOptions tcp = TcpOptionsFromEnv(tunables.tcp);
+    return std::unique_ptr<Transport>(new AutoTransport(
+        std::move(made), [options, tcp] { return std::make_unique<TcpTransport>(options, tcp); },
+        options.name));
   }
   return std::unique_ptr<Transport>(new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));
 }

@@ -7,7 +7,10 @@
 //   auto t = MakeTransport("auto", TransportOptions{}, tunables);
 //
 // "auto" picks RDMA when a usable RDMA device exists and TCP otherwise, with
-// one log line saying which and why, unless tcp_fallback is off.
+// one log line saying which and why, unless tcp_fallback is off. With RDMA
+// it still reaches peers without it: an auto:// server listens on TCP too,
+// at the same port, and an auto:// client connects over TCP where RDMA
+// cannot reach the peer (auto_transport.h), unless tcp_fallback is off.
 //
 // The environment overrides the tunables (for experiments on a built
 // program): RdmaOptionsFromEnv and TcpOptionsFromEnv list the variables,
@@ -32,7 +35,9 @@ struct TransportTunables {
   TcpOptions tcp;
   rdma::RdmaOptions rdma;
   // auto:// with no usable RDMA device: fall back to TCP (one log line).
-  // false makes that an error naming the devices found.
+  // false makes that an error naming the devices found, and keeps auto://
+  // with a device to RDMA alone (no TCP listener, no TCP connection to a
+  // peer RDMA cannot reach).
   bool tcp_fallback = true;
 };
 

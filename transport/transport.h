@@ -36,6 +36,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "transport/address.h"
@@ -164,6 +165,14 @@ struct TransportOptions {
   // A server's transport: sizes receive resources for many peers.
   bool listening = false;
 };
+
+// The payload (absl::Status::SetPayload) of a Connect error that says the
+// peer cannot be reached by this kind of transport at all: no route of its
+// kind leads there, or nothing of its kind listens there. A peer that
+// answered and refused, or a deadline that passed, carries none. Another
+// kind of transport may still reach the peer (auto://, auto_transport.h).
+inline constexpr absl::string_view kNotReachableThisWay =
+    "type.rdmarpc.dev/transport.NotReachableThisWay";
 
 // Returns the observer for a new connection (never null), or null to refuse it.
 using AcceptCallback = std::function<ConnectionObserver*(std::shared_ptr<Connection>)>;

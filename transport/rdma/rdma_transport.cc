@@ -15,6 +15,7 @@
 #include <future>
 #include <optional>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/steady_clock.h"
@@ -355,10 +356,12 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
       },
       [](const absl::Status& s) { return absl::IsFailedPrecondition(s); });
   if (conn.ok() || reachable.size() == 1) return conn;
-  return absl::Status(
-      conn.status().code(),
-      absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
-                   " addresses in turn: ", conn.status().message()));
+  absl::Status each(conn.status().code(),
+                    absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
+                                 " addresses in turn: ", conn.status().message()));
+  conn.status().ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { each.SetPayload(url, payload); });
+  return each;
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
@@ -587,6 +590,15 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
     absl::Status why = absl::UnavailableError(absl::StrCat(
         "rdma_cm could not connect to ", at->target, ": ", what, " (", rdma_event_str(type),
         ", status ", status, "). Devices: ", DescribeDevices(), ". ", kTry));
+    // No RDMA path there, or no RDMA listener: TCP may still reach the peer.
+    // A refusal with our private data, or a peer that is not an rdmarpc
+    // server, says the peer is there.
+    const bool not_rdma_there =
+        type == RDMA_CM_EVENT_ADDR_ERROR || type == RDMA_CM_EVENT_ROUTE_ERROR ||
+        type == RDMA_CM_EVENT_UNREACHABLE ||
+        (type == RDMA_CM_EVENT_REJECTED &&
+         !DecodeRefusal(ev->param.conn.private_data, ev->param.conn.private_data_len));
+    if (not_rdma_there) why.SetPayload(kNotReachableThisWay, absl::Cord(rdma_event_str(type)));
     if (rdma_.trace)
       TraceLine(options_.name, absl::StrCat(at->target, ": connect failed: ", why.message()));
     AbandonAttempt(at);

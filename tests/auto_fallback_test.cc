@@ -1,0 +1,133 @@
+// auto:// on a machine with RDMA still reaches peers without it: a server on
+// auto:// listens on TCP too, at the port RDMA took, and an auto:// client
+// connects over TCP where RDMA cannot reach the peer (no RDMA listener or
+// route there), saying so once. rdma:// never falls back, and
+// TransportTunables::tcp_fallback = false keeps auto:// to RDMA
+// (transport/auto_transport.h). Runs in the Soft-RoCE VM, which has a device.
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "rpc/channel.h"
+#include "tests/echo_service.h"
+#include "transport/rdma/counters.h"
+#include "transport/rdma/testing/rdma_test_env.h"
+
+namespace rdmarpc::testing {
+namespace {
+
+using transport::rdma::Counters;
+
+Status Echo(Channel& channel, const std::string& data) {
+  EchoRequest req;
+  req.set_data(data);
+  EchoResponse resp;
+  ClientContext ctx;
+  ctx.set_timeout(absl::Seconds(20));
+  Status s = channel.Call(kEcho, &ctx, req, &resp);
+  if (s.ok() && resp.data() != data) return Status(StatusCode::kInternal, "wrong echo");
+  return s;
+}
+
+// On a channel of its own.
+Status Echo(const std::string& address, const std::string& data, ChannelOptions options = {}) {
+  auto ch = Channel::Create(address, std::move(options));
+  if (!ch.ok()) return ch.status();
+  return Echo(**ch, data);
+}
+
+std::string Port(const std::string& address) { return address.substr(address.rfind(':') + 1); }
+
+class AutoFallback : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ip_ = rdma::testing::RequireRdmaTestAddress();
+    ASSERT_FALSE(ip_.empty());
+  }
+  std::string ip_;
+};
+
+// A server without RDMA (tcp:// here): an auto:// client's RDMA connect is
+// rejected by the peer's rdma_cm (nothing listens there over RDMA), and the
+// client connects over TCP, small and large calls alike, logging it once.
+TEST_F(AutoFallback, AClientReachesAServerWithoutRdmaOverTcp) {
+  TestServer server(absl::StrCat("tcp://", ip_, ":0"));
+  ASSERT_TRUE(server.server);
+  const std::string target = absl::StrCat("auto://", ip_, ":", Port(server.address));
+  ::testing::internal::CaptureStderr();
+  Status small, large;
+  {
+    auto ch = Channel::Create(target);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    small = Echo(**ch, "small");
+    large = Echo(**ch, std::string(4 << 20, 'L'));
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(small.ok()) << small;
+  EXPECT_TRUE(large.ok()) << large;
+  EXPECT_EQ(server.service.started.load(), 2);  // by the server that has TCP alone
+  EXPECT_TRUE(absl::StrContains(log,
+                                "cannot be reached over RDMA (RDMA_CM_EVENT_REJECTED); "
+                                "auto:// connects over TCP"))
+      << log;
+  EXPECT_EQ(log.find("auto:// connects over TCP"), log.rfind("auto:// connects over TCP"))
+      << "logged more than once for one target of one channel: " << log;
+}
+
+// A server on auto:// with RDMA takes RDMA clients, TCP clients (a machine
+// without a device, whose auto:// is TCP) on the same port, and auto://
+// clients over RDMA.
+TEST_F(AutoFallback, AnAutoServerTakesTcpClientsOnItsPort) {
+  TestServer server(absl::StrCat("auto://", ip_, ":0"));
+  ASSERT_TRUE(server.server);
+  ASSERT_EQ(server.address.rfind("rdma://", 0), 0u) << server.address;
+  const std::string port = Port(server.address);
+  const Status tcp = Echo(absl::StrCat("tcp://", ip_, ":", port), std::string(1 << 20, 'T'));
+  EXPECT_TRUE(tcp.ok()) << tcp;
+  const uint64_t rdma_opened = Counters().connections_opened;
+  const Status rdma = Echo(absl::StrCat("rdma://", ip_, ":", port), "rdma");
+  EXPECT_TRUE(rdma.ok()) << rdma;
+  ::testing::internal::CaptureStderr();
+  const Status automatic = Echo(absl::StrCat("auto://", ip_, ":", port), "auto");
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(automatic.ok()) << automatic;
+  EXPECT_FALSE(absl::StrContains(log, "auto:// connects over TCP")) << log;
+  // Both ends of the rdma:// and auto:// connections are in this process.
+  EXPECT_GE(Counters().connections_opened, rdma_opened + 4);
+  EXPECT_EQ(server.service.started.load(), 3);
+}
+
+// rdma:// means RDMA: no fallback to the TCP server, and the error says why.
+// tcp_fallback = false keeps auto:// to RDMA as well.
+TEST_F(AutoFallback, RdmaAddressesAndAForbiddenFallbackStayOnRdma) {
+  TestServer server(absl::StrCat("tcp://", ip_, ":0"));
+  ASSERT_TRUE(server.server);
+  const std::string port = Port(server.address);
+  const Status rdma = Echo(absl::StrCat("rdma://", ip_, ":", port), "x");
+  EXPECT_EQ(rdma.code(), StatusCode::kUnavailable) << rdma;
+  EXPECT_TRUE(absl::StrContains(rdma.message(), "no rdmarpc server listens there")) << rdma;
+  ChannelOptions no_fallback;
+  no_fallback.transport.tcp_fallback = false;
+  const Status automatic = Echo(absl::StrCat("auto://", ip_, ":", port), "x", no_fallback);
+  EXPECT_EQ(automatic.code(), StatusCode::kUnavailable) << automatic;
+  EXPECT_EQ(server.service.started.load(), 0);
+  // Nor does such a server listen on TCP.
+  EchoService service;
+  transport::TransportTunables rdma_only;
+  rdma_only.tcp_fallback = false;
+  auto rdma_server = ServerBuilder()
+                         .AddListeningPort(absl::StrCat("auto://", ip_, ":0"))
+                         .RegisterService(&service)
+                         .SetTransportTunables(rdma_only)
+                         .BuildAndStart();
+  ASSERT_TRUE(rdma_server.ok()) << rdma_server.status();
+  const Status tcp =
+      Echo(absl::StrCat("tcp://", ip_, ":", Port((*rdma_server)->addresses()[0])), "x");
+  EXPECT_EQ(tcp.code(), StatusCode::kUnavailable) << tcp;
+}
+
+}  // namespace
+}  // namespace rdmarpc::testing

@@ -1,0 +1,97 @@
+#include "transport/auto_transport.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+// An ephemeral port that RDMA took may be a TCP port in use: the pair is
+// made again, on another port, this many times.
+constexpr int kPortPairTries = 8;
+
+Address WithScheme(Address addr, const char* scheme) {
+  addr.scheme = scheme;
+  return addr;
+}
+
+// Stops accepting on both when destroyed; reports the RDMA address.
+class PairedListener : public Listener {
+ public:
+  PairedListener(std::unique_ptr<Listener> rdma, std::unique_ptr<Listener> tcp)
+      : rdma_(std::move(rdma)), tcp_(std::move(tcp)) {}
+  const Address& address() const override { return rdma_->address(); }
+
+ private:
+  std::unique_ptr<Listener> rdma_;
+  std::unique_ptr<Listener> tcp_;
+};
+
+}  // namespace
+
+AutoTransport::AutoTransport(std::unique_ptr<Transport> rdma,
+                             std::function<std::unique_ptr<Transport>()> make_tcp, std::string who)
+    : rdma_(std::move(rdma)), make_tcp_(std::move(make_tcp)), who_(std::move(who)) {}
+
+Transport& AutoTransport::Tcp() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!tcp_) tcp_ = make_tcp_();
+  return *tcp_;
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::Connect(const Address& addr,
+                                                                   ConnectionObserver* observer,
+                                                                   absl::Time deadline) {
+  if (addr.scheme == "tcp") return Tcp().Connect(addr, observer, deadline);
+  auto conn = rdma_->Connect(addr, observer, deadline);
+  if (conn.ok() || addr.scheme != "auto") return conn;
+  const auto why = conn.status().GetPayload(kNotReachableThisWay);
+  if (!why) return conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fell_back_.insert(addr.ToString()).second) {
+      fprintf(stderr,
+              "rdmarpc[%s]: %s cannot be reached over RDMA (%s); auto:// connects over TCP\n",
+              who_.c_str(), addr.ToString().c_str(), std::string(*why).c_str());
+    }
+  }
+  auto tcp = Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);
+  if (tcp.ok()) return tcp;
+  return absl::Status(tcp.status().code(),
+                      absl::StrCat("over RDMA: ", conn.status().message(),
+                                   "; then over TCP: ", tcp.status().message()));
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::Listen(const Address& addr,
+                                                                AcceptCallback on_accept) {
+  if (addr.scheme == "tcp") return Tcp().Listen(addr, std::move(on_accept));
+  absl::Status last;
+  for (int i = 0; i < kPortPairTries; ++i) {
+    auto rdma = rdma_->Listen(WithScheme(addr, "rdma"), on_accept);
+    if (!rdma.ok() || addr.scheme != "auto") return rdma;
+    Address tcp_addr = WithScheme(addr, "tcp");
+    tcp_addr.port = (*rdma)->address().port;
+    auto tcp = Tcp().Listen(tcp_addr, on_accept);
+    if (tcp.ok()) {
+      return std::unique_ptr<Listener>(new PairedListener(std::move(*rdma), std::move(*tcp)));
+    }
+    last = tcp.status();
+    if (addr.port != 0) break;  // the port asked for is taken over TCP: no other will do
+  }
+  return absl::Status(
+      last.code(), absl::StrCat(addr.ToString(),
+                                ": auto:// listens over RDMA and TCP on one port, "
+                                "and TCP could not take it: ",
+                                last.message(), " (an rdma:// address listens over RDMA alone)"));
+}
+
+void AutoTransport::Shutdown() {
+  rdma_->Shutdown();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (tcp_) tcp_->Shutdown();
+}
+
+}  // namespace rdmarpc::transport

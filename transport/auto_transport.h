@@ -1,0 +1,66 @@
+// AutoTransport: the RDMA transport MakeTransport makes, unless the TCP
+// fallback is off. RDMA first for auto:// addresses, and TCP where RDMA
+// cannot reach the peer, so that auto:// works when either side lacks RDMA:
+// a server on a machine without a device listens on TCP alone
+// (MakeTransport falls back there), and clients without one connect over
+// TCP. rdma:// addresses pass through to RDMA untouched.
+//
+//   auto t = MakeTransport("auto", options, tunables);  // makes one when RDMA is usable
+//   t->Listen(*ParseAddress("auto://0.0.0.0:7471"), on_accept);  // RDMA and TCP, one port
+//   t->Connect(*ParseAddress("auto://10.0.0.2:7471"), observer, deadline);
+//
+// Connect: over RDMA; where that fails because no RDMA path or listener is
+//   there (transport.h's kNotReachableThisWay: rdma_cm's ADDR_ERROR,
+//   ROUTE_ERROR, UNREACHABLE, or a REJECTED that no rdmarpc server sent),
+//   over TCP to the same host and port, with one log line per target. A
+//   server that refused, or a deadline that passed, is no reason to try TCP.
+//   rdma:// and tcp:// addresses go their own way only.
+// Listen: RDMA, then TCP on the port RDMA took (rdma_cm's ports and the
+//   kernel's TCP ports are apart on RoCE and InfiniBand); the listener
+//   reports the RDMA address.
+//
+// What not to rely on: a fallback waits for RDMA's answer first, which is
+// at once for a missing route or listener but takes until the connect's
+// deadline when the peer's host drops RDMA packets unanswered. Each new
+// connection tries RDMA again: a server that gains RDMA is used by it.
+#ifndef RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
+#define RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "transport/transport.h"
+
+namespace rdmarpc::transport {
+
+class AutoTransport : public Transport {
+ public:
+  // `make_tcp` makes the TCP transport when it is first needed. `who` names
+  // the owner in the log line.
+  AutoTransport(std::unique_ptr<Transport> rdma,
+                std::function<std::unique_ptr<Transport>()> make_tcp, std::string who);
+
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
+                                                      ConnectionObserver* observer,
+                                                      absl::Time deadline) override;
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
+                                                   AcceptCallback on_accept) override;
+  void Shutdown() override;
+
+ private:
+  Transport& Tcp();
+
+  const std::unique_ptr<Transport> rdma_;
+  const std::function<std::unique_ptr<Transport>()> make_tcp_;
+  const std::string who_;
+  std::mutex mu_;
+  std::unique_ptr<Transport> tcp_;   // guarded by mu_; made on first use
+  std::set<std::string> fell_back_;  // guarded by mu_: targets already logged
+};
+
+}  // namespace rdmarpc::transport
+
+#endif  // RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_

@@ -1,0 +1,142 @@
+#include "transport/auto_transport.h"
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+// A transport that answers from a script and records what it was asked.
+class ScriptedTransport : public Transport {
+ public:
+  struct Listening : Listener {
+    explicit Listening(Address a) : addr(std::move(a)) {}
+    const Address& address() const override { return addr; }
+    Address addr;
+  };
+
+  absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr, ConnectionObserver*,
+                                                      absl::Time) override {
+    connects.push_back(addr.ToString());
+    absl::Status s = connect_results.front();
+    connect_results.pop_front();
+    if (s.ok()) return std::shared_ptr<Connection>();  // a null connection stands for one
+    return s;
+  }
+  absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr, AcceptCallback) override {
+    listens.push_back(addr.ToString());
+    absl::Status s = listen_results.front();
+    listen_results.pop_front();
+    if (!s.ok()) return s;
+    Address bound = addr;
+    if (bound.port == 0) bound.port = next_port++;
+    return std::unique_ptr<Listener>(new Listening(bound));
+  }
+  void Shutdown() override { ++shutdowns; }
+
+  std::deque<absl::Status> connect_results;
+  std::deque<absl::Status> listen_results;
+  std::vector<std::string> connects;
+  std::vector<std::string> listens;
+  uint16_t next_port = 4000;
+  int shutdowns = 0;
+};
+
+absl::Status NotReachable(const char* why) {
+  absl::Status s = absl::UnavailableError(why);
+  s.SetPayload(kNotReachableThisWay, absl::Cord("RDMA_CM_EVENT_REJECTED"));
+  return s;
+}
+
+// An AutoTransport over two scripted ones; `tcp` is handed over when the
+// AutoTransport first needs it.
+struct Pair {
+  std::unique_ptr<ScriptedTransport> tcp_owned = std::make_unique<ScriptedTransport>();
+  ScriptedTransport* tcp = tcp_owned.get();
+  ScriptedTransport* rdma = new ScriptedTransport;
+  AutoTransport t{std::unique_ptr<Transport>(rdma),
+                  [this] { return std::unique_ptr<Transport>(tcp_owned.release()); }, "test"};
+};
+
+Address At(const std::string& text) { return *ParseAddress(text); }
+
+TEST(AutoTransport, FallsBackToTcpOnlyForAutoAddressesRdmaCannotReach) {
+  Pair p;
+  p.rdma->connect_results = {NotReachable("no listener"), NotReachable("no listener"),
+                             absl::UnavailableError("the server refused")};
+  p.tcp->connect_results = {absl::OkStatus()};
+  EXPECT_TRUE(p.t.Connect(At("auto://10.0.0.2:7"), nullptr, absl::InfiniteFuture()).ok());
+  EXPECT_EQ(p.tcp->connects, std::vector<std::string>{"tcp://10.0.0.2:7"});
+  // rdma:// means RDMA, and a refusal is no reason to try TCP.
+  EXPECT_FALSE(p.t.Connect(At("rdma://10.0.0.2:7"), nullptr, absl::InfiniteFuture()).ok());
+  EXPECT_FALSE(p.t.Connect(At("auto://10.0.0.2:7"), nullptr, absl::InfiniteFuture()).ok());
+  EXPECT_EQ(p.tcp->connects.size(), 1u);
+  EXPECT_EQ(p.rdma->connects.size(), 3u);
+}
+
+TEST(AutoTransport, AFailedFallbackSaysWhatBothWaysDid) {
+  Pair p;
+  p.rdma->connect_results = {NotReachable("no RDMA listener")};
+  p.tcp->connect_results = {absl::UnavailableError("connection refused")};
+  auto conn = p.t.Connect(At("auto://10.0.0.2:7"), nullptr, absl::InfiniteFuture());
+  ASSERT_FALSE(conn.ok());
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(conn.status().message(),
+            "over RDMA: no RDMA listener; then over TCP: connection refused");
+}
+
+TEST(AutoTransport, ListensOverBothOnThePortRdmaTook) {
+  Pair p;
+  p.rdma->listen_results = {absl::OkStatus()};
+  p.tcp->listen_results = {absl::OkStatus()};
+  auto l = p.t.Listen(At("auto://10.0.0.1:0"), nullptr);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ((*l)->address().ToString(), "rdma://10.0.0.1:4000");
+  EXPECT_EQ(p.tcp->listens, std::vector<std::string>{"tcp://10.0.0.1:4000"});
+  // rdma:// listens over RDMA alone.
+  p.rdma->listen_results = {absl::OkStatus()};
+  ASSERT_TRUE(p.t.Listen(At("rdma://10.0.0.1:0"), nullptr).ok());
+  EXPECT_EQ(p.tcp->listens.size(), 1u);
+}
+
+// Port 0: RDMA's ephemeral port may be a TCP port in use; the pair is made
+// again on another. A port asked for that TCP cannot take is an error.
+TEST(AutoTransport, AnEphemeralPortTakenOverTcpIsChosenAgain) {
+  Pair p;
+  p.rdma->listen_results = {absl::OkStatus(), absl::OkStatus()};
+  p.tcp->listen_results = {absl::UnavailableError("Address already in use"), absl::OkStatus()};
+  auto l = p.t.Listen(At("auto://10.0.0.1:0"), nullptr);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ((*l)->address().ToString(), "rdma://10.0.0.1:4001");
+  EXPECT_EQ(p.tcp->listens,
+            (std::vector<std::string>{"tcp://10.0.0.1:4000", "tcp://10.0.0.1:4001"}));
+
+  p.rdma->listen_results = {absl::OkStatus()};
+  p.tcp->listen_results = {absl::UnavailableError("Address already in use")};
+  auto fixed = p.t.Listen(At("auto://10.0.0.1:7471"), nullptr);
+  ASSERT_FALSE(fixed.ok());
+  EXPECT_TRUE(absl::StrContains(fixed.status().message(), "TCP could not take it"))
+      << fixed.status();
+  EXPECT_TRUE(absl::StrContains(fixed.status().message(), "Address already in use"))
+      << fixed.status();
+}
+
+TEST(AutoTransport, ShutsDownBoth) {
+  Pair p;
+  p.rdma->listen_results = {absl::OkStatus()};
+  p.tcp->listen_results = {absl::OkStatus()};
+  ASSERT_TRUE(p.t.Listen(At("auto://10.0.0.1:0"), nullptr).ok());
+  p.t.Shutdown();
+  EXPECT_EQ(p.rdma->shutdowns, 1);
+  EXPECT_EQ(p.tcp->shutdowns, 1);
+}
+
+}  // namespace
+}  // namespace rdmarpc::transport
