@@ -5,9 +5,15 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/steady_clock.h"
 
 namespace rdmarpc::transport {
 namespace {
+
+// How long an auto:// connect with no deadline waits for RDMA's answer
+// before it tries TCP.
+constexpr absl::Duration kLongestRdmaWait = absl::Seconds(10);
 
 // An ephemeral port that RDMA took may be a TCP port in use: the pair is
 // made again, on another port, this many times.
@@ -46,16 +52,30 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::Connect(const Address
                                                                    ConnectionObserver* observer,
                                                                    absl::Time deadline) {
   if (addr.scheme == "tcp") return Tcp().Connect(addr, observer, deadline);
-  auto conn = rdma_->Connect(addr, observer, deadline);
-  if (conn.ok() || addr.scheme != "auto") return conn;
-  const auto why = conn.status().GetPayload(kNotReachableThisWay);
-  if (!why) return conn;
+  if (addr.scheme != "auto") return rdma_->Connect(addr, observer, deadline);
+  // A host without RDMA never answers rdma_cm: RDMA gets part of the time,
+  // and TCP what is left.
+  const absl::Time now = SteadyNow();
+  const absl::Time rdma_deadline =
+      deadline == absl::InfiniteFuture() ? now + kLongestRdmaWait : now + (deadline - now) / 2;
+  auto conn = rdma_->Connect(addr, observer, rdma_deadline);
+  if (conn.ok()) return conn;
+  std::string why;
+  if (const auto payload = conn.status().GetPayload(kNotReachableThisWay)) {
+    why = std::string(*payload);
+  } else if (absl::IsDeadlineExceeded(conn.status()) && SteadyNow() < deadline) {
+    why =
+        absl::StrCat("no answer within ",
+                     absl::FormatDuration(absl::Trunc(rdma_deadline - now, absl::Milliseconds(1))));
+  } else {
+    return conn;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (fell_back_.insert(addr.ToString()).second) {
       fprintf(stderr,
               "rdmarpc[%s]: %s cannot be reached over RDMA (%s); auto:// connects over TCP\n",
-              who_.c_str(), addr.ToString().c_str(), std::string(*why).c_str());
+              who_.c_str(), addr.ToString().c_str(), why.c_str());
     }
   }
   auto tcp = Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);

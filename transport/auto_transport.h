@@ -9,20 +9,21 @@
 //   t->Listen(*ParseAddress("auto://0.0.0.0:7471"), on_accept);  // RDMA and TCP, one port
 //   t->Connect(*ParseAddress("auto://10.0.0.2:7471"), observer, deadline);
 //
-// Connect: over RDMA; where that fails because no RDMA path or listener is
-//   there (transport.h's kNotReachableThisWay: rdma_cm's ADDR_ERROR,
-//   ROUTE_ERROR, UNREACHABLE, or a REJECTED that no rdmarpc server sent),
-//   over TCP to the same host and port, with one log line per target. A
-//   server that refused, or a deadline that passed, is no reason to try TCP.
-//   rdma:// and tcp:// addresses go their own way only.
+// Connect: over RDMA, within half the time left; where that fails because
+//   no RDMA path or listener is there (transport.h's kNotReachableThisWay:
+//   rdma_cm's ADDR_ERROR, ROUTE_ERROR, UNREACHABLE, or a REJECTED that no
+//   rdmarpc server sent) or no answer came in that half (a host without
+//   RDMA drops its packets), over TCP to the same host and port, within
+//   what is left, with one log line per target. A server that refused is no
+//   reason to try TCP. rdma:// and tcp:// addresses go their own way only.
 // Listen: RDMA, then TCP on the port RDMA took (rdma_cm's ports and the
 //   kernel's TCP ports are apart on RoCE and InfiniBand); the listener
 //   reports the RDMA address.
 //
-// What not to rely on: a fallback waits for RDMA's answer first, which is
-// at once for a missing route or listener but takes until the connect's
-// deadline when the peer's host drops RDMA packets unanswered. Each new
-// connection tries RDMA again: a server that gains RDMA is used by it.
+// What not to rely on: a fallback waits for RDMA's answer first, which
+// comes at once for a missing route or listener, but to a host without RDMA
+// every new connection spends half its connect timeout on RDMA first (each
+// tries RDMA again, so that a server that gains RDMA is used by it).
 #ifndef RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
 #define RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
 

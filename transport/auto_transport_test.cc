@@ -8,6 +8,8 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "base/steady_clock.h"
 #include "gtest/gtest.h"
 
 namespace rdmarpc::transport {
@@ -23,8 +25,9 @@ class ScriptedTransport : public Transport {
   };
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr, ConnectionObserver*,
-                                                      absl::Time) override {
+                                                      absl::Time deadline) override {
     connects.push_back(addr.ToString());
+    deadlines.push_back(deadline);
     absl::Status s = connect_results.front();
     connect_results.pop_front();
     if (s.ok()) return std::shared_ptr<Connection>();  // a null connection stands for one
@@ -44,6 +47,7 @@ class ScriptedTransport : public Transport {
   std::deque<absl::Status> connect_results;
   std::deque<absl::Status> listen_results;
   std::vector<std::string> connects;
+  std::vector<absl::Time> deadlines;
   std::vector<std::string> listens;
   uint16_t next_port = 4000;
   int shutdowns = 0;
@@ -79,6 +83,23 @@ TEST(AutoTransport, FallsBackToTcpOnlyForAutoAddressesRdmaCannotReach) {
   EXPECT_FALSE(p.t.Connect(At("auto://10.0.0.2:7"), nullptr, absl::InfiniteFuture()).ok());
   EXPECT_EQ(p.tcp->connects.size(), 1u);
   EXPECT_EQ(p.rdma->connects.size(), 3u);
+}
+
+// A host without RDMA drops rdma_cm's packets: RDMA gets half the time
+// left, and TCP the rest. rdma:// gets it all.
+TEST(AutoTransport, RdmaThatDoesNotAnswerInHalfTheTimeFallsBack) {
+  Pair p;
+  p.rdma->connect_results = {absl::DeadlineExceededError("timed out"), absl::OkStatus()};
+  p.tcp->connect_results = {absl::OkStatus()};
+  const absl::Time start = SteadyNow();
+  const absl::Time deadline = start + absl::Seconds(10);
+  EXPECT_TRUE(p.t.Connect(At("auto://10.0.0.2:7"), nullptr, deadline).ok());
+  ASSERT_EQ(p.tcp->deadlines.size(), 1u);
+  EXPECT_EQ(p.tcp->deadlines[0], deadline);
+  EXPECT_GE(p.rdma->deadlines[0], start + absl::Seconds(5));
+  EXPECT_LE(p.rdma->deadlines[0], SteadyNow() + absl::Seconds(5));
+  EXPECT_TRUE(p.t.Connect(At("rdma://10.0.0.2:7"), nullptr, deadline).ok());
+  EXPECT_EQ(p.rdma->deadlines[1], deadline);
 }
 
 TEST(AutoTransport, AFailedFallbackSaysWhatBothWaysDid) {
