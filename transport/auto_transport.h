@@ -5,9 +5,9 @@
 // (MakeTransport falls back there), and clients without one connect over
 // TCP. rdma:// addresses pass through to RDMA untouched.
 //
-//   auto t = MakeTransport("auto", options, tunables);  // makes one when RDMA is usable
-//   t->Listen(*ParseAddress("auto://0.0.0.0:7471"), on_accept);  // RDMA and TCP, one port
-//   t->Connect(*ParseAddress("auto://10.0.0.2:7471"), observer, deadline);
+//   auto t = MakeTransport("auto", options, tunables);  // one of these where RDMA is usable
+//   (*t)->Listen(*ParseAddress("auto://0.0.0.0:7471"), on_accept);  // RDMA and TCP, one port
+//   (*t)->Connect(*ParseAddress("auto://10.0.0.2:7471"), observer, deadline);
 //
 // Connect: over RDMA, within half the time left; where that fails because
 //   no RDMA path or listener is there (transport.h's kNotReachableThisWay:
