@@ -51,8 +51,12 @@ class SignalStorm {
   SignalStorm(const SignalStorm&) = delete;
   SignalStorm& operator=(const SignalStorm&) = delete;
 
-  ~SignalStorm() {
-    stop_.store(true);
+  ~SignalStorm() { Stop(); }
+
+  // Ends the storm early: no signal is sent after it returns, and the
+  // counts below are final. The destructor calls it too.
+  void Stop() {
+    if (stop_.exchange(true)) return;
     sender_.join();
     // SIG_IGN first discards signals still pending on some thread, which the
     // old disposition (often SIG_DFL: terminate) must never see.

@@ -174,6 +174,7 @@ TEST_P(SignalStormCalls, EveryCallAndConnectionSucceedsAsWithoutSignals) {
   EXPECT_TRUE(status.ok()) << status;
   EXPECT_EQ(resp.tag(), 7);
   server.reset();
+  storm.Stop();
   printf("%s: %llu signals delivered to %zu threads\n", GetParam().c_str(),
          static_cast<unsigned long long>(storm.delivered()), storm.threads_signalled());
   // The storm reached the library's threads (I/O, pollers, callbacks,
