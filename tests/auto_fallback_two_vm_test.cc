@@ -3,7 +3,8 @@
 // before anything uses it. The server's auto:// falls back to TCP; the
 // client's auto:// gets no answer over RDMA (the server's host drops
 // RoCE packets) and connects over TCP within its connect timeout
-// (transport/auto_transport.h). Its own binary: `rdma link delete` waits
+// (transport/auto_transport.h); a second channel to it goes over TCP
+// straight away (transport/fallback_memory.h). Its own binary: `rdma link delete` waits
 // for every process that opened the device, so no earlier test may run in
 // this one.
 #include <cstdlib>
@@ -20,7 +21,7 @@ namespace rdmarpc::testing {
 namespace {
 
 constexpr int kPort = 7475;
-constexpr int kCalls = 2;
+constexpr int kCalls = 3;
 
 TEST(TwoVms, AnAutoClientReachesAHostWithoutRdmaOverTcp) {
   const std::string role = rdma::testing::Role();
@@ -60,13 +61,33 @@ TEST(TwoVms, AnAutoClientReachesAHostWithoutRdmaOverTcp) {
   ClientContext ctx;
   ctx.set_timeout(absl::Seconds(60));
   const Status second = (*ch)->Call(kEcho, &ctx, large, &resp);
-  const std::string log = ::testing::internal::GetCapturedStderr();
-  printf("%s", log.c_str());
   ASSERT_TRUE(first.ok()) << "the server never answered: " << first;
   EXPECT_TRUE(second.ok()) << second;
   EXPECT_EQ(resp.data(), large.data());
+
+  // A new channel does not wait for RDMA again: without the memory its
+  // connect would spend half its timeout (5 s here) on RDMA first.
+  ChannelOptions options;
+  options.connect_timeout = absl::Seconds(10);
+  const absl::Time start = absl::Now();
+  auto again = Channel::Create(target, options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EchoRequest req;
+  req.set_data("again");
+  EchoResponse again_resp;
+  ClientContext again_ctx;
+  again_ctx.set_timeout(absl::Seconds(20));
+  const Status third = (*again)->Call(kEcho, &again_ctx, req, &again_resp);
+  const absl::Duration took = absl::Now() - start;
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  printf("%s", log.c_str());
+  printf("a second channel connected and called in %s\n", absl::FormatDuration(took).c_str());
+  EXPECT_TRUE(third.ok()) << third;
+  EXPECT_LT(took, absl::Milliseconds(2500));
   EXPECT_TRUE(absl::StrContains(log, "cannot be reached over RDMA (")) << log;
   EXPECT_TRUE(absl::StrContains(log, "auto:// connects over TCP")) << log;
+  EXPECT_EQ(log.find("auto:// connects over TCP"), log.rfind("auto:// connects over TCP"))
+      << "logged more than once for one target: " << log;
 }
 
 }  // namespace

@@ -39,8 +39,13 @@ class PairedListener : public Listener {
 }  // namespace
 
 AutoTransport::AutoTransport(std::unique_ptr<Transport> rdma,
-                             std::function<std::unique_ptr<Transport>()> make_tcp, std::string who)
-    : rdma_(std::move(rdma)), make_tcp_(std::move(make_tcp)), who_(std::move(who)) {}
+                             std::function<std::unique_ptr<Transport>()> make_tcp, std::string who,
+                             absl::Duration remember, FallbackMemory* memory)
+    : rdma_(std::move(rdma)),
+      make_tcp_(std::move(make_tcp)),
+      who_(std::move(who)),
+      remember_(remember),
+      memory_(*memory) {}
 
 Transport& AutoTransport::Tcp() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -53,6 +58,23 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::Connect(const Address
                                                                    absl::Time deadline) {
   if (addr.scheme == "tcp") return Tcp().Connect(addr, observer, deadline);
   if (addr.scheme != "auto") return rdma_->Connect(addr, observer, deadline);
+  const std::string target = addr.ToString();
+  if (!memory_.FellBackWithin(target, remember_, SteadyNow())) {
+    return ConnectRdmaFirst(addr, observer, deadline);
+  }
+  auto tcp = Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);
+  if (tcp.ok()) return tcp;
+  // Something changed there (a restart with RDMA alone, say): RDMA first
+  // again, with what is left.
+  memory_.Forget(target);
+  if (SteadyNow() < deadline) return ConnectRdmaFirst(addr, observer, deadline);
+  return absl::Status(tcp.status().code(),
+                      absl::StrCat("over TCP, as RDMA could not reach ", target,
+                                   " lately: ", tcp.status().message()));
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
+    const Address& addr, ConnectionObserver* observer, absl::Time deadline) {
   // A host without RDMA never answers rdma_cm: RDMA gets part of the time,
   // and TCP what is left.
   const absl::Time now = SteadyNow();
@@ -70,16 +92,16 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::Connect(const Address
   } else {
     return conn;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (fell_back_.insert(addr.ToString()).second) {
-      fprintf(stderr,
-              "rdmarpc[%s]: %s cannot be reached over RDMA (%s); auto:// connects over TCP\n",
-              who_.c_str(), addr.ToString().c_str(), why.c_str());
-    }
+  const std::string target = addr.ToString();
+  if (memory_.FirstMention(target)) {
+    fprintf(stderr, "rdmarpc[%s]: %s cannot be reached over RDMA (%s); auto:// connects over TCP\n",
+            who_.c_str(), target.c_str(), why.c_str());
   }
   auto tcp = Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);
-  if (tcp.ok()) return tcp;
+  if (tcp.ok()) {
+    memory_.Remember(target, SteadyNow());
+    return tcp;
+  }
   return absl::Status(tcp.status().code(),
                       absl::StrCat("over RDMA: ", conn.status().message(),
                                    "; then over TCP: ", tcp.status().message()));

@@ -20,19 +20,26 @@
 //   kernel's TCP ports are apart on RoCE and InfiniBand); the listener
 //   reports the RDMA address.
 //
+//   A target reached that way is remembered for the process
+//   (fallback_memory.h) for `remember` (TransportTunables::
+//   tcp_fallback_memory): connections to it in that time go over TCP
+//   straight away, and try RDMA only if TCP fails there.
+//
 // What not to rely on: a fallback waits for RDMA's answer first, which
-// comes at once for a missing route or listener, but to a host without RDMA
-// every new connection spends half its connect timeout on RDMA first (each
-// tries RDMA again, so that a server that gains RDMA is used by it).
+// comes at once for a missing route or listener, but from a host without
+// RDMA only after half the connect timeout: once per target per `remember`
+// (after it, RDMA is tried first again, so that a server that gains RDMA is
+// used), and on every connection when `remember` is zero.
 #ifndef RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
 #define RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
 
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 
+#include "absl/time/time.h"
+#include "transport/fallback_memory.h"
 #include "transport/transport.h"
 
 namespace rdmarpc::transport {
@@ -40,9 +47,11 @@ namespace rdmarpc::transport {
 class AutoTransport : public Transport {
  public:
   // `make_tcp` makes the TCP transport when it is first needed. `who` names
-  // the owner in the log line.
+  // the owner in the log line. `memory` (FallbackMemory::Process() but in
+  // tests) must outlive this.
   AutoTransport(std::unique_ptr<Transport> rdma,
-                std::function<std::unique_ptr<Transport>()> make_tcp, std::string who);
+                std::function<std::unique_ptr<Transport>()> make_tcp, std::string who,
+                absl::Duration remember, FallbackMemory* memory);
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
                                                       ConnectionObserver* observer,
@@ -53,13 +62,19 @@ class AutoTransport : public Transport {
 
  private:
   Transport& Tcp();
+  // RDMA first, within half the time left; then TCP where RDMA cannot
+  // reach the peer.
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectRdmaFirst(const Address& addr,
+                                                               ConnectionObserver* observer,
+                                                               absl::Time deadline);
 
   const std::unique_ptr<Transport> rdma_;
   const std::function<std::unique_ptr<Transport>()> make_tcp_;
   const std::string who_;
+  const absl::Duration remember_;
+  FallbackMemory& memory_;
   std::mutex mu_;
-  std::unique_ptr<Transport> tcp_;   // guarded by mu_; made on first use
-  std::set<std::string> fell_back_;  // guarded by mu_: targets already logged
+  std::unique_ptr<Transport> tcp_;  // guarded by mu_; made on first use
 };
 
 }  // namespace rdmarpc::transport

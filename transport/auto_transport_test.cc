@@ -8,6 +8,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/steady_clock.h"
 #include "gtest/gtest.h"
@@ -60,19 +61,26 @@ absl::Status NotReachable(const char* why) {
 }
 
 // An AutoTransport over two scripted ones; `tcp` is handed over when the
-// AutoTransport first needs it.
+// AutoTransport first needs it. Its fallback memory is its own unless one
+// is given, so that no test sees another's.
 struct Pair {
+  explicit Pair(absl::Duration remember = absl::Seconds(60), FallbackMemory* memory = nullptr)
+      : t(
+            std::unique_ptr<Transport>(rdma),
+            [this] { return std::unique_ptr<Transport>(tcp_owned.release()); }, "test", remember,
+            memory != nullptr ? memory : &own_memory) {}
+
+  FallbackMemory own_memory;
   std::unique_ptr<ScriptedTransport> tcp_owned = std::make_unique<ScriptedTransport>();
   ScriptedTransport* tcp = tcp_owned.get();
   ScriptedTransport* rdma = new ScriptedTransport;
-  AutoTransport t{std::unique_ptr<Transport>(rdma),
-                  [this] { return std::unique_ptr<Transport>(tcp_owned.release()); }, "test"};
+  AutoTransport t;
 };
 
 Address At(const std::string& text) { return *ParseAddress(text); }
 
 TEST(AutoTransport, FallsBackToTcpOnlyForAutoAddressesRdmaCannotReach) {
-  Pair p;
+  Pair p(absl::ZeroDuration());  // each connect asks RDMA first
   p.rdma->connect_results = {NotReachable("no listener"), NotReachable("no listener"),
                              absl::UnavailableError("the server refused")};
   p.tcp->connect_results = {absl::OkStatus()};
@@ -100,6 +108,101 @@ TEST(AutoTransport, RdmaThatDoesNotAnswerInHalfTheTimeFallsBack) {
   EXPECT_LE(p.rdma->deadlines[0], SteadyNow() + absl::Seconds(5));
   EXPECT_TRUE(p.t.Connect(At("rdma://10.0.0.2:7"), nullptr, deadline).ok());
   EXPECT_EQ(p.rdma->deadlines[1], deadline);
+}
+
+// Once TCP has reached a target RDMA could not, the next connections to it,
+// by any AutoTransport of the process, go over TCP straight away, with the
+// whole deadline, rather than wait for RDMA again.
+TEST(AutoTransport, ATargetReachedOverTcpIsConnectedOverTcpStraightAway) {
+  FallbackMemory memory;
+  Pair first(absl::Seconds(60), &memory);
+  first.rdma->connect_results = {absl::DeadlineExceededError("timed out")};
+  first.tcp->connect_results = {absl::OkStatus(), absl::OkStatus()};
+  const absl::Time deadline = SteadyNow() + absl::Seconds(10);
+  ASSERT_TRUE(first.t.Connect(At("auto://10.0.0.2:7"), nullptr, deadline).ok());
+  ASSERT_TRUE(first.t.Connect(At("auto://10.0.0.2:7"), nullptr, deadline).ok());
+  EXPECT_EQ(first.rdma->connects.size(), 1u);
+  EXPECT_EQ(first.tcp->deadlines, (std::vector<absl::Time>{deadline, deadline}));
+
+  Pair second(absl::Seconds(60), &memory);
+  second.tcp->connect_results = {absl::OkStatus()};
+  ASSERT_TRUE(second.t.Connect(At("auto://10.0.0.2:7"), nullptr, deadline).ok());
+  EXPECT_TRUE(second.rdma->connects.empty());
+  // Another port is another target, and rdma:// is never diverted.
+  second.rdma->connect_results = {absl::OkStatus(), absl::OkStatus()};
+  ASSERT_TRUE(second.t.Connect(At("auto://10.0.0.2:8"), nullptr, deadline).ok());
+  ASSERT_TRUE(second.t.Connect(At("rdma://10.0.0.2:7"), nullptr, deadline).ok());
+  EXPECT_EQ(second.rdma->connects,
+            (std::vector<std::string>{"auto://10.0.0.2:8", "rdma://10.0.0.2:7"}));
+}
+
+TEST(AutoTransport, WithoutMemoryEveryConnectionTriesRdmaFirst) {
+  Pair p(absl::ZeroDuration());
+  p.rdma->connect_results = {NotReachable("no listener"), NotReachable("no listener")};
+  p.tcp->connect_results = {absl::OkStatus(), absl::OkStatus()};
+  ASSERT_TRUE(p.t.Connect(At("auto://10.0.0.2:7"), nullptr, absl::InfiniteFuture()).ok());
+  ASSERT_TRUE(p.t.Connect(At("auto://10.0.0.2:7"), nullptr, absl::InfiniteFuture()).ok());
+  EXPECT_EQ(p.rdma->connects.size(), 2u);
+}
+
+// TCP failing where it had worked (the server came back over RDMA alone):
+// RDMA first within the same connect, and from then on.
+TEST(AutoTransport, ARememberedTargetThatTcpNoLongerReachesTriesRdma) {
+  Pair p;
+  p.rdma->connect_results = {NotReachable("no listener"), absl::OkStatus(), absl::OkStatus()};
+  p.tcp->connect_results = {absl::OkStatus(), absl::UnavailableError("connection refused")};
+  const absl::Time deadline = SteadyNow() + absl::Seconds(10);
+  ASSERT_TRUE(p.t.Connect(At("auto://10.0.0.2:7"), nullptr, deadline).ok());
+  auto conn = p.t.Connect(At("auto://10.0.0.2:7"), nullptr, deadline);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE(p.t.Connect(At("auto://10.0.0.2:7"), nullptr, deadline).ok());
+  EXPECT_EQ(p.rdma->connects.size(), 3u);
+  EXPECT_EQ(p.tcp->connects.size(), 2u);
+}
+
+// TCP that used up the whole deadline of a remembered target says so.
+TEST(AutoTransport, ARememberedTargetWhoseTcpTimesOutSaysWhy) {
+  Pair p;
+  p.rdma->connect_results = {NotReachable("no listener")};
+  p.tcp->connect_results = {absl::OkStatus(), absl::DeadlineExceededError("timed out")};
+  ASSERT_TRUE(p.t.Connect(At("auto://10.0.0.2:7"), nullptr, absl::InfiniteFuture()).ok());
+  auto conn = p.t.Connect(At("auto://10.0.0.2:7"), nullptr, SteadyNow());
+  ASSERT_FALSE(conn.ok());
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(conn.status().message(),
+            "over TCP, as RDMA could not reach auto://10.0.0.2:7 lately: timed out");
+  EXPECT_EQ(p.rdma->connects.size(), 1u);
+}
+
+TEST(FallbackMemory, RemembersForTheWindowFromTheFallbackOnly) {
+  FallbackMemory m;
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  EXPECT_FALSE(m.FellBackWithin("auto://h:1", absl::Seconds(60), t0));
+  m.Remember("auto://h:1", t0);
+  EXPECT_TRUE(m.FellBackWithin("auto://h:1", absl::Seconds(60), t0 + absl::Seconds(59)));
+  EXPECT_FALSE(m.FellBackWithin("auto://h:1", absl::Seconds(60), t0 + absl::Seconds(60)));
+  EXPECT_FALSE(m.FellBackWithin("auto://h:1", absl::ZeroDuration(), t0));
+  EXPECT_FALSE(m.FellBackWithin("auto://h:2", absl::Seconds(60), t0));
+  m.Forget("auto://h:1");
+  EXPECT_FALSE(m.FellBackWithin("auto://h:1", absl::Seconds(60), t0));
+}
+
+TEST(FallbackMemory, StaysBounded) {
+  FallbackMemory m;
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  for (size_t i = 0; i < FallbackMemory::kMaxTargets; ++i) {
+    const std::string target = absl::StrCat("auto://h:", i);
+    m.Remember(target, t0);
+    EXPECT_TRUE(m.FirstMention(target));
+  }
+  EXPECT_TRUE(m.FellBackWithin("auto://h:0", absl::Seconds(60), t0));
+  EXPECT_FALSE(m.FirstMention("auto://h:0"));
+  // One more target starts the memory again, with it alone.
+  m.Remember("auto://another:1", t0);
+  EXPECT_FALSE(m.FellBackWithin("auto://h:0", absl::Seconds(60), t0));
+  EXPECT_TRUE(m.FellBackWithin("auto://another:1", absl::Seconds(60), t0));
+  EXPECT_TRUE(m.FirstMention("auto://another:1"));
+  EXPECT_TRUE(m.FirstMention("auto://h:0"));
 }
 
 TEST(AutoTransport, AFailedFallbackSaysWhatBothWaysDid) {

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "transport/rdma/rdma_options.h"
 #include "transport/tcp/tcp_options.h"
 #include "transport/transport.h"
@@ -39,6 +40,12 @@ struct TransportTunables {
   // with a device to RDMA alone (no TCP listener, no TCP connection to a
   // peer RDMA cannot reach).
   bool tcp_fallback = true;
+  // An auto:// target that RDMA could not reach and TCP could: for this
+  // long after, new connections to it go over TCP straight away, in this
+  // whole process, rather than wait for RDMA again (half the connect
+  // timeout from a host without RDMA). Then RDMA is tried first again, so
+  // that a peer that gains RDMA is used. Zero: RDMA first every time.
+  absl::Duration tcp_fallback_memory = absl::Seconds(60);
 };
 
 // The transport for `scheme`, its tunables overridden by the environment.
