@@ -4,6 +4,7 @@
 // route there), saying so once. rdma:// never falls back, and
 // TransportTunables::tcp_fallback = false keeps auto:// to RDMA
 // (transport/auto_transport.h). Runs in the Soft-RoCE VM, which has a device.
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -79,11 +80,12 @@ TEST_F(AutoFallback, AClientReachesAServerWithoutRdmaOverTcp) {
 
 // A server on auto:// with RDMA takes RDMA clients, TCP clients (a machine
 // without a device, whose auto:// is TCP) on the same port, and auto://
-// clients over RDMA.
+// clients over RDMA. It gives its address as auto://, which reaches it
+// from either kind of client.
 TEST_F(AutoFallback, AnAutoServerTakesTcpClientsOnItsPort) {
   TestServer server(absl::StrCat("auto://", ip_, ":0"));
   ASSERT_TRUE(server.server);
-  ASSERT_EQ(server.address.rfind("rdma://", 0), 0u) << server.address;
+  ASSERT_EQ(server.address.rfind("auto://", 0), 0u) << server.address;
   const std::string port = Port(server.address);
   const Status tcp = Echo(absl::StrCat("tcp://", ip_, ":", port), std::string(1 << 20, 'T'));
   EXPECT_TRUE(tcp.ok()) << tcp;
@@ -98,6 +100,32 @@ TEST_F(AutoFallback, AnAutoServerTakesTcpClientsOnItsPort) {
   // Both ends of the rdma:// and auto:// connections are in this process.
   EXPECT_GE(Counters().connections_opened, rdma_opened + 4);
   EXPECT_EQ(server.service.started.load(), 3);
+}
+
+// A loopback address has no RDMA path on Soft-RoCE (rdma_cm resolves its
+// address to the device, then finds no route): auto:// reaches an auto://
+// server there over TCP, on the port the server gives, and rdma:// fails at
+// once saying why. On a device that loops back, both go over RDMA.
+TEST_F(AutoFallback, AnAutoServerOnLoopbackIsReachedAtTheAddressItGives) {
+  TestServer server("auto://127.0.0.1:0");
+  ASSERT_TRUE(server.server);
+  ASSERT_EQ(server.address.rfind("auto://127.0.0.1:", 0), 0u) << server.address;
+  ::testing::internal::CaptureStderr();
+  const Status automatic = Echo(server.address, std::string(100 << 10, 'a'));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(automatic.ok()) << automatic;
+  const Status rdma = Echo(absl::StrCat("rdma://127.0.0.1:", Port(server.address)), "r");
+  if (rdma.ok()) {
+    EXPECT_FALSE(absl::StrContains(log, "auto:// connects over TCP")) << log;
+    EXPECT_EQ(server.service.started.load(), 2);
+    return;
+  }
+  printf("%s\n%s\n", log.c_str(), rdma.ToString().c_str());
+  EXPECT_EQ(rdma.code(), StatusCode::kUnavailable) << rdma;
+  EXPECT_TRUE(absl::StrContains(rdma.message(), "a loopback address")) << rdma;
+  EXPECT_TRUE(absl::StrContains(log, "cannot be reached over RDMA (")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "auto:// connects over TCP")) << log;
+  EXPECT_EQ(server.service.started.load(), 1);
 }
 
 // rdma:// means RDMA: no fallback to the TCP server, and the error says why.

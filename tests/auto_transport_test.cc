@@ -13,14 +13,15 @@ namespace {
 TEST(AutoTransport, FallsBackToTcpOnlyWithoutRdma) {
   unsetenv("RDMARPC_NO_TCP_FALLBACK");
   if (transport::rdma::RdmaUsable()) {
-    // With a device, auto means RDMA: whatever happens, no silent TCP.
+    // With a device, auto:// listens over RDMA and TCP on one port, and
+    // says auto:// (transport/auto_transport.h).
     EchoService service;
     auto server = ServerBuilder()
                       .AddListeningPort("auto://127.0.0.1:0")
                       .RegisterService(&service)
                       .BuildAndStart();
     if (server.ok()) {
-      EXPECT_EQ((*server)->addresses()[0].rfind("rdma://", 0), 0u);
+      EXPECT_EQ((*server)->addresses()[0].rfind("auto://", 0), 0u);
     }
     return;
   }

@@ -24,16 +24,21 @@ Address WithScheme(Address addr, const char* scheme) {
   return addr;
 }
 
-// Stops accepting on both when destroyed; reports the RDMA address.
+// Stops accepting on both when destroyed. Reports the auto:// address of
+// the port: what reaches it from any client, over RDMA where the client's
+// device can, over TCP where not.
 class PairedListener : public Listener {
  public:
   PairedListener(std::unique_ptr<Listener> rdma, std::unique_ptr<Listener> tcp)
-      : rdma_(std::move(rdma)), tcp_(std::move(tcp)) {}
-  const Address& address() const override { return rdma_->address(); }
+      : rdma_(std::move(rdma)),
+        tcp_(std::move(tcp)),
+        address_(WithScheme(rdma_->address(), "auto")) {}
+  const Address& address() const override { return address_; }
 
  private:
   std::unique_ptr<Listener> rdma_;
   std::unique_ptr<Listener> tcp_;
+  const Address address_;
 };
 
 }  // namespace

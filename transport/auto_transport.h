@@ -18,7 +18,8 @@
 //   reason to try TCP. rdma:// and tcp:// addresses go their own way only.
 // Listen: RDMA, then TCP on the port RDMA took (rdma_cm's ports and the
 //   kernel's TCP ports are apart on RoCE and InfiniBand); the listener
-//   reports the RDMA address.
+//   reports the auto:// address, which reaches it from any client (an
+//   rdma:// address only from those with an RDMA path to it).
 //
 //   A target reached that way is remembered for the process
 //   (fallback_memory.h) for `remember` (TransportTunables::

@@ -222,11 +222,13 @@ TEST(AutoTransport, ListensOverBothOnThePortRdmaTook) {
   p.tcp->listen_results = {absl::OkStatus()};
   auto l = p.t.Listen(At("auto://10.0.0.1:0"), nullptr);
   ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_EQ((*l)->address().ToString(), "rdma://10.0.0.1:4000");
+  EXPECT_EQ((*l)->address().ToString(), "auto://10.0.0.1:4000");
   EXPECT_EQ(p.tcp->listens, std::vector<std::string>{"tcp://10.0.0.1:4000"});
-  // rdma:// listens over RDMA alone.
+  // rdma:// listens over RDMA alone, and says so.
   p.rdma->listen_results = {absl::OkStatus()};
-  ASSERT_TRUE(p.t.Listen(At("rdma://10.0.0.1:0"), nullptr).ok());
+  auto rdma_only = p.t.Listen(At("rdma://10.0.0.1:0"), nullptr);
+  ASSERT_TRUE(rdma_only.ok()) << rdma_only.status();
+  EXPECT_EQ((*rdma_only)->address().ToString(), "rdma://10.0.0.1:4001");
   EXPECT_EQ(p.tcp->listens.size(), 1u);
 }
 
@@ -238,7 +240,7 @@ TEST(AutoTransport, AnEphemeralPortTakenOverTcpIsChosenAgain) {
   p.tcp->listen_results = {absl::UnavailableError("Address already in use"), absl::OkStatus()};
   auto l = p.t.Listen(At("auto://10.0.0.1:0"), nullptr);
   ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_EQ((*l)->address().ToString(), "rdma://10.0.0.1:4001");
+  EXPECT_EQ((*l)->address().ToString(), "auto://10.0.0.1:4001");
   EXPECT_EQ(p.tcp->listens,
             (std::vector<std::string>{"tcp://10.0.0.1:4000", "tcp://10.0.0.1:4001"}));
 

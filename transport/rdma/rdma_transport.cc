@@ -34,6 +34,21 @@ bool IsWildcard(const sockaddr* sa) {
   return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
 }
 
+bool IsLoopback(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr) >> 24) == 127;
+  }
+  const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr;
+  return IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
+}
+
+// Said with a failure to reach a loopback address: rdma_cm binds such a
+// connection to a device, but Soft-RoCE (and devices without loopback)
+// finds no route for it.
+const char* kLoopbackHint =
+    " (a loopback address: this device has no RDMA path over it; use the address of an "
+    "interface with an RDMA port, or tcp://, or auto://, which falls back to TCP there)";
+
 const char* kTry =
     "Try: `rdma link` and `ibv_devinfo` to see devices and ports; make sure the address "
     "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
@@ -61,6 +76,7 @@ std::optional<std::string> DecodeRefusal(const void* data, size_t len) {
 struct RdmaTransport::Attempt {
   rdma_cm_id* id = nullptr;
   std::string target;
+  bool loopback = false;  // the target is 127.0.0.0/8 or ::1
   ConnectionObserver* observer = nullptr;
   std::shared_ptr<RdmaConnection> conn;
   std::promise<absl::Status> done;
@@ -369,6 +385,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
     absl::Time deadline) {
   auto at = std::make_shared<Attempt>();
   at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&dst)));
+  at->loopback = IsLoopback(reinterpret_cast<sockaddr*>(&dst));
   at->observer = observer;
   auto result = at->done.get_future();
   const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
@@ -405,10 +422,14 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
       const int err = errno;
       cm_targets_.erase(at->id);
       rdma_destroy_id(at->id);
-      at->Finish(absl::UnavailableError(absl::StrCat(
+      absl::Status why = absl::UnavailableError(absl::StrCat(
           "rdma_resolve_addr ", at->target,
           from ? absl::StrCat(" from ", SockaddrString(from), " (RdmaOptions::gid_index)") : "",
-          ": ", strerror(err), ". ", kTry)));
+          ": ", strerror(err), at->loopback ? kLoopbackHint : "", ". ", kTry));
+      // No RDMA path there: TCP may still reach the peer.
+      why.SetPayload(kNotReachableThisWay,
+                     absl::Cord(absl::StrCat("rdma_resolve_addr: ", strerror(err))));
+      at->Finish(std::move(why));
     }
   });
   if (!WaitUntilReady(result, deadline)) {
@@ -586,19 +607,24 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
     return;
   }
   const int status = ev->status;
-  auto fail = [&](const std::string& what) {
-    absl::Status why = absl::UnavailableError(absl::StrCat(
-        "rdma_cm could not connect to ", at->target, ": ", what, " (", rdma_event_str(type),
-        ", status ", status, "). Devices: ", DescribeDevices(), ". ", kTry));
+  // `no_path`: a step that found no RDMA path there (a route that cannot
+  // be resolved) failed, whatever the event.
+  auto fail = [&](const std::string& what, bool no_path = false) {
     // No RDMA path there, or no RDMA listener: TCP may still reach the peer.
     // A refusal with our private data, or a peer that is not an rdmarpc
     // server, says the peer is there.
     const bool not_rdma_there =
-        type == RDMA_CM_EVENT_ADDR_ERROR || type == RDMA_CM_EVENT_ROUTE_ERROR ||
+        no_path || type == RDMA_CM_EVENT_ADDR_ERROR || type == RDMA_CM_EVENT_ROUTE_ERROR ||
         type == RDMA_CM_EVENT_UNREACHABLE ||
         (type == RDMA_CM_EVENT_REJECTED &&
          !DecodeRefusal(ev->param.conn.private_data, ev->param.conn.private_data_len));
-    if (not_rdma_there) why.SetPayload(kNotReachableThisWay, absl::Cord(rdma_event_str(type)));
+    absl::Status why = absl::UnavailableError(absl::StrCat(
+        "rdma_cm could not connect to ", at->target, ": ", what,
+        not_rdma_there && at->loopback ? kLoopbackHint : "", " (", rdma_event_str(type),
+        ", status ", status, "). Devices: ", DescribeDevices(), ". ", kTry));
+    if (not_rdma_there) {
+      why.SetPayload(kNotReachableThisWay, absl::Cord(no_path ? what : rdma_event_str(type)));
+    }
     if (rdma_.trace)
       TraceLine(options_.name, absl::StrCat(at->target, ": connect failed: ", why.message()));
     AbandonAttempt(at);
@@ -610,7 +636,7 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
   switch (type) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
       if (rdma_resolve_route(id, static_cast<int>(rdma_.connect_timeout_ms)) != 0) {
-        fail(absl::StrCat("rdma_resolve_route: ", strerror(errno)));
+        fail(absl::StrCat("rdma_resolve_route: ", strerror(errno)), /*no_path=*/true);
       }
       break;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
