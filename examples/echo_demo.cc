@@ -122,8 +122,9 @@ int main(int argc, char** argv) {
     // Connecting ahead of the first call keeps it out of the latencies.
     const absl::Time start = absl::Now();
     if (!(*channel)->WaitForConnected(start + absl::Seconds(30))) {
-      fprintf(stderr, "channel: not connected to %s after 30 s (%s)\n", target.c_str(),
-              rdmarpc::ChannelStateName((*channel)->GetState(false)));
+      fprintf(stderr, "channel: not connected to %s after 30 s (%s): %s\n", target.c_str(),
+              rdmarpc::ChannelStateName((*channel)->GetState(false)),
+              (*channel)->stats().last_connect_error.ToString().c_str());
       return 1;
     }
     printf("channel connected to %s in %.1f ms (connect attempts: %llu)\n", target.c_str(),

@@ -678,12 +678,14 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(bool* 
     if (failure.ok()) {
       backoff_ = absl::ZeroDuration();
       retry_after_ = absl::InfinitePast();
+      stats_.last_connect_error = Status();
       conn_ = *conn;
       conn_watch_ = watch;
       return conn_;
     }
     StartBackoffLocked(start, failure);
     ++stats_.connect_failures;
+    stats_.last_connect_error = failure;
   }
   if (acknowledge) AckGoAway(**conn);  // and closes it: no call went on it
   return failure;

@@ -154,6 +154,10 @@ struct ChannelStats {
   uint64_t connect_failures = 0;  // of those, the ones that did not end connected
   uint64_t go_aways = 0;          // connections the server asked to drain (its shutdown)
   uint64_t retries = 0;           // attempts sent again by the RetryPolicy
+  // Why the last connect attempt failed (naming the address, and over RDMA
+  // the devices, and what to try); OK when none has failed since the last
+  // one that connected. What to print when WaitForConnected gives up.
+  Status last_connect_error;
 };
 
 class ChannelGroup;

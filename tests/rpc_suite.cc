@@ -1112,6 +1112,10 @@ TEST_P(RpcSuite, WaitForReadyCallsWaitThroughFailedAttempts) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   ASSERT_GE(ch->stats().connect_failures, 3u);
+  const Status why = ch->stats().last_connect_error;
+  EXPECT_EQ(why.code(), StatusCode::kUnavailable) << why;
+  EXPECT_NE(why.message().find(absl::StrCat("cannot reach ", address)), absl::string_view::npos)
+      << why;
   const ChannelState state = ch->GetState(false);
   EXPECT_TRUE(state == ChannelState::kTransientFailure || state == ChannelState::kConnecting)
       << ChannelStateName(state);
@@ -1128,6 +1132,7 @@ TEST_P(RpcSuite, WaitForReadyCallsWaitThroughFailedAttempts) {
   EXPECT_EQ(again.service.started.load(), 1) << "only the wait-for-ready call was left to send";
   const ChannelStats stats = ch->stats();
   EXPECT_EQ(stats.connect_attempts, stats.connect_failures + 1);
+  EXPECT_TRUE(stats.last_connect_error.ok()) << "connected, yet " << stats.last_connect_error;
 }
 
 // The backoff spaces a waiting call's attempts: 100 ms after the first
