@@ -105,16 +105,21 @@ TEST_F(AutoFallback, AnAutoServerTakesTcpClientsOnItsPort) {
 // A loopback address has no RDMA path on Soft-RoCE (rdma_cm resolves its
 // address to the device, then finds no route): auto:// reaches an auto://
 // server there over TCP, on the port the server gives, and rdma:// fails at
-// once saying why. On a device that loops back, both go over RDMA.
-TEST_F(AutoFallback, AnAutoServerOnLoopbackIsReachedAtTheAddressItGives) {
-  TestServer server("auto://127.0.0.1:0");
+// once saying why. On a device that loops back, both go over RDMA. The
+// same for a server on the unspecified address, dialled as given.
+class AutoFallbackOnThisHost : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AutoFallbackOnThisHost, AnAutoServerIsReachedAtTheAddressItGives) {
+  ASSERT_FALSE(rdma::testing::RequireRdmaTestAddress().empty());
+  const std::string host = GetParam();
+  TestServer server(absl::StrCat("auto://", host, ":0"));
   ASSERT_TRUE(server.server);
-  ASSERT_EQ(server.address.rfind("auto://127.0.0.1:", 0), 0u) << server.address;
+  ASSERT_EQ(server.address.rfind(absl::StrCat("auto://", host, ":"), 0), 0u) << server.address;
   ::testing::internal::CaptureStderr();
   const Status automatic = Echo(server.address, std::string(100 << 10, 'a'));
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(automatic.ok()) << automatic;
-  const Status rdma = Echo(absl::StrCat("rdma://127.0.0.1:", Port(server.address)), "r");
+  const Status rdma = Echo(absl::StrCat("rdma://", host, ":", Port(server.address)), "r");
   if (rdma.ok()) {
     EXPECT_FALSE(absl::StrContains(log, "auto:// connects over TCP")) << log;
     EXPECT_EQ(server.service.started.load(), 2);
@@ -122,11 +127,19 @@ TEST_F(AutoFallback, AnAutoServerOnLoopbackIsReachedAtTheAddressItGives) {
   }
   printf("%s\n%s\n", log.c_str(), rdma.ToString().c_str());
   EXPECT_EQ(rdma.code(), StatusCode::kUnavailable) << rdma;
-  EXPECT_TRUE(absl::StrContains(rdma.message(), "a loopback address")) << rdma;
+  EXPECT_TRUE(absl::StrContains(rdma.message(), "a loopback or unspecified address")) << rdma;
   EXPECT_TRUE(absl::StrContains(log, "cannot be reached over RDMA (")) << log;
   EXPECT_TRUE(absl::StrContains(log, "auto:// connects over TCP")) << log;
   EXPECT_EQ(server.service.started.load(), 1);
 }
+
+INSTANTIATE_TEST_SUITE_P(Hosts, AutoFallbackOnThisHost,
+                         ::testing::Values("127.0.0.1", "[::1]", "0.0.0.0"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param == "127.0.0.1" ? std::string("loopback4")
+                                  : info.param == "[::1]"   ? std::string("loopback6")
+                                                            : std::string("unspecified4");
+                         });
 
 // rdma:// means RDMA: no fallback to the TCP server, and the error says why.
 // tcp_fallback = false keeps auto:// to RDMA as well.

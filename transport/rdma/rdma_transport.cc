@@ -42,12 +42,14 @@ bool IsLoopback(const sockaddr* sa) {
   return IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
 }
 
-// Said with a failure to reach a loopback address: rdma_cm binds such a
-// connection to a device, but Soft-RoCE (and devices without loopback)
-// finds no route for it.
+// Said with a failure to reach a loopback address (or the unspecified one,
+// which means this host as a destination): rdma_cm binds such a connection
+// to a device, but Soft-RoCE (and devices without loopback) finds no route
+// for it.
 const char* kLoopbackHint =
-    " (a loopback address: this device has no RDMA path over it; use the address of an "
-    "interface with an RDMA port, or tcp://, or auto://, which falls back to TCP there)";
+    " (a loopback or unspecified address: this device has no RDMA path over it; use the "
+    "address of an interface with an RDMA port, or tcp://, or auto://, which falls back to TCP "
+    "there)";
 
 const char* kTry =
     "Try: `rdma link` and `ibv_devinfo` to see devices and ports; make sure the address "
@@ -76,7 +78,7 @@ std::optional<std::string> DecodeRefusal(const void* data, size_t len) {
 struct RdmaTransport::Attempt {
   rdma_cm_id* id = nullptr;
   std::string target;
-  bool loopback = false;  // the target is 127.0.0.0/8 or ::1
+  bool loopback = false;  // the target is 127.0.0.0/8, ::1, 0.0.0.0 or ::
   ConnectionObserver* observer = nullptr;
   std::shared_ptr<RdmaConnection> conn;
   std::promise<absl::Status> done;
@@ -385,7 +387,8 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
     absl::Time deadline) {
   auto at = std::make_shared<Attempt>();
   at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&dst)));
-  at->loopback = IsLoopback(reinterpret_cast<sockaddr*>(&dst));
+  at->loopback = IsLoopback(reinterpret_cast<sockaddr*>(&dst)) ||
+                 IsWildcard(reinterpret_cast<sockaddr*>(&dst));
   at->observer = observer;
   auto result = at->done.get_future();
   const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
