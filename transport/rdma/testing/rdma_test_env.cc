@@ -51,6 +51,13 @@ std::string RequireRdmaTestAddress6() {
   return addr;
 }
 
+std::string SilentTestNetworkHost() {
+  const std::string ip = RequireRdmaTestAddress();
+  const size_t dot = ip.rfind('.');
+  if (dot == std::string::npos) return "";
+  return ip.substr(0, dot + 1) + (ip.substr(dot + 1) == "254" ? "253" : "254");
+}
+
 std::string PeerAddress() { return Env("RDMARPC_PEER_ADDR"); }
 
 std::string PeerAddress6() { return Env("RDMARPC_PEER_ADDR6"); }

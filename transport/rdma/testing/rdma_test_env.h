@@ -26,6 +26,12 @@ std::string RequireRdmaTestAddress();
 // is not set.
 std::string RequireRdmaTestAddress6();
 
+// Another host of the test address's /24 that nobody holds (.254, or .253
+// when the test address is .254): nothing answers rdma_cm's connect request
+// or a TCP SYN there. Fails the current test and returns "" like
+// RequireRdmaTestAddress.
+std::string SilentTestNetworkHost();
+
 // The peer VM's address in two-VM mode ($RDMARPC_PEER_ADDR), or "".
 std::string PeerAddress();
 
