@@ -65,21 +65,22 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::Connect(const Address
   if (addr.scheme != "auto") return rdma_->Connect(addr, observer, deadline);
   const std::string target = addr.ToString();
   if (!memory_.FellBackWithin(target, remember_, SteadyNow())) {
-    return ConnectRdmaFirst(addr, observer, deadline);
+    return ConnectRdmaFirst(addr, target, observer, deadline);
   }
   auto tcp = Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);
   if (tcp.ok()) return tcp;
   // Something changed there (a restart with RDMA alone, say): RDMA first
   // again, with what is left.
   memory_.Forget(target);
-  if (SteadyNow() < deadline) return ConnectRdmaFirst(addr, observer, deadline);
+  if (SteadyNow() < deadline) return ConnectRdmaFirst(addr, target, observer, deadline);
   return absl::Status(tcp.status().code(),
                       absl::StrCat("over TCP, as RDMA could not reach ", target,
                                    " lately: ", tcp.status().message()));
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
-    const Address& addr, ConnectionObserver* observer, absl::Time deadline) {
+    const Address& addr, const std::string& target, ConnectionObserver* observer,
+    absl::Time deadline) {
   // A host without RDMA never answers rdma_cm: RDMA gets part of the time,
   // and TCP what is left.
   const absl::Time now = SteadyNow();
@@ -97,7 +98,6 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
   } else {
     return conn;
   }
-  const std::string target = addr.ToString();
   if (memory_.FirstMention(target)) {
     fprintf(stderr, "rdmarpc[%s]: %s cannot be reached over RDMA (%s); auto:// connects over TCP\n",
             who_.c_str(), target.c_str(), why.c_str());

@@ -64,8 +64,9 @@ class AutoTransport : public Transport {
  private:
   Transport& Tcp();
   // RDMA first, within half the time left; then TCP where RDMA cannot
-  // reach the peer.
+  // reach the peer. `target` is addr.ToString(), the memory's key.
   absl::StatusOr<std::shared_ptr<Connection>> ConnectRdmaFirst(const Address& addr,
+                                                               const std::string& target,
                                                                ConnectionObserver* observer,
                                                                absl::Time deadline);
 
