@@ -350,14 +350,61 @@ std::shared_ptr<transport::Connection> Channel::Start(
     return nullptr;
   }
   RDMARPC_STAGE(kCallSend);
+  const bool had_attachment = !attachment.empty();
   Status sent =
       internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request, size);
   EndSend(watch, *conn);
   if (!sent.ok()) {
-    Complete(id, sent, nullptr, false);
+    // Refused unsent as its connection closed: the server never saw it. Not
+    // one with an attachment, whose memory went with the refused send.
+    if (!had_attachment && transport::NeverSent(sent)) {
+      SendAgainUnsent(method, id, *conn, sent, request, size);
+    } else {
+      Complete(id, sent, nullptr, false);
+    }
     return nullptr;
   }
   return conn;
+}
+
+void Channel::SendAgainUnsent(const MethodInfo& method, uint64_t id, transport::Connection& conn,
+                              const Status& why, const google::protobuf::MessageLite& request,
+                              size_t size) {
+  Waiting w;
+  w.id = id;
+  w.method_id = method.id;
+  w.request.resize(size);
+  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(w.request.data()));
+  w.sent_again = true;
+  std::shared_ptr<transport::Connection> idle;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    // Its context lives while the call is pending, and only under mu_ is
+    // that sure: its deadline may end it on another thread.
+    Pending* p = pending_.Get(id);
+    if (p == nullptr) return;
+    if (!p->ctx->metadata().empty()) w.metadata = transport::EncodeMetadata(p->ctx->metadata());
+    w.wait_for_ready = p->ctx->wait_for_ready();
+    LetGoOfUnsentLocked(*p, conn, why, &idle);
+    waiting_.push_back(std::move(w));
+    queueing_ = true;
+    ++stats_.transparent_retries;
+  }
+  conn.Close();
+  if (idle) idle->Close();
+  WakeConnector();
+}
+
+void Channel::LetGoOfUnsentLocked(Pending& p, transport::Connection& conn, const Status& why,
+                                  std::shared_ptr<transport::Connection>* idle) {
+  if (!draining_.empty()) *idle = LeaveDrainingLocked(p.conn);
+  p.conn = nullptr;  // a cancel meanwhile has no server to tell
+  if (conn_.get() != &conn) return;
+  // Closing (OnClosed follows): no call goes on it any more.
+  conn_.reset();
+  conn_watch_ = nullptr;
+  conn_cleared_why_ = Status(StatusCode::kUnavailable, why.message());
+  state_changed_.notify_all();
 }
 
 void Channel::CancelHook(void* channel, uint64_t call_id) {
@@ -469,15 +516,18 @@ void Channel::ConnectForWaiting() {
   inline_scopes = &scope;
   // A call that found no connection ends with `why`, unless it is
   // wait-for-ready: then it waits for the next attempt (unless nothing ever
-  // could connect). One that a GOAWAY kept from being sent waits for the
-  // next attempt once in any case: the server never saw it, and a call made
-  // a moment later would get that attempt too (as gRPC's calls get when
-  // their connection goes idle on a GOAWAY).
+  // could connect). One kept from being sent by a connection that it was
+  // about to go on (drained by a GOAWAY, lost, or closed under the send)
+  // waits for the next attempt once in any case: the server never saw it,
+  // and a call made a moment later would get that attempt too (gRPC's
+  // transparent retry).
   std::vector<Waiting> again;
   Status last_not_sent;
-  const auto not_sent = [&](Waiting& w, const Status& why, bool go_away) {
+  uint64_t unseen_again = 0;
+  const auto not_sent = [&](Waiting& w, const Status& why, bool unseen) {
     if ((w.wait_for_ready && !absl::IsInvalidArgument(why)) ||
-        (go_away && !std::exchange(w.after_go_away, true))) {
+        (unseen && !std::exchange(w.sent_again, true))) {
+      unseen_again += unseen;
       last_not_sent = why;
       again.push_back(std::move(w));
     } else {
@@ -498,7 +548,6 @@ void Channel::ConnectForWaiting() {
     std::shared_ptr<transport::Connection> conn;
     Watch* watch = nullptr;
     Status cleared_why;
-    bool cleared_by_go_away = false;
     {
       std::lock_guard<InlineMutex> lock(mu_);
       Pending* p = pending_.Get(w.id);
@@ -509,7 +558,6 @@ void Channel::ConnectForWaiting() {
         watch = BeginSendLocked();
       } else {
         cleared_why = conn_cleared_why_;
-        cleared_by_go_away = conn_cleared_by_go_away_;
       }
       const absl::Time deadline = p->ctx->steady_deadline();
       if (deadline != absl::InfiniteFuture()) {
@@ -521,15 +569,32 @@ void Channel::ConnectForWaiting() {
       not_sent(w,
                Status(StatusCode::kUnavailable,
                       absl::StrCat(cleared_why.message(), " before the call was sent")),
-               cleared_by_go_away);
+               /*unseen=*/true);
       continue;
     }
-    // Only now what the call may still need for the next connection.
-    msg.metadata = std::move(w.metadata);
+    // A copy: a send refused unsent leaves the call what it needs for the
+    // next connection (but for an attachment, which goes with the send).
+    msg.metadata = w.metadata;
+    const bool had_attachment = !w.attachment.empty();
     Status sent =
         internal::SendWithSerialized(*conn, std::move(msg), std::move(w.attachment), w.request);
     EndSend(watch, *conn);
-    if (!sent.ok()) Complete(w.id, sent, nullptr, false);
+    if (sent.ok()) continue;
+    if (had_attachment || !transport::NeverSent(sent)) {
+      Complete(w.id, sent, nullptr, false);
+      continue;
+    }
+    std::shared_ptr<transport::Connection> idle;
+    bool pending;
+    {
+      std::lock_guard<InlineMutex> lock(mu_);
+      Pending* p = pending_.Get(w.id);
+      pending = p != nullptr;
+      if (pending) LetGoOfUnsentLocked(*p, *conn, sent, &idle);
+    }
+    conn->Close();
+    if (idle) idle->Close();
+    if (pending) not_sent(w, sent, /*unseen=*/true);
   }
   bool another_round;
   {
@@ -538,6 +603,7 @@ void Channel::ConnectForWaiting() {
     std::lock_guard<InlineMutex> lock(mu_);
     waiting_.insert(waiting_.begin(), std::make_move_iterator(again.begin()),
                     std::make_move_iterator(again.end()));
+    stats_.transparent_retries += unseen_again;
     queueing_ = !waiting_.empty();
     // A connection lost (or drained) before it carried a call is no
     // success: without a backoff, a server that accepts and drops would be
@@ -1029,7 +1095,6 @@ void Channel::OnGoAway(Watch& watch, transport::Connection& conn) {
     DrainLocked(std::move(conn_));  // leaves conn_ null
     conn_cleared_why_ =
         Status(StatusCode::kUnavailable, absl::StrCat(target_, " is shutting down (GOAWAY)"));
-    conn_cleared_by_go_away_ = true;
     state_changed_.notify_all();
     conn_watch_ = nullptr;
     // With a send under way there is a call on it, and EndSend acks.
@@ -1096,7 +1161,6 @@ void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::St
       conn_cleared_why_ =
           Status(StatusCode::kUnavailable,
                  absl::StrCat("connection to ", conn.peer(), " lost (", why.message(), ")"));
-      conn_cleared_by_go_away_ = false;
       conn_watch_ = nullptr;
       state_changed_.notify_all();
     }

@@ -10,7 +10,14 @@
 // A Channel connects lazily (on the first call) and again after its
 // connection is lost, e.g. when the server restarts: calls pending on the lost
 // connection end with UNAVAILABLE (or are sent again, under a RetryPolicy);
-// the next call reconnects. Connecting is
+// the next call reconnects. A call the server never saw, because the
+// connection it was to go on closed before its request was queued there (or
+// was drained by the server's GOAWAY), is sent again on the next connection:
+// once, or as long as its deadline allows if it is wait-for-ready, as gRPC's
+// transparent retry does; it cannot run twice (ChannelStats::
+// transparent_retries). Not one with a request attachment, whose memory went
+// with the refused send. A call whose connection is reported lost before its
+// send returns ends as the calls in flight there do. Connecting is
 // the work of a thread of the channel's own, not the caller's (only
 // AllocateAttachment connects on its caller's thread): calls made meanwhile
 // wait for it, in order, each with its deadline running and TryCancel
@@ -154,6 +161,10 @@ struct ChannelStats {
   uint64_t connect_failures = 0;  // of those, the ones that did not end connected
   uint64_t go_aways = 0;          // connections the server asked to drain (its shutdown)
   uint64_t retries = 0;           // attempts sent again by the RetryPolicy
+  // Calls sent again, on a new connection, because the server never saw
+  // them: the connection they were to go on was drained, lost, or closed as
+  // the request was sent (apart from the RetryPolicy, and with or without it).
+  uint64_t transparent_retries = 0;
   // Why the last connect attempt failed (naming the address, and over RDMA
   // the devices, and what to try); OK when none has failed since the last
   // one that connected. What to print when WaitForConnected gives up.
@@ -325,6 +336,17 @@ class Channel {
   std::unique_ptr<Retry> MakeRetry(const MethodInfo& method, const ClientContext& ctx,
                                    const google::protobuf::MessageLite& request, size_t size);
   void Resend(uint64_t id);
+  // A call whose request the transport refused unsent on `conn`
+  // (transport::kNeverSent: it closed under the send) waits for the next
+  // connection, unless it ended meanwhile. Closes `conn`.
+  void SendAgainUnsent(const MethodInfo& method, uint64_t id, transport::Connection& conn,
+                       const Status& why, const google::protobuf::MessageLite& request,
+                       size_t size);
+  // The bookkeeping of a call refused unsent on `conn`: it leaves conn (a
+  // draining one it was the last call of goes into *idle), and so does the
+  // channel, if conn is conn_.
+  void LetGoOfUnsentLocked(Pending& p, transport::Connection& conn, const Status& why,
+                           std::shared_ptr<transport::Connection>* idle);
 
   void OnMessage(transport::Connection& conn, transport::InboundMessage&& msg);
   // Moves the connection to draining_ and acknowledges the GOAWAY once the
@@ -359,7 +381,6 @@ class Channel {
   // connection for: the server's GOAWAY or the connection's loss. Guarded
   // by mu_.
   Status conn_cleared_why_;
-  bool conn_cleared_by_go_away_ = false;
   // Connections the server said it drains (kGoAway): no new call goes on
   // them; the calls on them end there, or in their OnClosed, which drops
   // them from here. The channel closes one once it has acknowledged the
@@ -419,9 +440,10 @@ class Channel {
     std::string metadata;  // encoded
     Attachment attachment;
     bool wait_for_ready;  // a failed attempt puts it back (ClientContext)
-    // A GOAWAY kept it from being sent once already: it got its one more
-    // attempt, and the next failure ends it.
-    bool after_go_away = false;
+    // A connection kept it from being sent once already (drained, lost, or
+    // closed under the send): it got its one more attempt, and the next
+    // failure ends it.
+    bool sent_again = false;
   };
   std::vector<Waiting> waiting_;
   // Calls wait for the connector or are being sent by it: a new call, even

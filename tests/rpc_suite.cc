@@ -25,6 +25,7 @@
 #include "rpc/channel.h"
 #include "rpc/channel_group.h"
 #include "rpc/health.h"
+#include "rpc/internal/send_faults.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "tests/echo_service.h"
@@ -1036,6 +1037,85 @@ std::string AddressNobodyListensOn(const std::string& listen_addr) {
 // After a failed attempt the channel does not try again before the backoff
 // ends, even for a call that comes meanwhile: that call waits for the next
 // attempt and its deadline ends it; destroying the channel wakes the wait.
+// A call whose connection closed as its request was sent, so that the
+// transport refused the request unsent, goes on the next connection, and
+// the server sees it once: a plain call once more, a wait-for-ready call as
+// often as it takes (there is no RetryPolicy here). SendFaults opens that
+// window, microseconds wide in a real close, on purpose.
+TEST_P(RpcSuite, ACallRefusedUnsentAsItsConnectionClosedGoesOnTheNextOne) {
+  struct Disarm {
+    ~Disarm() { internal::SendFaults::RefuseRequests() = 0; }
+  } disarm;
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  const auto call = [&](const std::string& data, ClientContext& ctx) {
+    ctx.set_timeout(absl::Seconds(30));
+    EchoResponse resp;
+    const Status s = ch->Call(kEcho, &ctx, Req(data), &resp);
+    EXPECT_TRUE(!s.ok() || resp.data() == data) << data;
+    return s;
+  };
+  {
+    ClientContext ctx;
+    ASSERT_TRUE(call("first", ctx).ok());
+  }
+  ASSERT_EQ(ch->stats().connect_attempts, 1u);
+
+  internal::SendFaults::RefuseRequests() = 1;
+  {
+    ClientContext ctx;
+    const Status s = call("refused once", ctx);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  EXPECT_EQ(internal::SendFaults::RefuseRequests().load(), 0) << "nothing was refused";
+  EXPECT_EQ(ts.service.started.load(), 2);
+  ChannelStats stats = ch->stats();
+  EXPECT_EQ(stats.connect_attempts, 2u) << "the refusing connection was used again";
+  EXPECT_EQ(stats.transparent_retries, 1u);
+  EXPECT_EQ(stats.retries, 0u);
+
+  // Its one more attempt refused too, a plain call ends, naming why; the
+  // server never saw it.
+  internal::SendFaults::RefuseRequests() = 2;
+  {
+    ClientContext ctx;
+    const Status s = call("refused twice", ctx);
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("is closed (SendFaults"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find(kEcho.full_name), absl::string_view::npos) << s;
+  }
+  EXPECT_EQ(internal::SendFaults::RefuseRequests().load(), 0);
+  EXPECT_EQ(ts.service.started.load(), 2);
+  EXPECT_EQ(ch->stats().transparent_retries, 2u);
+
+  internal::SendFaults::RefuseRequests() = 3;
+  {
+    ClientContext ctx;
+    ctx.set_wait_for_ready(true);
+    const Status s = call("refused three times, waiting for ready", ctx);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  EXPECT_EQ(ts.service.started.load(), 3);
+  EXPECT_EQ(ch->stats().transparent_retries, 5u);
+
+  // A request attachment goes with the refused send: that call ends.
+  internal::SendFaults::RefuseRequests() = 1;
+  {
+    ClientContext ctx;
+    ctx.set_request_attachment(Attachment::CopyOf("attached"));
+    const Status s = call("with an attachment", ctx);
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  }
+  EXPECT_EQ(ts.service.started.load(), 3);
+  {
+    ClientContext ctx;
+    const Status s = call("last", ctx);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  EXPECT_EQ(ts.service.started.load(), 4);
+}
+
 TEST_P(RpcSuite, ReconnectAttemptsWaitForTheBackoff) {
   const std::string address = AddressNobodyListensOn(GetParam().listen_addr());
   ChannelOptions o;

@@ -7,8 +7,8 @@
 // RetryPolicy the lost call is sent again. A GOAWAY that comes as the
 // connection is made is acknowledged, calls it kept from being sent get one
 // more connection, and a draining connection is closed once its last call
-// ends. Wait-for-ready calls a lost connection kept from being sent go on
-// the next one. A server that never reads pins no more of the client's
+// ends. Calls a lost connection kept from being sent go on the next one.
+// A server that never reads pins no more of the client's
 // memory than the channel's TcpOptions allow.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -542,16 +542,17 @@ TEST(GoAway, ACallItKeptFromBeingSentTwiceEndsNamingTheShutdown) {
   EXPECT_GT(exercised[1], 0) << "the GOAWAY never came before the last call of the batch was sent";
 }
 
-// Wait-for-ready calls that find their connection lost before the
-// connector sent them wait for the next one; those sent on it end with its
-// loss (without a RetryPolicy a request that went out is not sent again).
-TEST(LostConnection, WaitForReadyCallsItKeptFromBeingSentGoOnTheNextOne) {
-  int exercised = 0;
-  for (int round = 0; round < 30 && exercised < 2; ++round) {
-    SCOPED_TRACE(absl::StrCat("round ", round));
+// Calls that find their connection lost before the connector sent them go
+// on the next one, wait-for-ready or not: the server never saw them. Those
+// sent on it end with its loss (without a RetryPolicy a request that went
+// out is not sent again).
+TEST(LostConnection, CallsItKeptFromBeingSentGoOnTheNextOne) {
+  int exercised[2] = {0, 0};
+  for (int round = 0; round < 60 && (exercised[0] < 2 || exercised[1] < 2); ++round) {
+    const bool wait_for_ready = round % 2;
+    SCOPED_TRACE(absl::StrCat("round ", round, wait_for_ready ? ", wait-for-ready" : ""));
     RawServer server(/*listening=*/false);
-    BatchBehindABackoff batch(server, /*first_waits_for_ready=*/true,
-                              /*rest_wait_for_ready=*/true);
+    BatchBehindABackoff batch(server, /*first_waits_for_ready=*/true, wait_for_ready);
     ASSERT_TRUE(batch.channel);
     if (!batch.in_one_batch) continue;
     // Closed once the channel has taken it: the loss comes while the
@@ -579,11 +580,13 @@ TEST(LostConnection, WaitForReadyCallsItKeptFromBeingSentGoOnTheNextOne) {
           << i << " was not sent, and ended instead of waiting for the next connection: " << s;
     });
     EXPECT_EQ(lost + on_second, BatchBehindABackoff::kCalls);
-    if (on_second > 0) ++exercised;
+    if (on_second > 0) ++exercised[wait_for_ready];
     printf("round %d: %d calls lost with the connection, %d sent on the next\n", round, lost,
            on_second);
   }
-  EXPECT_GT(exercised, 0) << "the connection was never lost before the last call was sent";
+  EXPECT_GT(exercised[0], 0) << "the connection was never lost before the last plain call was sent";
+  EXPECT_GT(exercised[1], 0)
+      << "the connection was never lost before the last wait-for-ready call was sent";
 }
 
 // The channel closes a connection the server drains once the last call on

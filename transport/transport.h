@@ -36,6 +36,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -95,12 +96,27 @@ class ConnectionObserver {
   virtual void OnClosed(Connection& conn, const absl::Status& why) = 0;
 };
 
+// The payload (absl::Status::SetPayload) of a Send error that refused the
+// frame before any of it was queued, as its connection was closing or
+// closed: the peer never sees it, so it may be sent again elsewhere without
+// running twice. A frame that a failed post or write lost after queueing
+// carries none (its peer may have seen part of the batch).
+inline constexpr absl::string_view kNeverSent = "type.rdmarpc.dev/transport.NeverSent";
+
+// UNAVAILABLE with `message` and kNeverSent.
+inline absl::Status RefusedUnsent(absl::string_view message) {
+  absl::Status s = absl::UnavailableError(message);
+  s.SetPayload(kNeverSent, absl::Cord());
+  return s;
+}
+inline bool NeverSent(const absl::Status& s) { return s.GetPayload(kNeverSent).has_value(); }
+
 class Connection {
  public:
   virtual ~Connection() = default;
   // Queues one frame, moving from `msg` what it keeps (taken by reference:
   // a move of the whole message per frame is measurable on the fast path).
-  // UNAVAILABLE once the connection is closing or closed;
+  // UNAVAILABLE once the connection is closing or closed, with kNeverSent;
   // RESOURCE_EXHAUSTED when the transport's bounded memory is used up.
   virtual absl::Status Send(OutboundMessage&& msg) = 0;
   // Send with a payload of `payload_size` bytes that `write` puts in place

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/internal/send_faults.h"
 
 namespace rdmarpc::internal {
 namespace {
@@ -40,6 +41,10 @@ absl::StatusOr<transport::Buffer> BuildPayloadWith(transport::Connection& conn,
 template <typename Write>
 absl::Status SendPayload(transport::Connection& conn, transport::OutboundMessage&& msg,
                          Attachment attachment, size_t message_size, const Write& write) {
+  if (msg.header.kind == transport::MessageKind::kRequest && SendFaults::TakeRefusedRequest()) {
+    return transport::RefusedUnsent(
+        absl::StrCat("connection to ", conn.peer(), " is closed (SendFaults, a test's)"));
+  }
   if (attachment.empty()) {
     msg.header.attachment_len = 0;
     return conn.SendWith(std::move(msg), message_size, write);

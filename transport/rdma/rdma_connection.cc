@@ -204,7 +204,7 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
   Header& h = m.header;
   const std::string& metadata = m.metadata;
   Buffer& payload = m.payload;
-  if (closed_) return absl::UnavailableError(absl::StrCat("connection to ", peer_, " is closed"));
+  if (closed_) return RefusedUnsent(absl::StrCat("connection to ", peer_, " is closed"));
   if (kHeaderSize + metadata.size() > frame_limit_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("metadata of ", metadata.size(), " bytes does not fit a receive slot of ",

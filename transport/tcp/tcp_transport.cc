@@ -238,7 +238,7 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
 
   std::lock_guard<std::mutex> lock(send_mu_);
   if (send_closed_ || closing_.load()) {
-    return absl::UnavailableError(absl::StrCat("connection to ", peer_, " is closed"));
+    return RefusedUnsent(absl::StrCat("connection to ", peer_, " is closed"));
   }
   const size_t bound = transport_->tcp_.max_queued_send_bytes;
   if (!queue_.empty() && queued_bytes_ + out.size() > bound) {

@@ -1,0 +1,33 @@
+// Fault injection for the runtime's tests, off unless a test arms it.
+//
+// A connection can close between a channel taking it for a call and the
+// transport queueing the call's request; the transport then refuses the
+// request unsent (transport::kNeverSent). That window is microseconds wide,
+// so tests open it on purpose here. Production code reads this once per
+// request sent: one relaxed atomic load.
+#ifndef RDMARPC_RPC_INTERNAL_SEND_FAULTS_H_
+#define RDMARPC_RPC_INTERNAL_SEND_FAULTS_H_
+
+#include <atomic>
+
+namespace rdmarpc::internal {
+
+struct SendFaults {
+  // The next N requests are refused before they reach the transport, as a
+  // transport refuses a frame whose connection has just closed under the
+  // send. The connection itself stays up: the channel closes it, as it does
+  // one the transport reports closing.
+  static std::atomic<int>& RefuseRequests() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static bool TakeRefusedRequest() {
+    std::atomic<int>& n = RefuseRequests();
+    if (n.load(std::memory_order_relaxed) <= 0) return false;
+    return n.fetch_sub(1, std::memory_order_relaxed) > 0;
+  }
+};
+
+}  // namespace rdmarpc::internal
+
+#endif  // RDMARPC_RPC_INTERNAL_SEND_FAULTS_H_
