@@ -4,9 +4,9 @@
 // client's auto:// gets no answer over RDMA (the server's host drops
 // RoCE packets) and connects over TCP within its connect timeout
 // (transport/auto_transport.h); a second channel to it goes over TCP
-// straight away (transport/fallback_memory.h). Its own binary: `rdma link delete` waits
-// for every process that opened the device, so no earlier test may run in
-// this one.
+// straight away (transport/fallback_memory.h), and one that does not
+// remember, as soon as the server's kHello says TCP alone listens there. Its own binary: `rdma link
+// delete` waits for every process that opened the device, so no earlier test may run in this one.
 #include <cstdlib>
 #include <string>
 
@@ -21,7 +21,7 @@ namespace rdmarpc::testing {
 namespace {
 
 constexpr int kPort = 7475;
-constexpr int kCalls = 3;
+constexpr int kCalls = 4;
 
 TEST(TwoVms, AnAutoClientReachesAHostWithoutRdmaOverTcp) {
   const std::string role = rdma::testing::Role();
@@ -88,6 +88,23 @@ TEST(TwoVms, AnAutoClientReachesAHostWithoutRdmaOverTcp) {
   EXPECT_TRUE(absl::StrContains(log, "auto:// connects over TCP")) << log;
   EXPECT_EQ(log.find("auto:// connects over TCP"), log.rfind("auto:// connects over TCP"))
       << "logged more than once for one target: " << log;
+
+  // Nor does a channel that does not remember: the server's kHello says
+  // that TCP alone listens there, which ends the wait for RDMA (else half
+  // the timeout, 5 s here).
+  options.transport.tcp_fallback_memory = absl::ZeroDuration();
+  const absl::Time fresh_start = absl::Now();
+  auto fresh = Channel::Create(target, options);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EchoResponse fresh_resp;
+  ClientContext fresh_ctx;
+  fresh_ctx.set_timeout(absl::Seconds(20));
+  const Status fourth = (*fresh)->Call(kEcho, &fresh_ctx, req, &fresh_resp);
+  const absl::Duration fresh_took = absl::Now() - fresh_start;
+  printf("a channel without the memory connected and called in %s\n",
+         absl::FormatDuration(fresh_took).c_str());
+  EXPECT_TRUE(fourth.ok()) << fourth;
+  EXPECT_LT(fresh_took, absl::Milliseconds(2500));
 }
 
 }  // namespace

@@ -1,12 +1,21 @@
 #include "transport/auto_transport.h"
 
+#include <errno.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/steady_clock.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -19,10 +28,61 @@ constexpr absl::Duration kLongestRdmaWait = absl::Seconds(10);
 // made again, on another port, this many times.
 constexpr int kPortPairTries = 8;
 
+// An auto:// connect that RDMA keeps waiting this long asks the target's
+// TCP port whether TCP alone listens there. Where RDMA works its answer
+// comes well before (a few ms on a NIC, tens under Soft-RoCE in a VM), so
+// servers with RDMA are seldom asked; a host without RDMA never answers
+// rdma_cm, and its server's kHello ends the wait.
+constexpr absl::Duration kAskTcpAfter = absl::Milliseconds(200);
+
 Address WithScheme(Address addr, const char* scheme) {
   addr.scheme = scheme;
   return addr;
 }
+
+// Asks, on a thread of its own from `start` until `deadline`, whether TCP
+// alone listens at `addr` (TcpListensAlone); tcp_alone() turns true if so.
+// Destroying it cuts a question under way short, and joins the thread.
+class TcpAloneProbe {
+ public:
+  TcpAloneProbe(Address addr, absl::Time start, absl::Time deadline)
+      : stop_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (stop_fd_ < 0) return;  // out of descriptors: RDMA's answer or its deadline decides
+    thread_ = std::thread([this, addr = std::move(addr), start, deadline] {
+      if (!WaitForStart(start)) return;
+      auto alone = TcpListensAlone(addr, stop_fd_, deadline);
+      if (alone.ok() && *alone) tcp_alone_.store(true, std::memory_order_relaxed);
+    });
+  }
+  ~TcpAloneProbe() {
+    if (stop_fd_ < 0) return;
+    const uint64_t one = 1;
+    (void)!write(stop_fd_, &one, sizeof one);
+    thread_.join();
+    close(stop_fd_);
+  }
+  TcpAloneProbe(const TcpAloneProbe&) = delete;
+  TcpAloneProbe& operator=(const TcpAloneProbe&) = delete;
+
+  const std::atomic<bool>& tcp_alone() const { return tcp_alone_; }
+
+ private:
+  // False when stopped first.
+  bool WaitForStart(absl::Time start) {
+    for (;;) {
+      const absl::Duration left = start - SteadyNow();
+      if (left <= absl::ZeroDuration()) return true;
+      pollfd p{stop_fd_, POLLIN, 0};
+      const int rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      if (rc > 0) return false;
+      if (rc < 0 && errno != EINTR) return true;
+    }
+  }
+
+  const int stop_fd_;
+  std::atomic<bool> tcp_alone_{false};
+  std::thread thread_;
+};
 
 // Stops accepting on both when destroyed. Reports the auto:// address of
 // the port: what reaches it from any client, over RDMA where the client's
@@ -86,10 +146,20 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
   const absl::Time now = SteadyNow();
   const absl::Time rdma_deadline =
       deadline == absl::InfiniteFuture() ? now + kLongestRdmaWait : now + (deadline - now) / 2;
-  auto conn = rdma_->Connect(addr, observer, rdma_deadline);
+  absl::StatusOr<std::shared_ptr<Connection>> conn;
+  bool tcp_alone = false;
+  if (rdma_deadline - now > kAskTcpAfter) {
+    TcpAloneProbe probe(WithScheme(addr, "tcp"), now + kAskTcpAfter, rdma_deadline);
+    conn = rdma_->ConnectUnless(addr, observer, rdma_deadline, probe.tcp_alone());
+    tcp_alone = probe.tcp_alone().load(std::memory_order_relaxed);
+  } else {
+    conn = rdma_->Connect(addr, observer, rdma_deadline);
+  }
   if (conn.ok()) return conn;
   std::string why;
-  if (const auto payload = conn.status().GetPayload(kNotReachableThisWay)) {
+  if (tcp_alone) {
+    why = "its server listens over TCP alone, as its kHello says";
+  } else if (const auto payload = conn.status().GetPayload(kNotReachableThisWay)) {
     why = std::string(*payload);
   } else if (absl::IsDeadlineExceeded(conn.status()) && SteadyNow() < deadline) {
     why =

@@ -14,8 +14,12 @@
 //   rdma_cm's ADDR_ERROR, ROUTE_ERROR, UNREACHABLE, or a REJECTED that no
 //   rdmarpc server sent) or no answer came in that half (a host without
 //   RDMA drops its packets), over TCP to the same host and port, within
-//   what is left, with one log line per target. A server that refused is no
-//   reason to try TCP. rdma:// and tcp:// addresses go their own way only.
+//   what is left, with one log line per target. RDMA that has not answered
+//   within 200 ms is asked about over TCP meanwhile: a server whose kHello
+//   says that TCP alone listens on its port (wire_format.h's
+//   kHelloTcpAlone) ends the wait for RDMA then. A server that refused is
+//   no reason to try TCP. rdma:// and tcp:// addresses go their own way
+//   only.
 // Listen: RDMA, then TCP on the port RDMA took (rdma_cm's ports and the
 //   kernel's TCP ports are apart on RoCE and InfiniBand); the listener
 //   reports the auto:// address, which reaches it from any client (an
@@ -27,10 +31,14 @@
 //   straight away, and try RDMA only if TCP fails there.
 //
 // What not to rely on: a fallback waits for RDMA's answer first, which
-// comes at once for a missing route or listener, but from a host without
-// RDMA only after half the connect timeout: once per target per `remember`
-// (after it, RDMA is tried first again, so that a server that gains RDMA is
-// used), and on every connection when `remember` is zero.
+// comes at once for a missing route or listener, and from a host without
+// RDMA after 200 ms and a TCP handshake, but only after half the connect
+// timeout where its server does not say TCP alone listens there (a server
+// older than the kHello bit, or one whose TCP port did not answer in
+// time): once per target per `remember` (after it, RDMA is tried first
+// again, so that a server that gains RDMA is used), and on every connection
+// when `remember` is zero. The question costs the server a TCP connection
+// that closes once it has its kHello.
 #ifndef RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
 #define RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
 

@@ -1,5 +1,6 @@
 #include "transport/auto_transport.h"
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/time/time.h"
 #include "base/steady_clock.h"
 #include "gtest/gtest.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -34,6 +36,22 @@ class ScriptedTransport : public Transport {
     if (s.ok()) return std::shared_ptr<Connection>();  // a null connection stands for one
     return s;
   }
+  // With `silent`, as RDMA to a host without it: no answer, until the
+  // deadline or until given up.
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectUnless(
+      const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+      const std::atomic<bool>& give_up) override {
+    if (!silent) return Connect(addr, observer, deadline);
+    connects.push_back(addr.ToString());
+    while (SteadyNow() < deadline) {
+      if (give_up.load()) {
+        ++given_up;
+        return absl::CancelledError("given up early");
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return absl::DeadlineExceededError("timed out");
+  }
   absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr, AcceptCallback) override {
     listens.push_back(addr.ToString());
     absl::Status s = listen_results.front();
@@ -52,6 +70,8 @@ class ScriptedTransport : public Transport {
   std::vector<std::string> listens;
   uint16_t next_port = 4000;
   int shutdowns = 0;
+  bool silent = false;
+  int given_up = 0;
 };
 
 absl::Status NotReachable(const char* why) {
@@ -172,6 +192,72 @@ TEST(AutoTransport, ARememberedTargetWhoseTcpTimesOutSaysWhy) {
   EXPECT_EQ(conn.status().message(),
             "over TCP, as RDMA could not reach auto://10.0.0.2:7 lately: timed out");
   EXPECT_EQ(p.rdma->connects.size(), 1u);
+}
+
+class IgnoringObserver : public ConnectionObserver {
+ public:
+  void OnMessage(Connection&, InboundMessage&&) override {}
+  void OnClosed(Connection&, const absl::Status&) override {}
+};
+
+// A real TCP server on this host, TCP alone on its port or beside RDMA.
+struct TcpServer {
+  explicit TcpServer(bool beside_rdma) : transport(TransportOptions{}, TcpOptions{}, beside_rdma) {
+    auto l = transport.Listen(At("tcp://127.0.0.1:0"), [this](std::shared_ptr<Connection>) {
+      return static_cast<ConnectionObserver*>(&observer);
+    });
+    EXPECT_TRUE(l.ok()) << l.status();
+    if (l.ok()) listener = std::move(*l);
+  }
+  std::string Auto() const { return absl::StrCat("auto://127.0.0.1:", listener->address().port); }
+
+  IgnoringObserver observer;
+  TcpTransport transport;
+  std::unique_ptr<Listener> listener;
+};
+
+// RDMA that does not answer within 200 ms is asked about over TCP: a server
+// whose kHello says TCP alone listens there ends the wait (rather than half
+// the connect timeout, 10 s here).
+TEST(AutoTransport, AServerThatSaysTcpAloneListensEndsTheWaitForRdma) {
+  TcpServer server(/*beside_rdma=*/false);
+  ASSERT_TRUE(server.listener);
+  Pair p(absl::ZeroDuration());
+  p.rdma->silent = true;
+  p.tcp->connect_results = {absl::OkStatus()};
+  ::testing::internal::CaptureStderr();
+  const absl::Time start = SteadyNow();
+  EXPECT_TRUE(p.t.Connect(At(server.Auto()), nullptr, start + absl::Seconds(20)).ok());
+  const absl::Duration took = SteadyNow() - start;
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_GE(took, absl::Milliseconds(200)) << "asked before RDMA had its head start";
+  EXPECT_LT(took, absl::Seconds(5)) << "waited for RDMA regardless";
+  EXPECT_EQ(p.rdma->given_up, 1);
+  EXPECT_EQ(p.tcp->connects, std::vector<std::string>{absl::StrCat(
+                                 "tcp://127.0.0.1:", server.listener->address().port)});
+  EXPECT_TRUE(absl::StrContains(log, "its server listens over TCP alone")) << log;
+}
+
+// A TCP server beside an RDMA listener (auto://'s) says no such thing, nor
+// does a port where nothing listens: RDMA keeps its half of the time.
+TEST(AutoTransport, ATcpPortThatDoesNotSayTcpAloneLeavesRdmaItsTime) {
+  TcpServer beside(/*beside_rdma=*/true);
+  ASSERT_TRUE(beside.listener);
+  TcpServer closed(/*beside_rdma=*/false);
+  ASSERT_TRUE(closed.listener);
+  const std::string nobody = closed.Auto();
+  closed.listener.reset();
+  for (const std::string& target : {beside.Auto(), nobody}) {
+    SCOPED_TRACE(target);
+    Pair p(absl::ZeroDuration());
+    p.rdma->silent = true;
+    p.tcp->connect_results = {absl::OkStatus()};
+    const absl::Time start = SteadyNow();
+    EXPECT_TRUE(p.t.Connect(At(target), nullptr, start + absl::Seconds(2)).ok());
+    EXPECT_GE(SteadyNow() - start, absl::Seconds(1));
+    EXPECT_EQ(p.rdma->given_up, 0);
+    EXPECT_EQ(p.tcp->connects.size(), 1u);
+  }
 }
 
 TEST(FallbackMemory, RemembersForTheWindowFromTheFallbackOnly) {

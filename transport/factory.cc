@@ -59,7 +59,10 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
     }
     TcpOptions tcp = TcpOptionsFromEnv(tunables.tcp);
     return std::unique_ptr<Transport>(new AutoTransport(
-        std::move(made), [options, tcp] { return std::make_unique<TcpTransport>(options, tcp); },
+        std::move(made),
+        [options, tcp] {
+          return std::make_unique<TcpTransport>(options, tcp, /*beside_rdma=*/true);
+        },
         options.name, tunables.tcp_fallback_memory, &FallbackMemory::Process()));
   }
   return std::unique_ptr<Transport>(new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));

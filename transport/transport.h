@@ -28,6 +28,7 @@
 #ifndef RDMARPC_TRANSPORT_TRANSPORT_H_
 #define RDMARPC_TRANSPORT_TRANSPORT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -201,6 +202,15 @@ class Transport {
   virtual absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
                                                               ConnectionObserver* observer,
                                                               absl::Time deadline) = 0;
+  // Connect that another thread can end early: once `give_up` is true it
+  // ends as at its deadline, within a few milliseconds (CANCELLED). A
+  // transport whose connects end quickly anyway need not look at it.
+  virtual absl::StatusOr<std::shared_ptr<Connection>> ConnectUnless(
+      const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+      const std::atomic<bool>& give_up) {
+    (void)give_up;
+    return Connect(addr, observer, deadline);
+  }
   virtual absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
                                                            AcceptCallback on_accept) = 0;
   virtual void Shutdown() = 0;

@@ -18,7 +18,8 @@
 //                       decodes, and the runtime reads a code it does not know
 //                       as UNKNOWN: one odd answer ends its call, not the link
 //   8  u64 call_id      chosen by the client, unique per connection while pending;
-//                       on a kShrink, the count of credits
+//                       on a kShrink, the count of credits; on a kHello, the
+//                       kHello* bits (a receiver ignores those it does not know)
 //  16  u32 method_id    MethodId("/pkg.Service/Method") (rpc/method_id.h)
 //  20  u32 metadata_len encoded Metadata, at most kMaxMetadataBytes
 //  24  u32 payload_len  attachment + serialized message (or error text), at
@@ -96,6 +97,12 @@ enum class MessageKind : uint8_t {
                   // seen. Its connect waits for the kHello (rdma_cm's
                   // accept does the same for RDMA)
 };
+
+// kHello bits (in its call_id). Zero, as older servers send, says nothing.
+// Nothing but TCP takes connections on this port (a tcp:// server, or an
+// auto:// one on a host without RDMA): an auto:// client need not wait for
+// an RDMA answer that will not come (transport/auto_transport.h).
+inline constexpr uint64_t kHelloTcpAlone = 1;
 
 inline constexpr uint16_t kFlagRemotePayload = 1 << 0;
 inline constexpr uint16_t kKnownFlags = kFlagRemotePayload;

@@ -56,6 +56,9 @@ const char* kTry =
     "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
     "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
 
+// How soon a ConnectUnless sees its give_up.
+constexpr absl::Duration kGiveUpCheck = absl::Milliseconds(10);
+
 std::string EncodeRefusal(const std::string& why) {
   std::string text = absl::StrCat(kRefusalPrefix, why);
   text.resize(std::min(text.size(), kMaxRefusalBytes));
@@ -328,6 +331,13 @@ Handshake RdmaTransport::LocalHandshake(uint32_t credits) const {
 absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address& addr,
                                                                    ConnectionObserver* observer,
                                                                    absl::Time deadline) {
+  static const std::atomic<bool> never{false};
+  return ConnectUnless(addr, observer, deadline, never);
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
+    const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+    const std::atomic<bool>& give_up) {
   if (absl::Status s = CheckRdmaOptions(rdma_); !s.ok()) return s;
   if (!channel_) {
     return absl::UnavailableError(
@@ -370,9 +380,9 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
   auto conn = TryEachAddress<std::shared_ptr<Connection>>(
       reachable, deadline, /*name_each=*/false,
       [&](const SocketAddress& a, absl::Time by) {
-        return ConnectTo(a.storage, *src, observer, by);
+        return ConnectTo(a.storage, *src, observer, by, give_up);
       },
-      [](const absl::Status& s) { return absl::IsFailedPrecondition(s); });
+      [](const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsCancelled(s); });
   if (conn.ok() || reachable.size() == 1) return conn;
   absl::Status each(conn.status().code(),
                     absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
@@ -384,7 +394,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
 
 absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
     sockaddr_storage dst, std::optional<sockaddr_storage> src, ConnectionObserver* observer,
-    absl::Time deadline) {
+    absl::Time deadline, const std::atomic<bool>& give_up) {
   auto at = std::make_shared<Attempt>();
   at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&dst)));
   at->loopback = IsLoopback(reinterpret_cast<sockaddr*>(&dst)) ||
@@ -435,7 +445,14 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
       at->Finish(std::move(why));
     }
   });
-  if (!WaitUntilReady(result, deadline)) {
+  // In slices, to see give_up: a few wake-ups per connect, off any fast path.
+  bool ready = false;
+  bool gave_up = false;
+  while (!ready && !gave_up && SteadyNow() < deadline) {
+    ready = WaitUntilReady(result, std::min(deadline, SteadyNow() + kGiveUpCheck));
+    gave_up = !ready && give_up.load(std::memory_order_relaxed);
+  }
+  if (!ready && !WaitUntilReady(result, absl::InfinitePast())) {
     RunOnCmAndWait([&] {
       if (at->finished) return;
       if (at->conn) {
@@ -449,8 +466,10 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
       } else {
         AbandonAttempt(at.get());
       }
-      at->Finish(
-          absl::DeadlineExceededError(absl::StrCat("connecting to ", at->target, " timed out")));
+      at->Finish(gave_up ? absl::CancelledError(
+                               absl::StrCat("connecting to ", at->target, ": given up early"))
+                         : absl::DeadlineExceededError(
+                               absl::StrCat("connecting to ", at->target, " timed out")));
     });
   }
   absl::Status s = result.get();

@@ -13,6 +13,13 @@
 //
 // Threads: one rdma_cm event thread per transport, one poller per device.
 // Observer callbacks run on the poller.
+//
+// What not to rely on: a Connect that ends at its deadline, or given up
+// (ConnectUnless), after its connect request went out returns at once, but
+// its rdma_cm id and queue pair live on until the peer answers or rdma_cm
+// gives up on the request (about 100 s in the Soft-RoCE VM for a host that
+// never answers): librdmacm moves that queue pair as the answer comes, so
+// it is not destroyed under it. A connection that comes that late is closed.
 #ifndef RDMARPC_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 #define RDMARPC_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 
@@ -47,6 +54,9 @@ class RdmaTransport : public Transport {
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
                                                       ConnectionObserver* observer,
                                                       absl::Time deadline) override;
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectUnless(
+      const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+      const std::atomic<bool>& give_up) override;
   absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
                                                    AcceptCallback on_accept) override;
   void Shutdown() override;
@@ -87,7 +97,8 @@ class RdmaTransport : public Transport {
   absl::StatusOr<std::shared_ptr<Connection>> ConnectTo(sockaddr_storage dst,
                                                         std::optional<sockaddr_storage> src,
                                                         ConnectionObserver* observer,
-                                                        absl::Time deadline);
+                                                        absl::Time deadline,
+                                                        const std::atomic<bool>& give_up);
   // A listener on the one address `at`, for Listen's name `asked`.
   absl::StatusOr<std::unique_ptr<Listener>> ListenAt(const SocketAddress& at, const Address& asked,
                                                      AcceptCallback on_accept);

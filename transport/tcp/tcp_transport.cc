@@ -101,9 +101,10 @@ absl::Status AwaitSocket(int fd, short events, int stop_fd, absl::Time deadline)
   }
 }
 
-// Reads the server's kHello off a connected socket, and not a byte more: a
-// GOAWAY may follow it at once. The error says why the connection is no use.
-absl::Status AwaitHello(int fd, int stop_fd, absl::Time deadline) {
+// Reads the server's kHello off a connected socket into *hello, and not a
+// byte more: a GOAWAY may follow it at once. The error says why the
+// connection is no use.
+absl::Status AwaitHello(int fd, int stop_fd, absl::Time deadline, Header* hello) {
   char bytes[kHeaderSize];
   size_t got = 0;
   while (got < sizeof bytes) {
@@ -125,7 +126,7 @@ absl::Status AwaitHello(int fd, int stop_fd, absl::Time deadline) {
     }
     got += static_cast<size_t>(r);
   }
-  Header h;
+  Header& h = *hello;
   if (absl::Status s = DecodeHeader(bytes, sizeof bytes, &h); !s.ok()) {
     return absl::UnavailableError(
         absl::StrCat("the peer's first frame is not an rdmarpc kHello: ", s.message()));
@@ -135,6 +136,29 @@ absl::Status AwaitHello(int fd, int stop_fd, absl::Time deadline) {
                                                static_cast<int>(h.kind), ", not an empty kHello"));
   }
   return absl::OkStatus();
+}
+
+// A socket connected to `to` whose server has sent its kHello (into
+// *hello), by `deadline`; else why not (CANCELLED once `stop_fd` is
+// readable).
+absl::StatusOr<int> ConnectToServer(const SocketAddress& to, int stop_fd, absl::Time deadline,
+                                    Header* hello) {
+  const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  const auto fail = [&](absl::Status s) {
+    close(fd);
+    return s;
+  };
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.len) != 0) {
+    if (errno != EINPROGRESS) return fail(absl::UnavailableError(ErrnoText(errno)));
+    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd, deadline); !s.ok()) return fail(s);
+    int err = 0;
+    socklen_t elen = sizeof err;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+    if (err != 0) return fail(absl::UnavailableError(ErrnoText(err)));
+  }
+  if (absl::Status s = AwaitHello(fd, stop_fd, deadline, hello); !s.ok()) return fail(s);
+  return fd;
 }
 
 }  // namespace
@@ -258,6 +282,7 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
 void TcpConnection::HoldHello() {
   Header h;
   h.kind = MessageKind::kHello;
+  if (!transport_->beside_rdma_) h.call_id = kHelloTcpAlone;
   Outgoing hello;
   hello.prefix.resize(kHeaderSize);
   EncodeHeader(h, hello.prefix.data());
@@ -546,8 +571,8 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
 
 // ----------------------------------------------------------------- transport
 
-TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp)
-    : options_(std::move(options)), tcp_(tcp) {
+TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp, bool beside_rdma)
+    : options_(std::move(options)), tcp_(tcp), beside_rdma_(beside_rdma) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -679,22 +704,23 @@ void TcpTransport::Forget(int fd) {
 }
 
 absl::StatusOr<int> TcpTransport::ConnectSocket(const SocketAddress& to, absl::Time deadline) {
-  const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
-  const auto fail = [&](absl::Status s) {
-    close(fd);
-    return s;
-  };
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.len) != 0) {
-    if (errno != EINPROGRESS) return fail(absl::UnavailableError(ErrnoText(errno)));
-    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd_, deadline); !s.ok()) return fail(s);
-    int err = 0;
-    socklen_t elen = sizeof err;
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
-    if (err != 0) return fail(absl::UnavailableError(ErrnoText(err)));
-  }
-  if (absl::Status s = AwaitHello(fd, stop_fd_, deadline); !s.ok()) return fail(s);
-  return fd;
+  Header hello;
+  return ConnectToServer(to, stop_fd_, deadline, &hello);
+}
+
+absl::StatusOr<bool> TcpListensAlone(const Address& addr, int stop_fd, absl::Time deadline) {
+  auto addresses = ResolveAddresses(addr);
+  if (!addresses.ok()) return addresses.status();
+  Header hello;
+  absl::StatusOr<int> fd = TryEachAddress<int>(
+      *addresses, deadline, /*name_each=*/true,
+      [&](const SocketAddress& a, absl::Time by) {
+        return ConnectToServer(a, stop_fd, by, &hello);
+      },
+      [](const absl::Status& s) { return absl::IsCancelled(s); });
+  if (!fd.ok()) return fd.status();
+  close(*fd);
+  return (hello.call_id & kHelloTcpAlone) != 0;
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address& addr,

@@ -37,7 +37,10 @@ class TcpListener;
 
 class TcpTransport : public Transport {
  public:
-  explicit TcpTransport(TransportOptions options, TcpOptions tcp = {});
+  // `beside_rdma`: this transport's listeners share their ports with RDMA
+  // listeners (an AutoTransport's), so their kHello does not say
+  // kHelloTcpAlone.
+  explicit TcpTransport(TransportOptions options, TcpOptions tcp = {}, bool beside_rdma = false);
   ~TcpTransport() override;
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
@@ -83,6 +86,7 @@ class TcpTransport : public Transport {
 
   const TransportOptions options_;
   const TcpOptions tcp_;
+  const bool beside_rdma_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   // Readable once Shutdown has begun: ends the Connects waiting for a handshake.
@@ -100,6 +104,14 @@ class TcpTransport : public Transport {
   std::vector<IoHandler*> retired_;  // I/O thread: listeners gone during this batch
   std::vector<PausedAccept> paused_accepts_;  // I/O thread
 };
+
+// Whether the rdmarpc server at `addr` says that nothing but TCP takes
+// connections on its port (kHelloTcpAlone, transport/wire_format.h):
+// connects, reads its kHello and closes, by `deadline`, or sooner once
+// `stop_fd` (an eventfd) is readable (CANCELLED). False where the kHello
+// does not say so: a server beside an RDMA listener, or one older than the
+// bit. What an auto:// client asks while RDMA keeps it waiting.
+absl::StatusOr<bool> TcpListensAlone(const Address& addr, int stop_fd, absl::Time deadline);
 
 }  // namespace rdmarpc::transport
 

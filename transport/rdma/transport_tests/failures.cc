@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,6 +37,7 @@
 #include "transport/rdma/rdma_connection.h"
 #include "transport/rdma/rdma_options.h"
 #include "transport/rdma/rdma_transport.h"
+#include "transport/rdma/testing/rdma_test_env.h"
 #include "transport/rdma/transport_tests/fixture.h"
 
 extern char** environ;
@@ -290,6 +293,75 @@ TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
          static_cast<unsigned long long>(Counters().connections_opened - opened));
   EXPECT_EQ(ids, ids_before) << "rdma_cm ids of abandoned connects were left behind";
   ExpectServesANewClient(fx);
+}
+
+// A connect given up from another thread (ConnectUnless, what auto:// does
+// once the server's kHello says TCP alone listens there) ends CANCELLED, at
+// whatever step it was, and leaves nothing behind, as one abandoned at its
+// deadline does.
+TEST(RdmaTransport, ConnectsGivenUpEarlyEndAndLeaveNothingBehind) {
+  std::vector<std::unique_ptr<Waiter>> connected;  // outlive the client, which calls them
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  const int ids_before = CmIdsOfThisProcess();
+  const uint64_t opened = Counters().connections_opened;
+  const uint64_t closed = Counters().connections_closed;
+  int given_up = 0;
+  for (int i = 0; i < 30; ++i) {
+    // As at a deadline, its observer may be gone once Connect returns.
+    auto observer = std::make_unique<Waiter>();
+    std::atomic<bool> give_up{false};
+    std::thread giver([&] {
+      absl::SleepFor(absl::Microseconds(300 * i));
+      give_up = true;
+    });
+    auto conn =
+        fx.client->ConnectUnless(fx.addr, observer.get(), SteadyNow() + absl::Seconds(20), give_up);
+    giver.join();
+    if (conn.ok()) {
+      (*conn)->Close();
+      connected.push_back(std::move(observer));
+      continue;
+    }
+    ++given_up;
+    EXPECT_EQ(conn.status().code(), absl::StatusCode::kCancelled) << conn.status();
+    EXPECT_TRUE(absl::StrContains(conn.status().message(), "given up early")) << conn.status();
+  }
+  EXPECT_GT(given_up, 0) << "no connect was given up before it ended";
+  EXPECT_TRUE(EveryConnectionClosedSince(opened, closed))
+      << "connections opened for connects given up stayed open";
+  const int ids = CmIdsOnceBackTo(ids_before);
+  printf("%d of 30 connects given up; rdma_cm ids %d before, %d after\n", given_up, ids_before,
+         ids);
+  EXPECT_EQ(ids, ids_before) << "rdma_cm ids of connects given up were left behind";
+  ExpectServesANewClient(fx);
+}
+
+// Given up, a connect to a host that never answers ends within a few
+// milliseconds, not at its deadline. (Its rdma_cm id lives on until rdma_cm
+// gives up on the request: rdma_transport.h.)
+TEST(RdmaTransport, AConnectToASilentHostGivenUpEndsAtOnce) {
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  const std::string silent = ::rdmarpc::rdma::testing::SilentTestNetworkHost();
+  ASSERT_FALSE(silent.empty());
+  Waiter observer;
+  std::atomic<bool> give_up{false};
+  std::thread giver([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    give_up = true;
+  });
+  const absl::Time start = SteadyNow();
+  auto conn = fx.client->ConnectUnless(*ParseAddress(absl::StrCat("rdma://", silent, ":7471")),
+                                       &observer, start + absl::Seconds(20), give_up);
+  const absl::Duration took = SteadyNow() - start;
+  giver.join();
+  ASSERT_FALSE(conn.ok());
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kCancelled) << conn.status();
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_LT(took, absl::Seconds(2)) << "went on after it was given up";
+  printf("given up after 300 ms, the connect to %s ended after %s\n", silent.c_str(),
+         absl::FormatDuration(took).c_str());
 }
 
 // A connect whose queue pair cannot be created (rdma_create_qp failing:
