@@ -5,8 +5,9 @@
 // RoCE packets) and connects over TCP within its connect timeout
 // (transport/auto_transport.h); a second channel to it goes over TCP
 // straight away (transport/fallback_memory.h), and one that does not
-// remember, as soon as the server's kHello says TCP alone listens there. Its own binary: `rdma link
-// delete` waits for every process that opened the device, so no earlier test may run in this one.
+// remember, as soon as the server's kHello says TCP alone listens there.
+// Its own binary: `rdma link delete` waits for every process that opened
+// the device, so no earlier test may run in this one.
 #include <cstdlib>
 #include <string>
 

@@ -8,8 +8,8 @@
 // connection is made is acknowledged, calls it kept from being sent get one
 // more connection, and a draining connection is closed once its last call
 // ends. Calls a lost connection kept from being sent go on the next one.
-// A server that never reads pins no more of the client's
-// memory than the channel's TcpOptions allow.
+// A server that never reads pins no more of the client's memory than the
+// channel's TcpOptions allow.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
