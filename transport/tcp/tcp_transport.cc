@@ -703,11 +703,6 @@ void TcpTransport::Forget(int fd) {
   conns_.erase(it);
 }
 
-absl::StatusOr<int> TcpTransport::ConnectSocket(const SocketAddress& to, absl::Time deadline) {
-  Header hello;
-  return ConnectToServer(to, stop_fd_, deadline, &hello);
-}
-
 absl::StatusOr<bool> TcpListensAlone(const Address& addr, int stop_fd, absl::Time deadline) {
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
@@ -735,7 +730,11 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
   // server took 127.0.0.1).
   absl::StatusOr<int> fd = TryEachAddress<int>(
       *addresses, deadline, /*name_each=*/true,
-      [this](const SocketAddress& a, absl::Time by) { return ConnectSocket(a, by); },
+      [this](const SocketAddress& a, absl::Time by) {
+        // Shutdown's stop_fd_ ends the wait for a handshake (CANCELLED).
+        Header hello;
+        return ConnectToServer(a, stop_fd_, by, &hello);
+      },
       [](const absl::Status& s) { return absl::IsCancelled(s); });
   if (!fd.ok()) {
     return absl::UnavailableError(absl::StrCat("connect to ", target, ": ", fd.status().message()));

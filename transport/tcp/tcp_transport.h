@@ -72,9 +72,6 @@ class TcpTransport : public Transport {
   int EpollTimeoutMs() const;                      // I/O thread
   void PauseAccepts(IoHandler* listener, int fd);  // I/O thread
   void ResumeAccepts();                            // I/O thread: those due
-  // A socket connected to `to` whose server has sent its kHello, by
-  // `deadline`; else why not (CANCELLED once Shutdown has begun).
-  absl::StatusOr<int> ConnectSocket(const SocketAddress& to, absl::Time deadline);
   // A listener on the one address `at`, for Listen's name `asked`.
   absl::StatusOr<std::unique_ptr<Listener>> ListenSocket(const SocketAddress& at,
                                                          const Address& asked,
