@@ -80,9 +80,16 @@ void RdmaConnection::ReleaseId() {
   id_ = nullptr;
 }
 
+void RdmaConnection::TakeQpFromId() { id_->qp = nullptr; }
+
 void RdmaConnection::DestroyQp(bool used) {
-  if (!id_ || !id_->qp) return;
-  rdma_destroy_qp(id_);
+  if (qp_ == nullptr) return;
+  if (id_ != nullptr && id_->qp == qp_) {
+    rdma_destroy_qp(id_);
+  } else {
+    ibv_destroy_qp(qp_);
+  }
+  qp_ = nullptr;
   if (used) {
     endpoint_->ReturnCompletionsAfterPoll(cq_, sq_depth_);
   } else {
@@ -144,7 +151,8 @@ absl::Status RdmaConnection::CreateQp() {
     if (rdma_create_qp(id_, endpoint_->pd(), &a) != 0) return failed(errno);
   }
   max_inline_ = std::min(a.cap.max_inline_data, kMaxInlineUsed);
-  qp_num_ = id_->qp->qp_num;
+  qp_ = id_->qp;
+  qp_num_ = qp_->qp_num;
   ibv_port_attr port{};
   read_chunk_ = 1u << 30;
   if (ibv_query_port(id_->verbs, id_->port_num, &port) == 0 && port.max_msg_sz > 0) {
@@ -495,8 +503,8 @@ absl::Status RdmaConnection::PostTaken() {
     ibv_send_wr* bad = nullptr;
     const bool fail = FaultInjection::BeforePost();
     RDMARPC_STAGE(kPostBegin);
-    if (!fail) sanitizer_sync::SentOn(id_->qp);
-    const int rc = fail ? ENOMEM : ibv_post_send(id_->qp, &posting_[0].wr, &bad);
+    if (!fail) sanitizer_sync::SentOn(qp_);
+    const int rc = fail ? ENOMEM : ibv_post_send(qp_, &posting_[0].wr, &bad);
     RDMARPC_STAGE(kPostEnd);
     if (fail) bad = &posting_[0].wr;
     for (Outgoing& o : posting_) {
@@ -1163,8 +1171,14 @@ void RdmaConnection::Teardown(absl::Status why) {
   }
   endpoint_->ReturnResponseRoom(room_back);
   // Moves the QP to the error state: outstanding work flushes and the peer
-  // can no longer READ what we advertised.
+  // can no longer READ what we advertised. rdma_disconnect does that only
+  // for a QP that is still the id's.
   rdma_disconnect(id_);
+  if (id_->qp != qp_) {
+    ibv_qp_attr error{};
+    error.qp_state = IBV_QPS_ERR;
+    ibv_modify_qp(qp_, &error, IBV_QP_STATE);
+  }
   read_queue_.clear();
   Count(&RdmaCounters::connections_closed);
   if (observer_) observer_->OnClosed(*this, why);

@@ -245,6 +245,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // Destroys the QP and gives up the rdma_cm id (its owner destroys it);
   // for a connection refused during setup.
   void ReleaseId();
+  // Takes the QP off the rdma_cm id, on the poller while the CM thread
+  // waits, for a connect given up after its request went out. librdmacm
+  // moves an id's QP inside rdma_get_cm_event as the answer comes, and
+  // leaves an id without one alone: so taken, the QP can be torn down at
+  // once, and the id destroyed after it, which cancels the request.
+  void TakeQpFromId();
   uint32_t qp_num() const { return qp_num_; }
   rdma_cm_id* id() const { return id_; }
   // What we granted the peer at the handshake.
@@ -499,6 +505,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
 
   Endpoint* const endpoint_;
   rdma_cm_id* id_;
+  // The QP, also id_->qp unless TakeQpFromId took it off the id.
+  ibv_qp* qp_ = nullptr;
   const std::string peer_;
   const uint32_t serial_;
   const TransportOptions options_;

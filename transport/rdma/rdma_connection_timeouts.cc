@@ -30,9 +30,9 @@ using internal::WrId;
 void RdmaConnection::LearnRetryPolicy() {
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
-  if (id_ == nullptr || id_->qp == nullptr ||
-      ibv_query_qp(id_->qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_MIN_RNR_TIMER,
-                   &init) != 0) {
+  if (qp_ == nullptr ||
+      ibv_query_qp(qp_, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_MIN_RNR_TIMER, &init) !=
+          0) {
     return;
   }
   std::lock_guard<InlineMutex> lock(mu_);

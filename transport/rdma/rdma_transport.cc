@@ -56,6 +56,14 @@ const char* kTry =
     "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
     "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
 
+// Said with EINVAL from rdma_create_qp or rdma_accept for a connect
+// request: the kernel's CM no longer holds it as pending (so rdma_cm will
+// not move a QP to INIT for it, nor send its reply), as it stops doing when
+// the client cancels it.
+const char* kClientGaveUpHint =
+    " (most likely the client gave up on this connect before it was accepted: its deadline "
+    "passed, it was given up or it shut down)";
+
 // How soon a ConnectUnless sees its give_up.
 constexpr absl::Duration kGiveUpCheck = absl::Milliseconds(10);
 
@@ -86,9 +94,6 @@ struct RdmaTransport::Attempt {
   std::shared_ptr<RdmaConnection> conn;
   std::promise<absl::Status> done;
   bool finished = false;
-  // The deadline passed while rdma_connect was out: given up at the id's
-  // next event (see Connect).
-  bool abandoned = false;
 
   void Finish(absl::Status s) {
     if (finished) return;
@@ -457,15 +462,15 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
       if (at->finished) return;
       if (at->conn) {
         // rdma_connect is out, and librdmacm moves the QP (CONNECT_RESPONSE)
-        // or errors it (REJECTED) inside rdma_get_cm_event on this thread; a
-        // teardown now would destroy the QP on the poller under its feet.
-        // The answer comes (or the CM's own timeout does): give it up then.
-        // The caller may drop its observer once Connect returns.
-        at->conn->DetachObserver();
-        at->abandoned = true;
-      } else {
-        AbandonAttempt(at.get());
+        // or errors it (REJECTED) inside rdma_get_cm_event on this thread:
+        // off the id, the QP is no longer its to move, and the teardown may
+        // destroy it on the poller. The id goes after it, on this thread,
+        // and with it the request, which rdma_cm would otherwise repeat
+        // for as long as a minute and more.
+        const std::shared_ptr<RdmaConnection>& conn = at->conn;
+        conn->endpoint()->RunOnPollerAndWait([&] { conn->TakeQpFromId(); });
       }
+      AbandonAttempt(at.get());
       at->Finish(gave_up ? absl::CancelledError(
                                absl::StrCat("connecting to ", at->target, ": given up early"))
                          : absl::DeadlineExceededError(
@@ -623,11 +628,6 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
     return;
   }
   Attempt* at = target.attempt.get();
-  if (at->abandoned) {
-    AbandonAttempt(at);
-    rdma_ack_cm_event(ev);
-    return;
-  }
   const int status = ev->status;
   // `no_path`: a step that found no RDMA path there (a route that cannot
   // be resolved) failed, whatever the event.
@@ -813,13 +813,7 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
                                                credits, rd_atom);
   if (absl::Status s = conn->CreateQp(); !s.ok()) {
     conn->ReleaseId();  // the id goes after the ack instead
-    // EINVAL: the kernel's CM no longer holds the request as pending, and
-    // rdma_cm will not move a QP to INIT for it.
-    return refuse(absl::IsInvalidArgument(s)
-                      ? absl::StrCat(s.message(),
-                                     " (most likely the client gave up on this connect before "
-                                     "it was accepted: its deadline passed or it shut down)")
-                      : std::string(s.message()));
+    return refuse(absl::StrCat(s.message(), absl::IsInvalidArgument(s) ? kClientGaveUpHint : ""));
   }
   ConnectionObserver* observer = listener->on_accept()(conn);
   if (observer == nullptr) {
@@ -843,7 +837,9 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   if (accept_fails || rdma_accept(child, &param) != 0) {
     // The client hears it now, not at its connect timeout; the id goes with
     // the connection.
-    const std::string why = absl::StrCat("rdma_accept: ", strerror(accept_fails ? ENOMEM : errno));
+    const int err = accept_fails ? ENOMEM : errno;
+    const std::string why =
+        absl::StrCat("rdma_accept: ", strerror(err), err == EINVAL ? kClientGaveUpHint : "");
     reject(why);
     (*ep)->RunOnPoller([conn, why] { conn->Teardown(absl::UnavailableError(why)); });
     return;

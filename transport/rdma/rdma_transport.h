@@ -14,12 +14,10 @@
 // Threads: one rdma_cm event thread per transport, one poller per device.
 // Observer callbacks run on the poller.
 //
-// What not to rely on: a Connect that ends at its deadline, or given up
-// (ConnectUnless), after its connect request went out returns at once, but
-// its rdma_cm id and queue pair live on until the peer answers or rdma_cm
-// gives up on the request (about 100 s in the Soft-RoCE VM for a host that
-// never answers): librdmacm moves that queue pair as the answer comes, so
-// it is not destroyed under it. A connection that comes that late is closed.
+// A Connect that ends at its deadline, or given up (ConnectUnless), at any
+// step returns at once and frees its queue pair and rdma_cm id within
+// milliseconds; destroying the id cancels a connect request that is out,
+// and a peer that had answered it is sent a reject.
 #ifndef RDMARPC_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 #define RDMARPC_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 

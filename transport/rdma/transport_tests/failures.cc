@@ -337,31 +337,58 @@ TEST(RdmaTransport, ConnectsGivenUpEarlyEndAndLeaveNothingBehind) {
   ExpectServesANewClient(fx);
 }
 
-// Given up, a connect to a host that never answers ends within a few
-// milliseconds, not at its deadline. (Its rdma_cm id lives on until rdma_cm
-// gives up on the request: rdma_transport.h.)
-TEST(RdmaTransport, AConnectToASilentHostGivenUpEndsAtOnce) {
+// A connect to a host that never answers, given up or at its deadline after
+// its connect request went out, ends within milliseconds and frees its queue
+// pair and rdma_cm id then, not when rdma_cm gives up on the request (a
+// minute and more: a client that keeps trying would pile them up).
+TEST(RdmaTransport, AConnectToASilentHostEndsAtOnceAndLeavesNothingBehind) {
   Fixture fx;
   ASSERT_TRUE(fx.Start());
   const std::string silent = ::rdmarpc::rdma::testing::SilentTestNetworkHost();
   ASSERT_FALSE(silent.empty());
-  Waiter observer;
-  std::atomic<bool> give_up{false};
-  std::thread giver([&] {
-    absl::SleepFor(absl::Milliseconds(300));
-    give_up = true;
-  });
-  const absl::Time start = SteadyNow();
-  auto conn = fx.client->ConnectUnless(*ParseAddress(absl::StrCat("rdma://", silent, ":7471")),
-                                       &observer, start + absl::Seconds(20), give_up);
-  const absl::Duration took = SteadyNow() - start;
-  giver.join();
-  ASSERT_FALSE(conn.ok());
-  EXPECT_EQ(conn.status().code(), absl::StatusCode::kCancelled) << conn.status();
-  EXPECT_GE(took, absl::Milliseconds(300));
-  EXPECT_LT(took, absl::Seconds(2)) << "went on after it was given up";
-  printf("given up after 300 ms, the connect to %s ended after %s\n", silent.c_str(),
-         absl::FormatDuration(took).c_str());
+  const Address target = *ParseAddress(absl::StrCat("rdma://", silent, ":7471"));
+  const int ids_before = CmIdsOfThisProcess();
+  ASSERT_GT(ids_before, 0) << "`rdma resource show cm_id` does not list this process's listener";
+  constexpr absl::Duration kAfter = absl::Milliseconds(300);
+  for (const bool given_up : {true, false}) {
+    SCOPED_TRACE(given_up ? "given up" : "at its deadline");
+    const uint64_t opened = Counters().connections_opened;
+    const uint64_t closed = Counters().connections_closed;
+    auto observer = std::make_unique<Waiter>();
+    std::atomic<bool> give_up{false};
+    std::thread giver([&] {
+      if (!given_up) return;
+      absl::SleepFor(kAfter);
+      give_up = true;
+    });
+    const absl::Time start = SteadyNow();
+    auto conn = fx.client->ConnectUnless(target, observer.get(),
+                                         start + (given_up ? absl::Seconds(20) : kAfter), give_up);
+    const absl::Time ended = SteadyNow();
+    giver.join();
+    observer.reset();  // as a caller may once Connect has failed
+    ASSERT_FALSE(conn.ok());
+    EXPECT_EQ(conn.status().code(),
+              given_up ? absl::StatusCode::kCancelled : absl::StatusCode::kDeadlineExceeded)
+        << conn.status();
+    EXPECT_GE(ended - start, kAfter);
+    EXPECT_LT(ended - start, kAfter + absl::Seconds(2)) << "went on after it was given up";
+    // Its connection is opened as the request goes out.
+    ASSERT_GT(Counters().connections_opened, opened)
+        << "the connect ended before its request went out; nothing here tests the request";
+    EXPECT_TRUE(EveryConnectionClosedSince(opened, closed))
+        << "the connection of an abandoned connect stayed open";
+    const int ids = CmIdsOnceBackTo(ids_before);
+    const absl::Duration freed = SteadyNow() - ended;
+    EXPECT_EQ(ids, ids_before) << "its rdma_cm id was left until rdma_cm gives up on the request";
+    EXPECT_LT(freed, absl::Seconds(5));
+    printf(
+        "%s after %s, the connect to %s ended after %s; its QP and rdma_cm id were gone %s "
+        "later\n",
+        given_up ? "given up" : "at its deadline", absl::FormatDuration(kAfter).c_str(),
+        silent.c_str(), absl::FormatDuration(ended - start).c_str(),
+        absl::FormatDuration(freed).c_str());
+  }
 }
 
 // A connect whose queue pair cannot be created (rdma_create_qp failing:
