@@ -23,7 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
+#include "base/steady_clock.h"
 #include "transport/rdma/counters.h"
 
 ABSL_FLAG(std::string, threads, "", "thread counts to run, comma-separated (default: 1,2,cores)");
@@ -59,10 +59,10 @@ double NsPerMessage(int threads, int messages, CountOne count_one) {
     });
   }
   while (ready.load() < threads) std::this_thread::yield();
-  const absl::Time start = absl::Now();
+  const absl::Time start = rdmarpc::SteadyNow();
   go.store(true);
   for (auto& t : pool) t.join();
-  return absl::ToDoubleNanoseconds(absl::Now() - start) / messages;
+  return absl::ToDoubleNanoseconds(rdmarpc::SteadyNow() - start) / messages;
 }
 
 }  // namespace

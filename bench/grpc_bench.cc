@@ -55,7 +55,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
+#include "base/steady_clock.h"
 #include "bench/bench.rdmarpc.pb.h"
 #include "bench/grpc_bench.grpc.pb.h"
 #include "rpc/channel.h"
@@ -264,9 +264,9 @@ std::string SmallCalls(System& system, int n, std::vector<double>* rtt_us) {
   const Blob req = SmallRequest();
   Blob resp;
   for (int i = 0; i < n; ++i) {
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = rdmarpc::SteadyNow();
     const std::string error = system.ping(req, &resp);
-    const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    const double us = absl::ToDoubleMicroseconds(rdmarpc::SteadyNow() - t0);
     if (!error.empty()) return absl::StrCat(system.name, " small call: ", error);
     if (rtt_us != nullptr) rtt_us->push_back(us);
   }
@@ -276,14 +276,14 @@ std::string SmallCalls(System& system, int n, std::vector<double>* rtt_us) {
 // `n` pulls of 1 MiB; their rate in MiB/s when `mib_per_s` is given.
 std::string Pulls(System& system, const Blob& big, int n, double* mib_per_s) {
   Ack ack;
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = rdmarpc::SteadyNow();
   for (int i = 0; i < n; ++i) {
     const std::string error = system.pull(big, &ack);
     if (!error.empty()) return absl::StrCat(system.name, " pull: ", error);
   }
   if (mib_per_s != nullptr) {
-    *mib_per_s =
-        n * (big.data().size() / double{1 << 20}) / absl::ToDoubleSeconds(absl::Now() - t0);
+    *mib_per_s = n * (big.data().size() / double{1 << 20}) /
+                 absl::ToDoubleSeconds(rdmarpc::SteadyNow() - t0);
   }
   return "";
 }
@@ -297,7 +297,7 @@ std::string InFlight(int threads, int n, const std::function<std::string()>& cal
   const int each = std::max(1, n / threads);
   std::vector<std::string> errors(threads);
   std::vector<std::thread> clients;
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = rdmarpc::SteadyNow();
   for (int t = 0; t < threads; ++t) {
     clients.emplace_back([&, t] {
       for (int i = 0; i < each && errors[t].empty(); ++i) errors[t] = call();
@@ -307,7 +307,7 @@ std::string InFlight(int threads, int n, const std::function<std::string()>& cal
   for (const std::string& error : errors) {
     if (!error.empty()) return error;
   }
-  if (per_s != nullptr) *per_s = each * threads / absl::ToDoubleSeconds(absl::Now() - t0);
+  if (per_s != nullptr) *per_s = each * threads / absl::ToDoubleSeconds(rdmarpc::SteadyNow() - t0);
   return "";
 }
 
@@ -363,7 +363,7 @@ std::string AsyncWindow(int window, int n, const std::function<void(const Blob&,
     }
     if (more) start(req, on_end);
   };
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = rdmarpc::SteadyNow();
   {
     std::lock_guard<std::mutex> lock(mu);
     started = std::min(window, n);
@@ -372,7 +372,7 @@ std::string AsyncWindow(int window, int n, const std::function<void(const Blob&,
   std::unique_lock<std::mutex> lock(mu);
   all_ended.wait(lock, [&] { return ended_calls == started; });
   if (!first_error.empty()) return first_error;
-  if (per_s != nullptr) *per_s = n / absl::ToDoubleSeconds(absl::Now() - t0);
+  if (per_s != nullptr) *per_s = n / absl::ToDoubleSeconds(rdmarpc::SteadyNow() - t0);
   return "";
 }
 

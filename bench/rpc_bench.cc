@@ -40,8 +40,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/synchronization/notification.h"
-#include "absl/time/clock.h"
 #include "base/stage_trace.h"
+#include "base/steady_clock.h"
 #include "bench/bench.rdmarpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
@@ -210,7 +210,7 @@ double TransportRttP50(const std::string& address, int n) {
   std::vector<double> us;
   for (int i = 1; i <= n + 100; ++i) {
     if (i == 101) RDMARPC_STAGE_RECORD(true);
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = rdmarpc::SteadyNow();
     RDMARPC_STAGE(kRoundTripBegin);
     // Registered memory from the connection, as the runtime uses: a heap
     // buffer would add an allocation per frame that perftest does not make.
@@ -223,7 +223,7 @@ double TransportRttP50(const std::string& address, int n) {
       while (!arrived()) std::this_thread::yield();
     }
     RDMARPC_STAGE(kRoundTripEnd);
-    if (i > 100) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    if (i > 100) us.push_back(absl::ToDoubleMicroseconds(rdmarpc::SteadyNow() - t0));
   }
   RDMARPC_STAGE_DUMP("transport");
   std::sort(us.begin(), us.end());
@@ -253,12 +253,12 @@ double TransportPullMiBps(const std::string& address, int pulls, int in_flight) 
   if (!pair.Start(address, &responder, &sink)) return -1;
   conn = pair.conn;
   const CpuSeconds cpu = ReadCpuSeconds();
-  const absl::Time start = absl::Now();
+  const absl::Time start = rdmarpc::SteadyNow();
   for (int i = 0; i < in_flight; ++i) issue();
   // Waits without waking up: a waiter polling every few hundred microseconds
   // costs the emulated machine CPU time that the kernel's READ work needs.
   all_done.WaitForNotificationWithTimeout(absl::Seconds(120));
-  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  const double secs = absl::ToDoubleSeconds(rdmarpc::SteadyNow() - start);
   PrintCpuPerMiB("transport_pull", cpu, pulls);
   if (done.load() < pulls || failed.load() > 0) return -1;
   return pulls / secs;
@@ -294,10 +294,10 @@ void IssueNext(const std::shared_ptr<AsyncRun>& run) {
 // serialized and sent) before it can complete, so only starting may use it.
 double RunAsyncCalls(int calls, int in_flight, AsyncRun::Start start) {
   auto run = std::make_shared<AsyncRun>(calls, std::move(start));
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = rdmarpc::SteadyNow();
   for (int i = 0; i < in_flight; ++i) IssueNext(run);
   run->all_done.WaitForNotification();
-  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double secs = absl::ToDoubleSeconds(rdmarpc::SteadyNow() - t0);
   return run->failed.load() > 0 ? -1 : secs;
 }
 
@@ -367,11 +367,11 @@ bool TimeSmallCalls(rdmarpc::bench::Bench::Stub& stub, int calls, bool fresh_res
     rdmarpc::ClientContext ctx;
     rdmarpc::bench::Blob fresh;
     rdmarpc::bench::Blob* out = fresh_response ? &fresh : &reused;
-    const absl::Time t0 = absl::Now();
+    const absl::Time t0 = rdmarpc::SteadyNow();
     RDMARPC_STAGE(kRoundTripBegin);
     const rdmarpc::Status s = stub.Ping(&ctx, small, out);
     RDMARPC_STAGE(kRoundTripEnd);
-    const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    const double us = absl::ToDoubleMicroseconds(rdmarpc::SteadyNow() - t0);
     if (!s.ok() || out->data() != small.data()) {
       fprintf(stderr, "%s: %s\n", figure, s.ok() ? "the echo differs" : s.ToString().c_str());
       return false;

@@ -38,7 +38,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "base/steady_clock.h"
 #include "transport/address.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/rdma_options.h"
@@ -161,7 +161,7 @@ absl::Status Start(Setup& s, const std::string& ip, int connections) {
 absl::Status Round(Setup& s, int frames, size_t bytes, uint64_t* next_id) {
   s.responses.Reset();
   const int64_t naks_before = rdmarpc::transport::rdma::ReadDeviceRnrNaks().received;
-  const absl::Time start = absl::Now();
+  const absl::Time start = rdmarpc::SteadyNow();
   for (int f = 0; f < frames; ++f) {
     for (auto& c : s.conns) {
       auto payload = c->AllocatePayload(bytes);
@@ -177,7 +177,7 @@ absl::Status Round(Setup& s, int frames, size_t bytes, uint64_t* next_id) {
   if (absl::Status st = s.responses.Wait(frames * static_cast<int>(s.conns.size())); !st.ok()) {
     return st;
   }
-  s.round_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+  s.round_ms.push_back(absl::ToDoubleMilliseconds(rdmarpc::SteadyNow() - start));
   const int64_t naks_after = rdmarpc::transport::rdma::ReadDeviceRnrNaks().received;
   if (naks_before >= 0 && naks_after >= 0) s.naks.push_back(naks_after - naks_before);
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 //
 //   echo_demo --address=rdma://10.77.0.1:0 --small_calls=2000 --large_calls=20 --poll=busy
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -65,6 +66,12 @@ class EchoImpl : public rdmarpc::examples::Echo::Service {
   std::atomic<uint64_t> calls_{0};
 };
 
+// Intervals are timed on the steady clock: the wall clock (absl::Now()) may
+// step in the middle of a run (NTP, a resumed VM) and skew a latency.
+double MicrosecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
 std::string Percentiles(std::vector<double> us) {
   std::sort(us.begin(), us.end());
   auto at = [&](double q) { return us[static_cast<size_t>(q * (us.size() - 1))]; };
@@ -120,15 +127,15 @@ int main(int argc, char** argv) {
   }
   {
     // Connecting ahead of the first call keeps it out of the latencies.
-    const absl::Time start = absl::Now();
-    if (!(*channel)->WaitForConnected(start + absl::Seconds(30))) {
+    const auto start = std::chrono::steady_clock::now();
+    if (!(*channel)->WaitForConnected(absl::Now() + absl::Seconds(30))) {
       fprintf(stderr, "channel: not connected to %s after 30 s (%s): %s\n", target.c_str(),
               rdmarpc::ChannelStateName((*channel)->GetState(false)),
               (*channel)->stats().last_connect_error.ToString().c_str());
       return 1;
     }
     printf("channel connected to %s in %.1f ms (connect attempts: %llu)\n", target.c_str(),
-           absl::ToDoubleMilliseconds(absl::Now() - start),
+           MicrosecondsSince(start) / 1000,
            static_cast<unsigned long long>((*channel)->stats().connect_attempts));
   }
   auto stub = rdmarpc::examples::Echo::NewStub(*channel);
@@ -157,12 +164,12 @@ int main(int argc, char** argv) {
     rdmarpc::examples::EchoRequest req;
     if (!attach) req.set_payload(std::string(size, 'x'));
     std::vector<double> us;
-    const absl::Time start = absl::Now();
+    const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) {
       rdmarpc::ClientContext ctx;
       ctx.set_timeout(absl::Seconds(30));
       rdmarpc::examples::EchoResponse resp;
-      const absl::Time t0 = absl::Now();
+      const auto t0 = std::chrono::steady_clock::now();
       if (attach) {
         auto att = (*channel)->AllocateAttachment(size);
         if (!att.ok()) {
@@ -173,14 +180,14 @@ int main(int argc, char** argv) {
         ctx.set_request_attachment(std::move(*att));
       }
       rdmarpc::Status s = stub->Say(&ctx, req, &resp);
-      us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+      us.push_back(MicrosecondsSince(t0));
       const size_t got = attach ? ctx.response_attachment().size() : resp.payload().size();
       if (!s.ok() || got != size) {
         fprintf(stderr, "%s call %d failed: %s\n", label, i, s.ToString().c_str());
         return false;
       }
     }
-    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    const double secs = MicrosecondsSince(start) / 1e6;
     printf("%-6s %5d calls of %8zu bytes: %s; %.1f MiB/s each way\n", label, calls, size,
            Percentiles(us).c_str(), calls * size / secs / (1 << 20));
     return true;
