@@ -22,22 +22,11 @@ namespace {
 
 using transport::rdma::Counters;
 
-Status Echo(Channel& channel, const std::string& data) {
-  EchoRequest req;
-  req.set_data(data);
-  EchoResponse resp;
-  ClientContext ctx;
-  ctx.set_timeout(absl::Seconds(20));
-  Status s = channel.Call(kEcho, &ctx, req, &resp);
-  if (s.ok() && resp.data() != data) return Status(StatusCode::kInternal, "wrong echo");
-  return s;
-}
-
 // On a channel of its own.
 Status Echo(const std::string& address, const std::string& data, ChannelOptions options = {}) {
   auto ch = Channel::Create(address, std::move(options));
   if (!ch.ok()) return ch.status();
-  return Echo(**ch, data);
+  return EchoOn(**ch, data);
 }
 
 std::string Port(const std::string& address) { return address.substr(address.rfind(':') + 1); }
@@ -63,8 +52,8 @@ TEST_F(AutoFallback, AClientReachesAServerWithoutRdmaOverTcp) {
   {
     auto ch = Channel::Create(target);
     ASSERT_TRUE(ch.ok()) << ch.status();
-    small = Echo(**ch, "small");
-    large = Echo(**ch, std::string(4 << 20, 'L'));
+    small = EchoOn(**ch, "small");
+    large = EchoOn(**ch, std::string(4 << 20, 'L'));
   }
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(small.ok()) << small;

@@ -140,6 +140,20 @@ struct TestServer {
   }
 };
 
+// One Echo call of `data` on `channel`: its status, or INTERNAL when what
+// came back is not `data`.
+inline Status EchoOn(Channel& channel, const std::string& data,
+                     absl::Duration timeout = absl::Seconds(20)) {
+  EchoRequest req;
+  req.set_data(data);
+  EchoResponse resp;
+  ClientContext ctx;
+  ctx.set_timeout(timeout);
+  Status s = channel.Call(kEcho, &ctx, req, &resp);
+  if (s.ok() && resp.data() != data) return Status(StatusCode::kInternal, "wrong echo");
+  return s;
+}
+
 // Parks each call until it is cancelled, as a long poll does, and finishes
 // it from ServerContext::OnCancel. With tag 1 it registers the callback
 // only once its call is cancelled (so it runs at once, on the handler's

@@ -56,14 +56,7 @@ uint16_t PortOf(const std::string& address) { return transport::ParseAddress(add
 Status EchoOnce(const std::string& target, const std::string& data, ChannelOptions options = {}) {
   auto ch = Channel::Create(target, std::move(options));
   if (!ch.ok()) return ch.status();
-  ClientContext ctx;
-  ctx.set_timeout(absl::Seconds(20));
-  EchoRequest req;
-  req.set_data(data);
-  EchoResponse resp;
-  Status s = (*ch)->Call(kEcho, &ctx, req, &resp);
-  if (s.ok() && resp.data() != data) return Status(StatusCode::kInternal, "wrong echo");
-  return s;
+  return EchoOn(**ch, data);
 }
 
 // The server on the name's second address, then on its first.

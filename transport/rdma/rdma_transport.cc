@@ -640,13 +640,16 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         type == RDMA_CM_EVENT_UNREACHABLE ||
         (type == RDMA_CM_EVENT_REJECTED &&
          !DecodeRefusal(ev->param.conn.private_data, ev->param.conn.private_data_len));
-    absl::Status why = absl::UnavailableError(absl::StrCat(
-        "rdma_cm could not connect to ", at->target, ": ", what,
-        not_rdma_there && at->loopback ? kLoopbackHint : "", " (", rdma_event_str(type),
-        ", status ", status, "). Devices: ", DescribeDevices(), ". ", kTry));
-    if (not_rdma_there) {
-      why.SetPayload(kNotReachableThisWay, absl::Cord(no_path ? what : rdma_event_str(type)));
-    }
+    // A negative status is an errno (ENODEV: the device was removed); a
+    // positive one, a REJ's reason.
+    const std::string event = status < 0
+                                  ? absl::StrCat(rdma_event_str(type), ": ", strerror(-status))
+                                  : rdma_event_str(type);
+    absl::Status why = absl::UnavailableError(
+        absl::StrCat("rdma_cm could not connect to ", at->target, ": ", what,
+                     not_rdma_there && at->loopback ? kLoopbackHint : "", " (", event, ", status ",
+                     status, "). Devices: ", DescribeDevices(), ". ", kTry));
+    if (not_rdma_there) why.SetPayload(kNotReachableThisWay, absl::Cord(no_path ? what : event));
     if (rdma_.trace)
       TraceLine(options_.name, absl::StrCat(at->target, ": connect failed: ", why.message()));
     AbandonAttempt(at);

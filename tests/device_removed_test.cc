@@ -1,0 +1,110 @@
+// The RDMA device removed under a running server and its clients (`rdma
+// link delete`, as a driver reset or a hot-unplug does): an auto:// channel
+// goes on over TCP, to the same port of the auto:// server; an rdma://
+// channel's calls end UNAVAILABLE at once, saying the device is gone; the
+// server goes on taking TCP clients. Nothing waits for a timeout.
+// Its own binary: `rdma link delete` waits for every process that opened
+// the device, this one included, and no later test would find it.
+#include <glob.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tests/echo_service.h"
+#include "transport/rdma/counters.h"
+#include "transport/rdma/testing/rdma_test_env.h"
+
+namespace rdmarpc::testing {
+namespace {
+
+using transport::rdma::Counters;
+
+// Large enough to go by RDMA READ, so that the counters say which way it went.
+const std::string kLarge(100 << 10, 'd');
+
+// The verbs devices the process can open (what ibv_get_device_list lists):
+// none once a removal has begun, though the device itself stays until every
+// process lets go of it.
+size_t VerbsDevices() {
+  glob_t g{};
+  const size_t n =
+      glob("/sys/class/infiniband_verbs/uverbs*", 0, nullptr, &g) == 0 ? g.gl_pathc : 0;
+  globfree(&g);
+  return n;
+}
+
+TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  TestServer server(absl::StrCat("auto://", ip, ":0"));
+  ASSERT_TRUE(server.server);
+  const std::string port = server.address.substr(server.address.rfind(':') + 1);
+  auto automatic = Channel::Create(server.address);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  auto rdma = Channel::Create(absl::StrCat("rdma://", ip, ":", port));
+  ASSERT_TRUE(rdma.ok()) << rdma.status();
+  const uint64_t reads_before = Counters().reads;
+  ASSERT_TRUE(EchoOn(**automatic, kLarge).ok());
+  ASSERT_TRUE(EchoOn(**rdma, kLarge).ok());
+  ASSERT_GE(Counters().reads, reads_before + 2)
+      << "the calls before the removal did not go by RDMA";
+  ASSERT_GT(VerbsDevices(), 0u);
+
+  ::testing::internal::CaptureStderr();
+  // In the background: it returns only once this process has exited.
+  ASSERT_EQ(system("(rdma link delete rxe0 > /dev/null 2>&1 &)"), 0);
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (VerbsDevices() > 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(VerbsDevices(), 0u) << "the device was not removed";
+  const absl::Time removed = absl::Now();
+
+  // A call may still have raced the connection's end; after it, each goes
+  // over TCP.
+  const uint64_t reads_after = Counters().reads;
+  int failed = 0;
+  for (int i = 0; i < 5; ++i) {
+    const Status s = EchoOn(**automatic, kLarge);
+    if (s.ok()) continue;
+    ++failed;
+    EXPECT_EQ(i, 0) << "a call after the first failed: " << s;
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  }
+  EXPECT_EQ(Counters().reads, reads_after) << "auto:// calls went by READ on a removed device";
+  printf(
+      "auto://: the first 5 calls after the removal: %d failed, the rest went over TCP, "
+      "in %s\n",
+      failed, absl::FormatDuration(absl::Now() - removed).c_str());
+
+  for (int i = 0; i < 2; ++i) {
+    const absl::Time start = absl::Now();
+    const Status s = EchoOn(**rdma, "small");
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "RDMA_CM_EVENT_DEVICE_REMOVAL") ||
+                absl::StrContains(s.message(), "RDMA_CM_EVENT_ADDR_ERROR: No such device"))
+        << s;
+    EXPECT_LT(took, absl::Seconds(3)) << s;
+    printf("rdma:// call %d after the removal ended after %s: %s\n", i,
+           absl::FormatDuration(took).c_str(), s.ToString().c_str());
+  }
+
+  auto tcp = Channel::Create(absl::StrCat("tcp://", ip, ":", port));
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  const Status over_tcp = EchoOn(**tcp, kLarge);
+  EXPECT_TRUE(over_tcp.ok()) << over_tcp;
+
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::StrContains(log,
+                                "cannot be reached over RDMA (RDMA_CM_EVENT_ADDR_ERROR: No "
+                                "such device); auto:// connects over TCP"))
+      << log;
+  printf("%s", log.c_str());
+}
+
+}  // namespace
+}  // namespace rdmarpc::testing
