@@ -142,8 +142,14 @@ guest_watchdog_run() {  # $1 = seconds of guest uptime it may run, rest = comman
   local guard=$!
   wait "$pid"
   local rc=$?
-  kill "$guard" 2>/dev/null
-  [ ! -e /tmp/rdmavm-watchdog-fired ] || rc=124
+  if [ -e /tmp/rdmavm-watchdog-fired ]; then
+    # The watchdog killed the command: let it say so. Killed as the command
+    # ended, it lost that line under load.
+    wait "$guard"
+    rc=124
+  else
+    kill "$guard" 2>/dev/null
+  fi
   return "$rc"
 }
 
