@@ -2,7 +2,8 @@
 // link delete`, as a driver reset or a hot-unplug does): an auto:// channel
 // goes on over TCP, to the same port of the auto:// server; an rdma://
 // channel's calls end UNAVAILABLE at once, saying the device is gone; the
-// server goes on taking TCP clients. Nothing waits for a timeout.
+// server says its RDMA listener is gone and goes on taking TCP clients.
+// Nothing waits for a timeout.
 // Its own binary: `rdma link delete` waits for every process that opened
 // the device, this one included, and no later test would find it.
 #include <glob.h>
@@ -102,6 +103,12 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
   EXPECT_TRUE(absl::StrContains(log,
                                 "cannot be reached over RDMA (RDMA_CM_EVENT_ADDR_ERROR: No "
                                 "such device); auto:// connects over TCP"))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat("RDMA device rxe0 was removed under the "
+                                                  "listener on rdma://",
+                                                  ip, ":", port,
+                                                  ": it takes no more RDMA "
+                                                  "connections")))
       << log;
   printf("%s", log.c_str());
 }

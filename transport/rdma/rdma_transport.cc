@@ -590,6 +590,16 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
   CmTarget target = it->second;
   if (target.listener) {
     if (type == RDMA_CM_EVENT_CONNECT_REQUEST) OnConnectRequest(ev, target.listener);
+    if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+      // Nothing else would say why RDMA clients can no longer connect: the
+      // id stays bound to the device that is gone (README, "A device
+      // removed").
+      fprintf(stderr,
+              "rdmarpc[%s]: RDMA device %s was removed under the listener on %s: it takes no "
+              "more RDMA connections; restart the server once the device is back\n",
+              options_.name.c_str(), id->verbs ? ibv_get_device_name(id->verbs->device) : "?",
+              target.listener->address().ToString().c_str());
+    }
     rdma_ack_cm_event(ev);
     return;
   }
