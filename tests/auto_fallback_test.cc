@@ -41,8 +41,9 @@ class AutoFallback : public ::testing::Test {
 };
 
 // A server without RDMA (tcp:// here): an auto:// client's RDMA connect is
-// rejected by the peer's rdma_cm (nothing listens there over RDMA), and the
-// client connects over TCP, small and large calls alike, logging it once.
+// rejected by the peer's rdma_cm (nothing listens there over RDMA), or its
+// TCP question hears that TCP alone listens there, and the client connects
+// over TCP, small and large calls alike, logging it once.
 TEST_F(AutoFallback, AClientReachesAServerWithoutRdmaOverTcp) {
   TestServer server(absl::StrCat("tcp://", ip_, ":0"));
   ASSERT_TRUE(server.server);
@@ -59,9 +60,14 @@ TEST_F(AutoFallback, AClientReachesAServerWithoutRdmaOverTcp) {
   EXPECT_TRUE(small.ok()) << small;
   EXPECT_TRUE(large.ok()) << large;
   EXPECT_EQ(server.service.started.load(), 2);  // by the server that has TCP alone
+  // rdma_cm's reject usually comes first; where it takes over 200 ms (a
+  // loaded machine, a sanitizer), the TCP question's kHello may end the wait.
   EXPECT_TRUE(absl::StrContains(log,
                                 "cannot be reached over RDMA (RDMA_CM_EVENT_REJECTED); "
-                                "auto:// connects over TCP"))
+                                "auto:// connects over TCP") ||
+              absl::StrContains(log,
+                                "cannot be reached over RDMA (its server listens over TCP alone, "
+                                "as its kHello says); auto:// connects over TCP"))
       << log;
   EXPECT_EQ(log.find("auto:// connects over TCP"), log.rfind("auto:// connects over TCP"))
       << "logged more than once for one target of one channel: " << log;

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,10 @@ class WireCutter : public examples::Echo::Service {
       resp->set_payload(req->payload());
       return Status();
     }
+    // The request's acknowledgment may be delayed (up to 200 ms on Linux):
+    // once it is out, the client has nothing in flight, and the cut tests
+    // its keepalive.
+    absl::SleepFor(absl::Milliseconds(500));
     std::string error = SetInterfaceUp(ip_, false);
     if (error.empty()) {
       absl::SleepFor(kCutFor);
@@ -208,40 +213,56 @@ void RunCutServer(const std::string& address, const std::string& ip) {
   EXPECT_EQ(service.cuts.load(), 1u) << "the client never asked for the cut";
 }
 
-// `why`: words the transport's error must hold, such as what noticed.
-void RunCutClient(const std::string& address, const std::vector<std::string>& why) {
+// `why`: words the transport's error must hold, such as what noticed. With
+// `send_into_the_cut`, a large call goes out once the wire is down, so
+// that the connection has data in flight rather than nothing to say.
+void RunCutClient(const std::string& address, const std::vector<std::string>& why,
+                  bool send_into_the_cut) {
   auto channel = Channel::Create(address);
   ASSERT_TRUE(channel.ok()) << channel.status();
   auto stub = examples::Echo::NewStub(*channel);
-  examples::EchoRequest req;
-  examples::EchoResponse resp;
   Status s = CallUntilAnswered(*stub);
   ASSERT_TRUE(s.ok()) << "server never answered: " << s;
 
-  ClientContext ctx;  // no deadline: only the transport can end this call
-  req.set_payload("cut");
+  // No deadlines: only the transport can end these calls.
+  const auto call = [&stub](const std::string& payload) {
+    ClientContext ctx;
+    examples::EchoRequest req;
+    examples::EchoResponse resp;
+    req.set_payload(payload);
+    return stub->Say(&ctx, req, &resp);
+  };
   const absl::Time started = absl::Now();
-  s = stub->Say(&ctx, req, &resp);
+  std::future<Status> cut = std::async(std::launch::async, call, "cut");
+  std::vector<Status> ended;
+  if (send_into_the_cut) {
+    absl::SleepFor(absl::Seconds(2));  // the server takes its wire down 0.5 s into "cut"
+    ended.push_back(call(std::string(4 << 20, 'x')));
+  }
+  ended.push_back(cut.get());
   const absl::Duration took = absl::Now() - started;
-  printf("call across the cut wire ended after %s: %s\n", absl::FormatDuration(took).c_str(),
-         s.ToString().c_str());
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
-  EXPECT_NE(s.message().find(address), std::string::npos)
-      << "the error does not name the server: " << s;
-  for (const std::string& word : why) EXPECT_NE(s.message().find(word), std::string::npos) << s;
+  for (const Status& s : ended) {
+    printf("call across the cut wire ended after %s: %s\n", absl::FormatDuration(took).c_str(),
+           s.ToString().c_str());
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find(address), std::string::npos)
+        << "the error does not name the server: " << s;
+    for (const std::string& word : why) EXPECT_NE(s.message().find(word), std::string::npos) << s;
+  }
   EXPECT_LT(took, kCutFor) << "not noticed while the wire was down";
 }
 
 // The cut-wire test over `scheme` on `port`, in whichever role this VM has;
-// `why` as for RunCutClient.
-void RunWireCut(const std::string& scheme, int port, const std::vector<std::string>& why) {
+// `why` and `send_into_the_cut` as for RunCutClient.
+void RunWireCut(const std::string& scheme, int port, const std::vector<std::string>& why,
+                bool send_into_the_cut = false) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();
   ASSERT_FALSE(ip.empty());
   const std::string port_part = ":" + std::to_string(port);
   if (rdma::testing::Role() == "server") {
     RunCutServer(scheme + "://" + ip + port_part, ip);
   } else {
-    RunCutClient(scheme + "://" + rdma::testing::PeerAddress() + port_part, why);
+    RunCutClient(scheme + "://" + rdma::testing::PeerAddress() + port_part, why, send_into_the_cut);
   }
 }
 
@@ -251,7 +272,14 @@ void RunWireCut(const std::string& scheme, int port, const std::vector<std::stri
 // RDMA our device, port and GID), before the wire is back. Over TCP (the
 // fallback) first, then over RDMA.
 TEST(TwoVms, CallWithoutDeadlineEndsWhenTheServersWireIsCutTcp) {
-  RunWireCut("tcp", kPort + 1, {"TcpOptions::peer_timeout_ms"});
+  RunWireCut("tcp", kPort + 1, {"TcpOptions::peer_timeout_ms", "a keepalive or window probe"});
+}
+
+// The same with a large request sent into the cut: its bytes stay
+// unacknowledged, so no keepalive goes out; the peer watch ends both calls.
+TEST(TwoVms, CallsEndWhenTheServersWireIsCutUnderThemTcp) {
+  RunWireCut("tcp", kPort + 4, {"TcpOptions::peer_timeout_ms", "data sent to it waited"},
+             /*send_into_the_cut=*/true);
 }
 
 // Last in this file, and recovery is not asserted: after this test, on

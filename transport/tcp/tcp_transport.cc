@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/steady_clock.h"
 #include "transport/listen_on_each.h"
+#include "transport/tcp/peer_watch.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -57,30 +58,38 @@ std::string AcceptAdvice(int err) {
   return absl::StrCat(" (this process may open ", limit.rlim_cur, " files: raise `ulimit -n`)");
 }
 
-// The longest TCP_KEEPIDLE (seconds) and TCP_USER_TIMEOUT (milliseconds)
-// Linux takes. It refuses longer ones, and a refused option leaves the
-// kernel's default (2 hours idle; ~15 minutes of retransmissions), far from
-// what was asked: so longer ones are cut to these.
-constexpr uint32_t kLongestKeepaliveIdleS = 32767;
-constexpr uint32_t kLongestUserTimeoutMs = INT_MAX;
+// The longest TCP_KEEPIDLE and TCP_KEEPINTVL (seconds) and the most
+// TCP_KEEPCNT Linux takes. It refuses more, and a refused option leaves the
+// kernel's default (2 hours idle), far from what was asked: so more is cut
+// to these.
+constexpr uint32_t kLongestKeepaliveS = 32767;
+constexpr uint32_t kMostKeepaliveProbes = 127;
 
 // Options every connected socket gets: no Nagle delay (frames are whole
-// messages), and TcpOptions' keepalive and peer timeout.
+// messages), and TcpOptions' keepalive. The peer timeout is PeerWatch's
+// (peer_watch.h says why not TCP_USER_TIMEOUT): the kernel's own count of
+// unanswered keepalive probes is set to end a connection only after the
+// watch would have, up to Linux's limits.
 void ConfigureConnectedSocket(int fd, const TcpOptions& options) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (options.keepalive_ms > 0) {
-    const int idle_s = static_cast<int>(
-        std::clamp<uint32_t>(options.keepalive_ms / 1000, 1, kLongestKeepaliveIdleS));
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
-    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof one);
-  }
+  if (options.keepalive_ms == 0) return;
+  const int idle_s =
+      static_cast<int>(std::clamp<uint32_t>(options.keepalive_ms / 1000, 1, kLongestKeepaliveS));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+  int interval_s = 1;
   if (options.peer_timeout_ms > 0) {
-    // Also bounds the keepalive probes, in place of TCP_KEEPCNT.
-    const unsigned int ms = std::min(options.peer_timeout_ms, kLongestUserTimeoutMs);
-    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+    // The watch's verdict comes within 1.5 timeouts of the first unanswered
+    // probe; a second more is past it.
+    const uint64_t outlast_s = uint64_t{options.peer_timeout_ms} * 3 / 2000 + 1;
+    const uint64_t interval = (outlast_s + kMostKeepaliveProbes - 1) / kMostKeepaliveProbes;
+    interval_s = static_cast<int>(std::min<uint64_t>(interval, kLongestKeepaliveS));
+    const int probes = static_cast<int>(
+        std::min<uint64_t>((outlast_s + interval_s - 1) / interval_s + 1, kMostKeepaliveProbes));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
   }
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
 }
 
 // Waits until `fd` has `events` (POLLIN, POLLOUT), `deadline` passes or
@@ -170,7 +179,11 @@ class TcpConnection : public Connection,
                       public std::enable_shared_from_this<TcpConnection> {
  public:
   TcpConnection(TcpTransport* transport, int fd, std::string peer, ConnectionObserver* observer)
-      : transport_(transport), fd_(fd), peer_(std::move(peer)), observer_(observer) {}
+      : transport_(transport),
+        fd_(fd),
+        peer_(std::move(peer)),
+        observer_(observer),
+        watch_(absl::Milliseconds(transport->tcp_.peer_timeout_ms)) {}
   ~TcpConnection() override {
     if (fd_ >= 0) close(fd_);
   }
@@ -202,6 +215,9 @@ class TcpConnection : public Connection,
   void OnEvents(uint32_t events) override;
   // I/O thread: ends the connection and tells the observer, once.
   void Finish(absl::Status why);
+  // I/O thread, every PeerWatch::Period: Finish()es the connection if its
+  // peer is dead by PeerWatch's rule.
+  void WatchPeer(absl::Time now);
   int fd() const { return fd_; }
   void set_observer(ConnectionObserver* o) { observer_ = o; }
 
@@ -226,6 +242,7 @@ class TcpConnection : public Connection,
   ConnectionObserver* observer_;
   std::atomic<bool> closing_{false};
   bool finished_ = false;  // I/O thread
+  PeerWatch watch_;        // I/O thread
 
   std::mutex send_mu_;
   std::deque<Outgoing> queue_;  // guarded by send_mu_
@@ -387,10 +404,10 @@ void TcpConnection::OnReadable() {
       if (r < 0 && errno == EINTR) continue;
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (r < 0 && errno == ETIMEDOUT) {
-        return Finish(absl::UnavailableError(absl::StrCat(
-            "connection to ", peer_, " timed out: nothing acknowledged for ",
-            transport_->tcp_.peer_timeout_ms,
-            " ms (TcpOptions::peer_timeout_ms): the peer's machine or link is down")));
+        return Finish(absl::UnavailableError(
+            absl::StrCat("connection to ", peer_,
+                         " timed out: the kernel's keepalive probes went unanswered (TcpOptions::"
+                         "keepalive_ms, peer_timeout_ms): the peer's machine or link is down")));
       }
       if (r < 0) {
         return Finish(absl::UnavailableError(absl::StrCat("read from ", peer_, ": ",
@@ -495,6 +512,24 @@ void TcpConnection::Finish(absl::Status why) {
   auto self = shared_from_this();
   transport_->Forget(fd_);
   observer_->OnClosed(*this, why);
+}
+
+void TcpConnection::WatchPeer(absl::Time now) {
+  if (finished_) return;
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return;
+  PeerSignals signals;
+  signals.data_unacknowledged = info.tcpi_unacked > 0;
+  signals.probe_unanswered = info.tcpi_probes > 0;
+  signals.last_ack = now - absl::Milliseconds(info.tcpi_last_ack_recv);
+  if (!watch_.Dead(signals, now)) return;
+  Finish(absl::UnavailableError(
+      absl::StrCat("connection to ", peer_, " timed out: nothing acknowledged for ",
+                   transport_->tcp_.peer_timeout_ms, " ms (TcpOptions::peer_timeout_ms) while ",
+                   signals.data_unacknowledged ? "data sent to it waited for an acknowledgment"
+                                               : "a keepalive or window probe waited for an answer",
+                   ": the peer's machine or link is down")));
 }
 
 // ------------------------------------------------------------------ listener
@@ -622,6 +657,7 @@ void TcpTransport::Loop() {
     graveyard_.clear();
     retired_.clear();
     ResumeAccepts();
+    WatchPeersIfDue();
   }
   // A task queued while the loop ended (a Connect racing Shutdown) still
   // runs, seeing loop_exit_, so that its caller does not wait for ever.
@@ -635,11 +671,24 @@ void TcpTransport::Loop() {
 }
 
 int TcpTransport::EpollTimeoutMs() const {
-  if (paused_accepts_.empty()) return -1;
-  absl::Time first = absl::InfiniteFuture();
+  absl::Time first =
+      conns_.empty() || tcp_.peer_timeout_ms == 0 ? absl::InfiniteFuture() : next_watch_;
   for (const PausedAccept& p : paused_accepts_) first = std::min(first, p.resume);
+  if (first == absl::InfiniteFuture()) return -1;
   const absl::Duration left = absl::Ceil(first - SteadyNow(), absl::Milliseconds(1));
   return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(left)));
+}
+
+void TcpTransport::WatchPeersIfDue() {
+  if (conns_.empty() || tcp_.peer_timeout_ms == 0) return;
+  const absl::Time now = SteadyNow();
+  if (now < next_watch_) return;
+  next_watch_ = now + PeerWatch::Period(absl::Milliseconds(tcp_.peer_timeout_ms));
+  std::vector<std::shared_ptr<TcpConnection>> all;  // WatchPeer may Finish, which Forgets
+  all.reserve(conns_.size());
+  for (auto& [fd, c] : conns_) all.push_back(c);
+  for (auto& c : all) c->WatchPeer(now);
+  graveyard_.clear();
 }
 
 void TcpTransport::PauseAccepts(IoHandler* listener, int fd) {

@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "transport/tcp/tcp_options.h"
 #include "transport/transport.h"
 
@@ -68,8 +69,11 @@ class TcpTransport : public Transport {
   };
 
   void Loop();
-  // epoll_wait's timeout: until the first paused listener is due, else none.
-  int EpollTimeoutMs() const;                      // I/O thread
+  // epoll_wait's timeout: until the first paused listener or the peer
+  // watch is due, else none.
+  int EpollTimeoutMs() const;  // I/O thread
+  // Every connection's TcpConnection::WatchPeer, once a PeerWatch::Period.
+  void WatchPeersIfDue();                          // I/O thread
   void PauseAccepts(IoHandler* listener, int fd);  // I/O thread
   void ResumeAccepts();                            // I/O thread: those due
   // A listener on the one address `at`, for Listen's name `asked`.
@@ -100,6 +104,7 @@ class TcpTransport : public Transport {
   std::vector<std::shared_ptr<TcpConnection>> graveyard_;            // I/O thread
   std::vector<IoHandler*> retired_;  // I/O thread: listeners gone during this batch
   std::vector<PausedAccept> paused_accepts_;  // I/O thread
+  absl::Time next_watch_ = absl::InfinitePast();  // I/O thread
 };
 
 // Whether the rdmarpc server at `addr` says that nothing but TCP takes

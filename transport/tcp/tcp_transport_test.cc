@@ -169,6 +169,16 @@ absl::StatusOr<std::shared_ptr<Connection>> ConnectTaken(TcpTransport& client, S
   return connecting.get();
 }
 
+// Sends a request frame of `payload_bytes` on `conn`.
+absl::Status SendRequest(Connection& conn, size_t payload_bytes) {
+  auto payload = conn.AllocatePayload(payload_bytes);
+  if (!payload.ok()) return payload.status();
+  OutboundMessage m;
+  m.header.kind = MessageKind::kRequest;
+  m.payload = std::move(*payload);
+  return conn.Send(std::move(m));
+}
+
 // A peer that stops reading pins at most TcpOptions::max_queued_send_bytes of the
 // sender's memory: Send refuses RESOURCE_EXHAUSTED naming the bound, loses
 // nothing it took, and takes frames again once the peer reads.
@@ -184,14 +194,7 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   ASSERT_TRUE(conn.ok()) << conn.status();
   constexpr size_t kPayload = 64 << 10;
   constexpr size_t kFrame = kHeaderSize + kPayload;
-  auto send_one = [&] {
-    auto payload = (*conn)->AllocatePayload(kPayload);
-    EXPECT_TRUE(payload.ok()) << payload.status();
-    OutboundMessage m;
-    m.header.kind = MessageKind::kRequest;
-    m.payload = std::move(*payload);
-    return (*conn)->Send(std::move(m));
-  };
+  auto send_one = [&] { return SendRequest(**conn, kPayload); };
   // The socket buffers take a few MiB at most; 128 MiB would mean no bound.
   size_t taken = 0;
   absl::Status refused;
@@ -211,6 +214,33 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   EXPECT_EQ(peer.ReadUpTo(taken * kFrame), taken * kFrame) << "frames Send took were lost";
   EXPECT_TRUE(send_one().ok()) << "the connection stayed refused after its peer read";
   EXPECT_EQ(peer.ReadUpTo(kFrame), kFrame);
+}
+
+// A peer that stops reading but whose kernel answers (a handler running
+// inline on its I/O thread, a stalled process) closes its window; the
+// connection waits for it past the peer timeout, as RDMA waits out a
+// receiver without buffers, and delivers everything once it reads. Linux's
+// TCP_USER_TIMEOUT would have ended it a timeout after its first window
+// probe.
+TEST(TcpTransport, APeerThatStopsReadingIsNotTakenForDead) {
+  SilentPeer peer;
+  NoObserver observer;  // outlives the transport, which calls it
+  TransportOptions options;
+  options.name = "stalled-peer-client";
+  TcpOptions tcp;
+  tcp.peer_timeout_ms = 300;
+  TcpTransport client(options, tcp);
+  auto conn = ConnectTaken(client, peer, &observer);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  constexpr size_t kPayload = 64 << 10;
+  constexpr size_t kFrames = 64;  // 4 MiB: past the socket buffers of both ends
+  for (size_t i = 0; i < kFrames; ++i) ASSERT_TRUE(SendRequest(**conn, kPayload).ok());
+  const std::vector<absl::Status> closed = observer.Closed(absl::Seconds(3));
+  EXPECT_TRUE(closed.empty()) << "a peer that only stopped reading was taken for dead: "
+                              << closed.front();
+  EXPECT_FALSE((*conn)->Delivered()) << "the peer's window never closed: this tests nothing";
+  EXPECT_EQ(peer.ReadUpTo(kFrames * (kHeaderSize + kPayload)), kFrames * (kHeaderSize + kPayload));
+  EXPECT_TRUE(observer.Closed(absl::Milliseconds(100)).empty());
 }
 
 // Close ends the connection from our side: the peer sees it closed, the
@@ -281,14 +311,17 @@ int IntOption(int fd, int level, int name) {
 
 // TcpOptions reach the connection's socket; values past what Linux takes
 // are cut to its limits, not refused by it, which would leave the kernel's
-// defaults (2 hours idle; no user timeout).
+// defaults (2 hours idle). The kernel's count of keepalive probes ends a
+// connection only after the peer watch would have (1.5 timeouts and a
+// second); TCP_USER_TIMEOUT stays off, as it ends connections to peers that
+// merely stopped reading (peer_watch.h).
 TEST(TcpTransport, KeepaliveAndPeerTimeoutReachTheSocketCutToLinuxLimits) {
   struct Case {
     uint32_t keepalive_ms, peer_timeout_ms;
-    int idle_s, user_timeout_ms;
+    int idle_s, interval_s, probes;
   };
-  for (const Case& c : {Case{1000, 2000, 1, 2000}, Case{1500, 7000, 1, 7000},
-                        Case{40'000'000, 3'000'000'000u, 32767, INT_MAX}}) {
+  for (const Case& c : {Case{1000, 2000, 1, 1, 5}, Case{1500, 7000, 1, 1, 12},
+                        Case{40'000'000, 3'000'000'000u, 32767, 32767, 127}}) {
     SCOPED_TRACE(
         absl::StrCat("keepalive_ms ", c.keepalive_ms, ", peer_timeout_ms ", c.peer_timeout_ms));
     SilentPeer peer;
@@ -305,7 +338,9 @@ TEST(TcpTransport, KeepaliveAndPeerTimeoutReachTheSocketCutToLinuxLimits) {
     ASSERT_GE(fd, 0) << "no socket connected to port " << peer.port();
     EXPECT_EQ(IntOption(fd, SOL_SOCKET, SO_KEEPALIVE), 1);
     EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_KEEPIDLE), c.idle_s);
-    EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT), c.user_timeout_ms);
+    EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_KEEPINTVL), c.interval_s);
+    EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_KEEPCNT), c.probes);
+    EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT), 0);
   }
 }
 
