@@ -21,10 +21,12 @@ struct TcpOptions {
   // peer_timeout_ms, same defaults). A peer whose machine or link dies sends
   // no FIN or RST, and the kernel's defaults notice only after hours. So a
   // connection idle for keepalive_ms sends keepalive probes (SO_KEEPALIVE,
-  // TCP_KEEPIDLE; whole seconds, 1 to 32767), and one whose data or probes
-  // stay unacknowledged for peer_timeout_ms (at most INT_MAX, ~24.8 days)
-  // ends UNAVAILABLE (TCP_USER_TIMEOUT), with every call on it. Longer
-  // values are cut to those limits of Linux's. 0: the kernel's.
+  // TCP_KEEPIDLE; whole seconds, 1 to 32767, longer is cut to that), and
+  // one whose data or probes stay unacknowledged for peer_timeout_ms ends
+  // UNAVAILABLE, with every call on it (PeerWatch, peer_watch.h; window
+  // probes get 2 s at least). A peer that only stops reading answers the
+  // probes of its closed window and is waited for. 0: the kernel's (no
+  // keepalive; ~15 minutes of retransmissions).
   uint32_t keepalive_ms = 1000;
   uint32_t peer_timeout_ms = 2000;
   // Bytes one connection may hold queued for a peer that does not read

@@ -1,6 +1,6 @@
 // TcpTransport against a raw socket peer: what a peer that stops reading can
-// make a sender hold, closing a connection from our side, and a connect that
-// waits on a peer that does not answer; the keepalive and peer timeout the
+// make a sender hold, and that it is not taken for dead; closing a connection from our side, and a
+// connect that waits on a peer that does not answer; the keepalive and peer timeout the
 // connection's socket gets; a connect that returns only once the server took
 // the connection (kHello); Delivered waiting for the peer's acknowledgment;
 // a listener destroyed while its events are due; a server out of file
