@@ -20,10 +20,14 @@ using transport::OutboundMessage;
 namespace {
 // Error texts travel as the payload of a failed response; keep them bounded.
 constexpr size_t kMaxErrorMessage = 16 * 1024;
-// How long Shutdown waits for clients to acknowledge its GOAWAY, within its
-// grace: one round trip for a client of ours. A peer that never does (one
-// without GOAWAY) holds Shutdown no longer than this when it has no call in
-// flight; a call it sends later is refused.
+// How long Shutdown waits for the acknowledgment of its GOAWAY from a
+// connection that sent no call it saw: one round trip for a client of ours.
+// A peer that never acknowledges (a probe of the port, a peer that is not
+// ours) holds Shutdown no longer than this when it has no call in flight; a
+// call it sends later is refused. A connection that sent calls is a client
+// of ours, which acknowledges: Shutdown waits for it within its grace, since
+// a loaded client may take longer, and calls it sends before the
+// acknowledgment must be served, not lost with the connection.
 constexpr absl::Duration kGoAwayAckWait = absl::Seconds(1);
 }  // namespace
 
@@ -288,6 +292,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
     std::unique_lock<std::mutex> lock(mu_);
     auto it = conns_.find(&conn);
     if (it == conns_.end()) return;  // closed: nobody to answer
+    it->second.sent_calls = true;
     // In the lock that tracks the call: Shutdown, which waits for `reading`
     // to empty, must find it in one or the other.
     if (admitted_by_header) {
@@ -331,6 +336,7 @@ void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call,
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = conns_.find(&conn);
+      if (it != conns_.end()) it->second.sent_calls = true;
       refused = it == conns_.end() || RefusedByShutdownLocked(it->second, admitted_by_header);
     }
     if (refused) {
@@ -359,6 +365,7 @@ void Server::RunInline(Connection& conn, std::shared_ptr<ServerCallImpl> call,
     auto it = conns_.find(&conn);
     // Its connection stays open at least until this delivery returns.
     if (it != conns_.end()) {
+      it->second.sent_calls = true;
       call->hold_ = it->second.conn;
       // In the lock that tracks it, as in HandleRequest.
       if (admitted_by_header && it->second.reading.erase(key.second) && shutting_down_) {
@@ -416,6 +423,7 @@ Status Server::AdmitRemotePayload(Connection& conn, const transport::Header& hea
   std::lock_guard<std::mutex> lock(mu_);
   auto it = conns_.find(&conn);
   if (it == conns_.end()) return Status();  // closed: HandleRequest drops it
+  it->second.sent_calls = true;
   if (shutting_down_ && RefusedByShutdownLocked(it->second, false)) {
     return Status(StatusCode::kUnavailable, "server is shutting down");
   }
@@ -585,16 +593,18 @@ void Server::Shutdown(absl::Duration grace) {
       }
       return true;
     };
-    const auto all_acked = [this] {
+    const auto acked = [this](bool only_those_that_sent_calls) {
       for (const auto& [raw, entry] : conns_) {
-        if (!entry.go_away_acked) return false;
+        if (!entry.go_away_acked && (entry.sent_calls || !only_those_that_sent_calls)) {
+          return false;
+        }
       }
       return true;
     };
     const absl::Time until = start + grace;
     WaitUntil(cv_, lock, std::min(until, start + kGoAwayAckWait),
-              [&] { return all_acked() && calls_done(); });
-    WaitUntil(cv_, lock, until, calls_done);
+              [&] { return acked(false) && calls_done(); });
+    WaitUntil(cv_, lock, until, [&] { return acked(true) && calls_done(); });
     closing_ = true;
     for (auto& [key, call] : inflight_) rest.push_back(call);
   }

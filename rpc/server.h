@@ -179,6 +179,10 @@ class Server : private transport::ConnectionObserver {
     // After Shutdown's GOAWAY: the client has sent the acknowledgment, after
     // which it sends no new call on this connection.
     bool go_away_acked = false;
+    // A call came on it that took the lock (with worker threads, every call;
+    // inline, those during Shutdown or gone asynchronous): the peer is a
+    // client of ours, which acknowledges the GOAWAY (kGoAwayAckWait).
+    bool sent_calls = false;
     // Requests admitted by their header (AdmitRemotePayload) whose payload
     // is being READ. Their delivery may come after a kGoAway that followed
     // them, so they were admitted in the order the client sent them and are

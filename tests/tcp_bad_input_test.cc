@@ -438,5 +438,49 @@ TEST(ServerShutdown, ServesRequestsThatComeBeforeTheGoAwayIsAcknowledged) {
   EXPECT_LT(returned - finished, absl::Seconds(30)) << "Shutdown waited out its grace";
 }
 
+// A client that has sent calls acknowledges the GOAWAY, but a loaded one may
+// take longer than the second Shutdown gives a silent peer: the server waits
+// for it within its grace and serves what it sends first, rather than close
+// the connection under calls on their way. A peer that sent no call holds
+// Shutdown no more than that second.
+TEST(ServerShutdown, WaitsWithinItsGraceForASlowAcknowledgmentFromAClientThatSentCalls) {
+  EchoService echo;
+  auto built =
+      ServerBuilder().AddListeningPort("tcp://127.0.0.1:0").RegisterService(&echo).BuildAndStart();
+  ASSERT_TRUE(built.ok()) << built.status();
+  const std::string& address = (*built)->addresses()[0];
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  RawClient silent(port);
+  RawClient slow(port);
+  slow.SendFrame(Request(1, kEcho.id), "", EchoBytes("before the restart"));
+  auto first = slow.ReadFrame();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first->header.status, 0) << first->payload;
+
+  absl::Time returned;
+  std::thread shutdown([&] {
+    (*built)->Shutdown(absl::Seconds(60));
+    returned = absl::Now();
+  });
+  auto go_away = slow.ReadFrame();
+  ASSERT_TRUE(go_away);
+  EXPECT_EQ(go_away->header.kind, MessageKind::kGoAway);
+  absl::SleepFor(absl::Milliseconds(1500));  // past the second a silent peer gets
+  slow.SendFrame(Request(2, kEcho.id), "", EchoBytes("sent before the acknowledgment"));
+  auto served = slow.ReadFrame();
+  ASSERT_TRUE(served) << "the connection closed under a call sent before the acknowledgment";
+  EXPECT_EQ(served->header.call_id, 2u);
+  EXPECT_EQ(served->header.status, 0) << served->payload;
+
+  Header ack;
+  ack.kind = MessageKind::kGoAway;
+  const absl::Time acked = absl::Now();
+  slow.SendFrame(ack, "", "");
+  shutdown.join();
+  EXPECT_LT(returned - acked, absl::Seconds(10))
+      << "Shutdown waited out its grace for the peer that sent no call";
+  EXPECT_EQ(echo.started.load(), 2);
+}
+
 }  // namespace
 }  // namespace rdmarpc::testing

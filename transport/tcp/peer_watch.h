@@ -27,7 +27,8 @@
 // While a window stays closed, Linux spaces its probes further and further
 // apart (doubling, up to 2 minutes): a peer that dies then is noticed a
 // timeout after the first probe it leaves unanswered, which can be that long
-// after it died.
+// after it died. The watch costs one getsockopt per connection per period,
+// idle connections included (2 per second each by default).
 #ifndef RDMARPC_TRANSPORT_TCP_PEER_WATCH_H_
 #define RDMARPC_TRANSPORT_TCP_PEER_WATCH_H_
 

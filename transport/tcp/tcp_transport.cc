@@ -406,8 +406,9 @@ void TcpConnection::OnReadable() {
       if (r < 0 && errno == ETIMEDOUT) {
         return Finish(absl::UnavailableError(
             absl::StrCat("connection to ", peer_,
-                         " timed out: the kernel's keepalive probes went unanswered (TcpOptions::"
-                         "keepalive_ms, peer_timeout_ms): the peer's machine or link is down")));
+                         " timed out in the kernel: its retransmissions or keepalive probes "
+                         "went unanswered (TcpOptions::keepalive_ms, peer_timeout_ms): the "
+                         "peer's machine or link is down")));
       }
       if (r < 0) {
         return Finish(absl::UnavailableError(absl::StrCat("read from ", peer_, ": ",
