@@ -486,19 +486,16 @@ void Channel::ConnectForWaiting() {
   }
   if (retry_after != absl::InfinitePast()) {
     // Not before the backoff after a failed attempt ends; calls wait for it.
-    {
-      std::unique_lock<std::mutex> lock(connector_->mu);
-      WaitUntil(connector_->wake, lock, retry_after, [&] { return connector_->stop; });
-      if (connector_->stop) return;
-    }
-    std::lock_guard<InlineMutex> lock(mu_);
-    if (!wanted_locked()) return;
+    std::unique_lock<std::mutex> lock(connector_->mu);
+    WaitUntil(connector_->wake, lock, retry_after, [&] { return connector_->stop; });
+    if (connector_->stop) return;
   }
   // Bounded by connect_timeout alone, not by the calls' deadlines: calls
   // that come while it runs may have later ones. A deadline ends its call by
   // the call's timer.
   bool refused_by_go_away = false;
-  auto connected = EnsureConnected(&refused_by_go_away);
+  auto connected = EnsureConnected(&refused_by_go_away, wanted_locked);
+  if (absl::IsCancelled(connected.status())) return;  // the calls ended meanwhile
   {
     // The destructor ends the waiting calls.
     std::lock_guard<std::mutex> lock(connector_->mu);
@@ -666,7 +663,8 @@ uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn, bool* ca
   return id;
 }
 
-StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(bool* go_away) {
+StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
+    bool* go_away, absl::FunctionRef<bool()> wanted_locked) {
   {
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;
@@ -685,6 +683,9 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(bool* 
     std::lock_guard<InlineMutex> lock(mu_);
     if (conn_) return conn_;  // another caller connected meanwhile
     if (Status s = BackoffLocked(start); !s.ok()) return s;
+    if (!wanted_locked()) {
+      return Status(StatusCode::kCancelled, "no call waits for a connection any more");
+    }
     connecting_ = true;
     ++stats_.connect_attempts;
     state_changed_.notify_all();

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "base/inline_mutex.h"
 #include "base/slot_map.h"
 #include "google/protobuf/message_lite.h"
@@ -281,7 +282,12 @@ class Channel {
   // Connects (within connect_timeout) if need be, unless a failed attempt
   // was too recent (reconnect_backoff). *go_away, when given, says whether
   // it failed because the server's GOAWAY came as the connection was made.
-  StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected(bool* go_away = nullptr);
+  // `wanted_locked` runs under mu_ as the attempt would be counted, so that
+  // a call ending meanwhile is seen: when it says nobody wants a connection
+  // any more, no attempt is made and the status is CANCELLED (no other
+  // failure is).
+  StatusOr<std::shared_ptr<transport::Connection>> EnsureConnected(
+      bool* go_away = nullptr, absl::FunctionRef<bool()> wanted_locked = [] { return true; });
   // The failed attempt's status while its backoff lasts at `now`, else OK.
   Status BackoffLocked(absl::Time now) const;
   // Starts (or lengthens) the backoff after an attempt begun at `start`
