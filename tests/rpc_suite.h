@@ -3,6 +3,11 @@
 // tests/rpc_tcp_test.cc instantiates it over tcp://, and
 // tests/rpc_rdma_test.cc over rdma:// (in the Soft-RoCE VM). Each parameter
 // says where a test server should listen and where connecting stalls.
+//
+// The tests live in one file per concern, tests/rpc_suite_<concern>.cc:
+// calls, payloads, cancellation, connecting, server, interceptors,
+// channel_groups and mixed_load; helpers more than one of them uses are in
+// tests/rpc_suite_util.h.
 #ifndef RDMARPC_TESTS_RPC_SUITE_H_
 #define RDMARPC_TESTS_RPC_SUITE_H_
 
