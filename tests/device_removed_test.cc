@@ -3,7 +3,9 @@
 // goes on over TCP, to the same port of the auto:// server; an rdma://
 // channel's calls end UNAVAILABLE at once, saying the device is gone; the
 // server says its RDMA listener is gone and goes on taking TCP clients.
-// Nothing waits for a timeout.
+// Nothing waits for a timeout. Once a device serves the server's address
+// again, the server listens there by itself and the rdma:// channel
+// connects again.
 // Its own binary: `rdma link delete` waits for every process that opened
 // the device, this one included, and no later test would find it.
 #include <glob.h>
@@ -107,10 +109,49 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
   EXPECT_TRUE(absl::StrContains(log, absl::StrCat("RDMA device rxe0 was removed under the "
                                                   "listener on rdma://",
                                                   ip, ":", port,
-                                                  ": it takes no more RDMA "
-                                                  "connections")))
+                                                  ": it takes no RDMA connections until a "
+                                                  "device serves that address again")))
       << log;
   printf("%s", log.c_str());
+
+  // A device comes back at the server's address: a new Soft-RoCE device,
+  // on another interface that takes the address over (rxe0 itself cannot
+  // come back while this process holds it). The server listens on it
+  // without a restart, and the rdma:// channel, the same one, connects
+  // there again.
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(system(absl::StrCat("old=$(ip -o -4 addr show to ", ip,
+                                " | awk '{print $2}') && ip link add sr1 type dummy && "
+                                "ip link set sr1 mtu 9000 up && ip addr del ",
+                                ip, "/24 dev $old && ip addr add ", ip,
+                                "/24 dev sr1 && rdma link add rxe1 type rxe netdev sr1")
+                       .c_str()),
+            0);
+  const absl::Time added = absl::Now();
+  ClientContext ctx;
+  ctx.set_wait_for_ready(true);
+  ctx.set_timeout(absl::Seconds(30));
+  EchoRequest req;
+  req.set_data(kLarge);
+  EchoResponse resp;
+  const uint64_t reads_back = Counters().reads;
+  const Status again = (*rdma)->Call(kEcho, &ctx, req, &resp);
+  EXPECT_TRUE(again.ok()) << again;
+  EXPECT_TRUE(resp.data() == kLarge) << "a response of " << resp.data().size() << " bytes";
+  EXPECT_GE(Counters().reads, reads_back + 1) << "the call did not go by READ";
+  printf("rdma:// channel: a call after the new device was added succeeded in %s\n",
+         absl::FormatDuration(absl::Now() - added).c_str());
+  auto fresh = Channel::Create(absl::StrCat("rdma://", ip, ":", port));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE(EchoOn(**fresh, kLarge).ok());
+
+  const std::string back = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(
+      absl::StrContains(back, absl::StrCat("RDMA device rxe1 serves the listener on "
+                                           "rdma://",
+                                           ip, ":", port, " again: it takes RDMA connections")))
+      << back;
+  printf("%s", back.c_str());
 }
 
 }  // namespace

@@ -108,6 +108,9 @@ Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, st
 
 absl::Status Endpoint::Init() {
   device_name_ = ibv_get_device_name(verbs_->device);
+  auto hold = DeviceHold::Take(verbs_);
+  if (!hold.ok()) return hold.status();
+  hold_ = std::move(*hold);
   NoteDeviceInUse(device_name_);
   if (ibv_query_device(verbs_, &device_attr_) != 0) return Errno("ibv_query_device", device_name_);
   if (!(pd_ = ibv_alloc_pd(verbs_))) return Errno("ibv_alloc_pd", device_name_);
@@ -184,6 +187,7 @@ Endpoint::~Endpoint() {
   if (channel_) ibv_destroy_comp_channel(channel_);
   if (pd_) ibv_dealloc_pd(pd_);
   if (wake_fd_ >= 0) close(wake_fd_);
+  hold_.reset();
 }
 
 size_t Endpoint::receive_bytes() const { return slot_count_.load() * options_.slot_size; }

@@ -90,6 +90,7 @@
 #include "absl/status/statusor.h"
 #include "base/free_index_stack.h"
 #include "transport/buffer.h"
+#include "transport/rdma/device_hold.h"
 #include "transport/rdma/rdma_options.h"
 #include "transport/rdma/registered_pool.h"
 
@@ -331,6 +332,8 @@ class Endpoint {
   void Wake();
 
   ibv_context* const verbs_;
+  // Keeps verbs_ open until the destructor has destroyed what is made on it.
+  std::unique_ptr<DeviceHold> hold_;
   const RdmaOptions options_;
   const Side side_;
   const size_t target_;        // slots kept posted

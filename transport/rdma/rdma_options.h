@@ -17,6 +17,7 @@
 #define RDMARPC_TRANSPORT_RDMA_RDMA_OPTIONS_H_
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -213,6 +214,12 @@ inline constexpr int kTransportRetries = 6;
 // device's rate (Soft-RoCE in a TCG VM READs 60-110 MiB/s), so that a slow
 // READ is not cut short.
 inline constexpr uint64_t kSlowestReadBytesPerSecond = uint64_t{4} << 20;
+
+// How often a listener whose RDMA device was removed tries to listen on its
+// address and port again, so that it takes RDMA connections once a device
+// serves that address (a driver reset done, a new device in the old one's
+// place). A try that finds no device costs one rdma_bind_addr.
+inline constexpr std::chrono::milliseconds kRelistenInterval{1000};
 
 // Where a listening transport's completion queue begins (cq_entries 0).
 inline constexpr size_t kListeningCqEntries = 16384;

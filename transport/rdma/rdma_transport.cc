@@ -102,12 +102,25 @@ struct RdmaTransport::Attempt {
   }
 };
 
+// A listener on one address. Bound to a specific address, its rdma_cm id is
+// bound to the device that serves it; when that device is removed the id is
+// useless (rdma_cm delivers nothing more to it), so it is destroyed and the
+// listener tries every kRelistenInterval to listen on the same address and
+// port again (RelistenDue), on whatever device serves the address by then.
+// A wildcard listener needs none of this: rdma_cm itself listens on devices
+// that come after it.
 class RdmaTransport::RdmaListener : public Listener {
  public:
   RdmaListener(RdmaTransport* t, rdma_cm_id* id, Address bound, AcceptCallback cb)
-      : transport_(t), id_(id), bound_(std::move(bound)), on_accept_(std::move(cb)) {}
+      : transport_(t),
+        id_(id),
+        bound_(std::move(bound)),
+        bound_at_(CopySockaddr(rdma_get_local_addr(id))),
+        on_accept_(std::move(cb)) {}
   ~RdmaListener() override {
     transport_->RunOnCmAndWait([this] {
+      transport_->orphaned_listeners_.erase(this);
+      if (id_ == nullptr) return;
       transport_->cm_targets_.erase(id_);
       rdma_destroy_id(id_);
     });
@@ -115,10 +128,25 @@ class RdmaTransport::RdmaListener : public Listener {
   const Address& address() const override { return bound_; }
   AcceptCallback& on_accept() { return on_accept_; }
 
+  // CM thread. The id is the listener's; null while its device is gone.
+  rdma_cm_id* id() const { return id_; }
+  void set_id(rdma_cm_id* id) { id_ = id; }
+  // The address and port it listens on, to listen there again.
+  const sockaddr_storage& bound_at() const { return bound_at_; }
+  // CM thread: when RelistenDue tries next.
+  std::chrono::steady_clock::time_point relisten_at;
+
  private:
+  static sockaddr_storage CopySockaddr(const sockaddr* sa) {
+    sockaddr_storage copy{};
+    memcpy(&copy, sa, sa->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+    return copy;
+  }
+
   RdmaTransport* const transport_;
-  rdma_cm_id* const id_;
+  rdma_cm_id* id_;
   const Address bound_;
+  const sockaddr_storage bound_at_;
   AcceptCallback on_accept_;
 };
 
@@ -198,7 +226,7 @@ void RdmaTransport::RunOnCmAndWait(std::function<void()> task) {
 void RdmaTransport::CmLoop() {
   while (!stop_.load()) {
     pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {channel_->fd, POLLIN, 0}};
-    poll(fds, cm_events_stopped_ ? 1 : 2, 1000);
+    poll(fds, cm_events_stopped_ ? 1 : 2, RelistenDue());
     if (fds[0].revents & POLLIN) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof v);
@@ -229,6 +257,56 @@ void RdmaTransport::CmLoop() {
   DestroyRetiredIds();
   // Before the lock goes: a thread that reuses this one's id must take it.
   cm_thread_id_.store(std::thread::id());
+}
+
+int RdmaTransport::RelistenDue() {
+  using Clock = std::chrono::steady_clock;
+  std::chrono::milliseconds wait{1000};
+  if (cm_events_stopped_) return static_cast<int>(wait.count());
+  const Clock::time_point now = Clock::now();
+  for (auto it = orphaned_listeners_.begin(); it != orphaned_listeners_.end();) {
+    RdmaListener* listener = *it;
+    if (listener->relisten_at > now) {
+      wait =
+          std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(listener->relisten_at - now));
+      ++it;
+      continue;
+    }
+    sockaddr_storage at = listener->bound_at();
+    auto id = BindAndListen(&at);
+    if (!id.ok()) {
+      if (rdma_.trace) {
+        TraceLine(options_.name, absl::StrCat("listen again on ", listener->address().ToString(),
+                                              ": ", id.status().message()));
+      }
+      listener->relisten_at = now + kRelistenInterval;
+      wait = std::min(wait, kRelistenInterval);
+      ++it;
+      continue;
+    }
+    listener->set_id(*id);
+    cm_targets_[*id] = CmTarget{nullptr, listener, {}};
+    fprintf(stderr,
+            "rdmarpc[%s]: RDMA device %s serves the listener on %s again: it takes RDMA "
+            "connections\n",
+            options_.name.c_str(), ibv_get_device_name((*id)->verbs->device),
+            listener->address().ToString().c_str());
+    it = orphaned_listeners_.erase(it);
+  }
+  return static_cast<int>(wait.count());
+}
+
+absl::StatusOr<rdma_cm_id*> RdmaTransport::BindAndListen(sockaddr_storage* at) {
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(channel_, &id, nullptr, RDMA_PS_TCP) != 0) {
+    return absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno)));
+  }
+  if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(at)) != 0 || rdma_listen(id, 1024) != 0) {
+    absl::Status failed = absl::UnavailableError(strerror(errno));
+    rdma_destroy_id(id);
+    return failed;
+  }
+  return id;
 }
 
 void RdmaTransport::DestroyRetiredIds() {
@@ -550,18 +628,13 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::ListenAt(const SocketAd
   absl::Status status;
   std::unique_ptr<RdmaListener> listener;
   RunOnCmAndWait([&] {
-    rdma_cm_id* id = nullptr;
-    if (rdma_create_id(channel_, &id, nullptr, RDMA_PS_TCP) != 0) {
-      status = absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno)));
-      return;
-    }
     sockaddr_storage local = at.storage;
-    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&local)) != 0 ||
-        rdma_listen(id, 1024) != 0) {
-      status = absl::UnavailableError(strerror(errno));
-      rdma_destroy_id(id);
+    auto listening = BindAndListen(&local);
+    if (!listening.ok()) {
+      status = listening.status();
       return;
     }
+    rdma_cm_id* id = *listening;
     Address bound = asked;
     bound.scheme = "rdma";
     bound.port = ntohs(rdma_get_src_port(id));
@@ -591,14 +664,20 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
   if (target.listener) {
     if (type == RDMA_CM_EVENT_CONNECT_REQUEST) OnConnectRequest(ev, target.listener);
     if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-      // Nothing else would say why RDMA clients can no longer connect: the
-      // id stays bound to the device that is gone (README, "A device
-      // removed").
+      // Nothing else would say why RDMA clients cannot connect meanwhile
+      // (README, "A device removed").
       fprintf(stderr,
               "rdmarpc[%s]: RDMA device %s was removed under the listener on %s: it takes no "
-              "more RDMA connections; restart the server once the device is back\n",
+              "RDMA connections until a device serves that address again (it tries every %lld "
+              "ms)\n",
               options_.name.c_str(), id->verbs ? ibv_get_device_name(id->verbs->device) : "?",
-              target.listener->address().ToString().c_str());
+              target.listener->address().ToString().c_str(),
+              static_cast<long long>(kRelistenInterval.count()));
+      cm_targets_.erase(it);
+      retired_ids_.push_back(id);
+      target.listener->set_id(nullptr);
+      target.listener->relisten_at = std::chrono::steady_clock::now() + kRelistenInterval;
+      orphaned_listeners_.insert(target.listener);
     }
     rdma_ack_cm_event(ev);
     return;

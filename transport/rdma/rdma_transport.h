@@ -87,6 +87,13 @@ class RdmaTransport : public Transport {
   void RunAfterCm(const std::function<void()>& task);
   // Handles and acks one event.
   void HandleEvent(rdma_cm_event* ev);
+  // Tries to listen again where listeners whose device was removed listened,
+  // those whose time has come; how many ms until the next try is due (at
+  // most 1000). CM thread.
+  int RelistenDue();
+  // A new id bound to `at` (its port set where it was 0) and listening. CM
+  // thread.
+  absl::StatusOr<rdma_cm_id*> BindAndListen(sockaddr_storage* at);
   // Destroys the ids given up while handling events or running tasks; CM
   // thread, with no event unacked (rdma_destroy_id waits for its acks).
   void DestroyRetiredIds();
@@ -138,6 +145,7 @@ class RdmaTransport : public Transport {
   std::unordered_map<rdma_cm_id*, CmTarget> cm_targets_;  // CM thread
   std::vector<rdma_cm_id*> retired_ids_;                  // CM thread
   bool cm_events_stopped_ = false;                        // CM thread; set by Shutdown
+  std::set<RdmaListener*> orphaned_listeners_;            // CM thread; their device is gone
   std::set<const Endpoint*> described_;                    // CM thread
   bool ack_timeout_warned_ = false;                        // CM thread
   bool rnr_wait_warned_ = false;                           // CM thread
