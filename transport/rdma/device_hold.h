@@ -18,7 +18,9 @@
 // What not to rely on: a hold keeps a removed device's context open, and so
 // the device itself (Soft-RoCE's `rdma link delete` waits for every open
 // context), until it is released; it says nothing about whether the device
-// still works.
+// still works. Taking one makes librdmacm open every device's context, not
+// only this one's, and keep them open, as it does for devices its ids use:
+// two file descriptors and the driver's per-context memory per device.
 #ifndef RDMARPC_TRANSPORT_RDMA_DEVICE_HOLD_H_
 #define RDMARPC_TRANSPORT_RDMA_DEVICE_HOLD_H_
 

@@ -128,8 +128,7 @@ class RdmaTransport::RdmaListener : public Listener {
   const Address& address() const override { return bound_; }
   AcceptCallback& on_accept() { return on_accept_; }
 
-  // CM thread. The id is the listener's; null while its device is gone.
-  rdma_cm_id* id() const { return id_; }
+  // CM thread: the listener's id, null while its device is gone.
   void set_id(rdma_cm_id* id) { id_ = id; }
   // The address and port it listens on, to listen there again.
   const sockaddr_storage& bound_at() const { return bound_at_; }
