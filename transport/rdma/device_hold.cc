@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <rdma/rdma_cma.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 
@@ -42,9 +43,19 @@ absl::StatusOr<std::unique_ptr<DeviceHold>> DeviceHold::Take(ibv_context* verbs)
                                                " is no longer listed by librdmacm: it is "
                                                "being removed"));
   }
-  return std::unique_ptr<DeviceHold>(new DeviceHold(mine));
+  struct stat node {};
+  std::string uverbs_path = verbs->device->dev_path;
+  if (stat(uverbs_path.c_str(), &node) != 0) uverbs_path.clear();
+  return std::unique_ptr<DeviceHold>(new DeviceHold(mine, std::move(uverbs_path), node.st_ino));
 }
 
 DeviceHold::~DeviceHold() { rdma_free_devices(list_); }
+
+bool DeviceHold::Removed() const {
+  if (uverbs_path_.empty()) return false;
+  struct stat node {};
+  if (stat(uverbs_path_.c_str(), &node) == 0) return node.st_ino != uverbs_ino_;
+  return errno == ENOENT;
+}
 
 }  // namespace rdmarpc::transport::rdma

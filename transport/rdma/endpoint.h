@@ -127,6 +127,14 @@ class Endpoint {
   // Stops the poller thread (joins it); connections must be gone. Idempotent;
   // never from the poller thread itself.
   void Stop();
+  // A loan keeps the Endpoint, though not its poller, alive (see Lifetime
+  // above). Besides Buffers, each RdmaConnection holds one for its life: a
+  // connection the runtime still holds may outlive the transport's use of
+  // the endpoint.
+  void Lend() { loans_.fetch_add(1, std::memory_order_relaxed); }
+  void EndLoan();
+  // Whether the device is being removed (DeviceHold::Removed).
+  bool device_removed() const { return hold_->Removed(); }
 
   ibv_context* verbs() const { return verbs_; }
   ibv_pd* pd() const { return pd_; }
@@ -294,8 +302,6 @@ class Endpoint {
  private:
   Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, std::string owner);
   ~Endpoint();  // through EndLoan only
-  void Lend() { loans_.fetch_add(1, std::memory_order_relaxed); }
-  void EndLoan();
   absl::Status Init();
   absl::Status GrowSlots();  // poller thread or Init
   // Registered memory that slots or small payload blocks are carved from.

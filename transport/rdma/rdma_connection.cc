@@ -64,15 +64,18 @@ RdmaConnection::RdmaConnection(Endpoint* endpoint, rdma_cm_id* id, std::string p
       shrink_answer_timeout_(absl::Milliseconds(endpoint->options().shrink_answer_timeout_ms)),
       keepalive_(absl::Milliseconds(endpoint->options().keepalive_ms)),
       silent_since_(SteadyNow()) {
+  endpoint_->Lend();
   SetPeer(peer_handshake);
 }
 
 RdmaConnection::~RdmaConnection() {
-  if (freed_) return;
-  // Never torn down (setup failed before the connection was used).
-  DestroyQp(/*used=*/false);
-  ReturnSendSlots(posted_);
-  if (id_) rdma_destroy_id(id_);
+  if (!freed_) {
+    // Never torn down (setup failed before the connection was used).
+    DestroyQp(/*used=*/false);
+    ReturnSendSlots(posted_);
+    if (id_) rdma_destroy_id(id_);
+  }
+  endpoint_->EndLoan();
 }
 
 void RdmaConnection::ReleaseId() {

@@ -221,6 +221,11 @@ inline constexpr uint64_t kSlowestReadBytesPerSecond = uint64_t{4} << 20;
 // place). A try that finds no device costs one rdma_bind_addr.
 inline constexpr std::chrono::milliseconds kRelistenInterval{1000};
 
+// How often a transport looks for a removed device under its endpoints
+// (DeviceHold::Removed, one stat() each), to let go of those that no
+// connection uses any more, so that the removal can complete.
+inline constexpr std::chrono::milliseconds kRemovedDeviceCheck{1000};
+
 // Where a listening transport's completion queue begins (cq_entries 0).
 inline constexpr size_t kListeningCqEntries = 16384;
 

@@ -237,6 +237,7 @@ void RdmaTransport::CmLoop() {
     }
     for (auto& t : tasks) t();
     DestroyRetiredIds();
+    LetGoOfRemovedDevices();
     rdma_cm_event* ev = nullptr;
     while (!cm_events_stopped_ && rdma_get_cm_event(channel_, &ev) == 0) {
       HandleEvent(ev);
@@ -293,6 +294,38 @@ int RdmaTransport::RelistenDue() {
     it = orphaned_listeners_.erase(it);
   }
   return static_cast<int>(wait.count());
+}
+
+void RdmaTransport::LetGoOfRemovedDevices() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_device_check_) return;
+  next_device_check_ = now + kRemovedDeviceCheck;
+  std::vector<std::shared_ptr<Endpoint>> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+      Endpoint* ep = it->second.get();
+      if (!ep->device_removed() || std::any_of(conns_.begin(), conns_.end(), [ep](const auto& c) {
+            return c.second->endpoint() == ep;
+          })) {
+        ++it;
+        continue;
+      }
+      described_.erase(ep);
+      gone.push_back(std::move(it->second));
+      it = endpoints_.erase(it);
+    }
+  }
+  for (const std::shared_ptr<Endpoint>& ep : gone) {
+    // Connections on it are gone, and new ones are made on this thread: none
+    // can be using the poller now.
+    ep->Stop();
+    fprintf(stderr,
+            "rdmarpc[%s]: RDMA device %s was removed: let go of it (its memory and queues go "
+            "once the last message received on it is released)\n",
+            options_.name.c_str(), ep->device_name().c_str());
+  }
 }
 
 absl::StatusOr<rdma_cm_id*> RdmaTransport::BindAndListen(sockaddr_storage* at) {

@@ -24,6 +24,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -91,6 +92,11 @@ class RdmaTransport : public Transport {
   // those whose time has come; how many ms until the next try is due (at
   // most 1000). CM thread.
   int RelistenDue();
+  // Stops and drops the endpoints whose device is being removed and that
+  // no connection uses any more, once per kRemovedDeviceCheck: their
+  // resources, and with them librdmacm's reference on the device, go once
+  // the runtime has released what it holds of them. CM thread.
+  void LetGoOfRemovedDevices();
   // A new id bound to `at` (its port set where it was 0) and listening. CM
   // thread.
   absl::StatusOr<rdma_cm_id*> BindAndListen(sockaddr_storage* at);
@@ -146,6 +152,7 @@ class RdmaTransport : public Transport {
   std::vector<rdma_cm_id*> retired_ids_;                  // CM thread
   bool cm_events_stopped_ = false;                        // CM thread; set by Shutdown
   std::set<RdmaListener*> orphaned_listeners_;            // CM thread; their device is gone
+  std::chrono::steady_clock::time_point next_device_check_;  // CM thread
   std::set<const Endpoint*> described_;                    // CM thread
   bool ack_timeout_warned_ = false;                        // CM thread
   bool rnr_wait_warned_ = false;                           // CM thread
