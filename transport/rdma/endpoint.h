@@ -39,9 +39,10 @@
 // must not assume which thread it is.
 //
 // Lifetime: every Buffer handed to the runtime (receive slot, small payload,
-// pool block) is a loan on its Endpoint, and the shared_ptr owners together
-// hold one more; the last loan to end deletes the Endpoint, so its registered
-// memory outlives every message the runtime still holds. A loan is one atomic
+// pool block) is a loan on its Endpoint, so is every RdmaConnection on it,
+// and the shared_ptr owners together hold one more; the last loan to end
+// deletes the Endpoint, so its registered memory outlives every message and
+// connection the runtime still holds. A loan is one atomic
 // count, not a shared_ptr in the Buffer's releaser: a releaser captures
 // plain pointers and indices only (transport/buffer.h), so that moving a
 // Buffer, several times per message, is a copy of a few words. Stop() ends
@@ -127,10 +128,9 @@ class Endpoint {
   // Stops the poller thread (joins it); connections must be gone. Idempotent;
   // never from the poller thread itself.
   void Stop();
-  // A loan keeps the Endpoint, though not its poller, alive (see Lifetime
-  // above). Besides Buffers, each RdmaConnection holds one for its life: a
-  // connection the runtime still holds may outlive the transport's use of
-  // the endpoint.
+  // A loan keeps the Endpoint, though not its poller, alive (Lifetime
+  // above): a connection the runtime still holds may outlive the transport's
+  // use of the endpoint (RdmaTransport::LetGoOfRemovedDevices).
   void Lend() { loans_.fetch_add(1, std::memory_order_relaxed); }
   void EndLoan();
   // Whether the device is being removed (DeviceHold::Removed).
