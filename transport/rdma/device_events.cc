@@ -40,14 +40,15 @@ struct Device {
   std::map<uint8_t, PortHistory> ports;
 };
 
-// The reader runs only while some endpoint is watched: librdmacm closes its
-// contexts when the process exits, and a reader left polling them then
-// would touch freed memory.
+// The reader runs only while some endpoint is watched, and polls only the
+// contexts of watched endpoints: librdmacm closes its contexts when the
+// process exits, and a removed device's once no one holds it (DeviceHold),
+// and a reader left polling one then would touch freed memory.
 struct State {
   std::mutex lifecycle_mu;  // held by Watch and Unwatch, across starting or joining the reader
   std::thread reader;       // lifecycle_mu
   std::mutex mu;
-  std::map<ibv_context*, Device> devices;  // mu; a context, once seen, stays
+  std::map<ibv_context*, Device> devices;  // mu; a context while it has endpoints
   size_t watched = 0;                      // mu; endpoints in all devices
   bool stop = false;                       // mu
   const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -201,13 +202,20 @@ void DeviceEvents::Unwatch(Endpoint* ep) {
     auto gone = std::remove(eps.begin(), eps.end(), ep);
     if (gone == eps.end()) return;
     eps.erase(gone, eps.end());
-    if (--s.watched != 0) return;
+    --s.watched;
+    if (!eps.empty()) return;
+    // The context may be closed once this returns, and the reader may be
+    // reading it right now: it stops before the context is forgotten (were
+    // it forgotten first, an event the reader was handling would bring it
+    // back), and starts again for the others.
     s.stop = true;
   }
   Wake(s);
   s.reader.join();
   std::lock_guard<std::mutex> lock(s.mu);
+  s.devices.erase(ep->verbs());
   s.stop = false;
+  if (s.watched > 0) s.reader = std::thread(ReadEvents);
 }
 
 std::string DeviceEvents::PortNote(ibv_context* verbs, uint8_t port) {

@@ -48,9 +48,11 @@ class DeviceEvents {
  public:
   // Events about `ep`'s resources reach it from now on. Any thread.
   static void Watch(Endpoint* ep);
-  // None reaches `ep` once this returns; after the last endpoint, the reader
-  // has stopped too. Any thread but the reader's; a no-op for an endpoint
-  // not watched.
+  // None reaches `ep` once this returns. After the last endpoint on its
+  // device, the reader no longer touches the device's context, which may
+  // then be closed, and forgets its ports' history; after the last endpoint
+  // of all, the reader has stopped. Any thread but the reader's; a no-op for
+  // an endpoint not watched.
   static void Unwatch(Endpoint* ep);
   // How port `port` of `verbs` is, for the text of a connection that failed
   // over it: empty while it is active, else what went wrong and since when.
