@@ -21,9 +21,10 @@
 // context), until it is released; it says nothing about whether the device
 // still works. Released, a removed device's context is not closed at once
 // either: librdmacm (rdma-core 44) closes it only when it next reads the
-// device list, which it does when an id binds to a device it has not seen. Taking one makes
-// librdmacm open every device's context, not only this one's, and keep them open, as it does for
-// devices its ids use: two file descriptors and the driver's per-context memory per device.
+// device list, which it does when an id binds to a device it has not seen.
+// Taking a hold makes librdmacm open every device's context, not only this
+// one's, and keep them open, as it does for devices its ids use: two file
+// descriptors and the driver's per-context memory per device.
 #ifndef RDMARPC_TRANSPORT_RDMA_DEVICE_HOLD_H_
 #define RDMARPC_TRANSPORT_RDMA_DEVICE_HOLD_H_
 
