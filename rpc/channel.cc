@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cassert>
 #include <condition_variable>
+#include <cstdio>
 #include <iterator>
 #include <thread>
 #include <utility>
@@ -70,6 +71,10 @@ class Channel::Watch final : public transport::ConnectionObserver {
 
   bool lost = false;     // Channel::mu_
   bool go_away = false;  // Channel::mu_: the server's GOAWAY came on it
+  // Set under Channel::mu_ before `sending` gets its 1, and read by whoever
+  // brings `sending` to 1: the channel moved to a faster connection, so the
+  // end of this one's drain tells the server nothing (it sent no GOAWAY).
+  bool moved = false;
   bool done = false;     // Channel::watch_mu_
   // Twice the requests being sent on this connection outside mu_ (they
   // started under mu_ while it was conn_), plus one once the server's GOAWAY
@@ -113,6 +118,12 @@ Status Channel::CheckOptions(const ChannelOptions& options) {
     return Status(StatusCode::kInvalidArgument,
                   absl::StrCat("callback_threads is ", options.callback_threads,
                                "; 0 runs callbacks inline, more runs them on that many threads"));
+  }
+  if (options.transport.tcp_fallback_upgrade < absl::ZeroDuration()) {
+    return Status(StatusCode::kInvalidArgument,
+                  absl::StrCat("transport.tcp_fallback_upgrade is ",
+                               absl::FormatDuration(options.transport.tcp_fallback_upgrade),
+                               "; zero never tries RDMA again, more tries it that long after"));
   }
   const RetryPolicy& retry = options.retry;
   if (retry.max_attempts < 1 || retry.initial_backoff <= absl::ZeroDuration() ||
@@ -402,6 +413,7 @@ void Channel::LetGoOfUnsentLocked(Pending& p, transport::Connection& conn, const
   if (conn_.get() != &conn) return;
   // Closing (OnClosed follows): no call goes on it any more.
   conn_.reset();
+  faster_give_up_.store(true, std::memory_order_relaxed);
   conn_watch_ = nullptr;
   conn_cleared_why_ = Status(StatusCode::kUnavailable, why.message());
   state_changed_.notify_all();
@@ -439,10 +451,15 @@ void Channel::Wait(const MethodInfo& method, Pending&& p,
   WakeConnector();
 }
 
-void Channel::WakeConnector() {
+void Channel::WakeConnector(bool faster) {
   {
     std::lock_guard<std::mutex> lock(connector_->mu);
-    connector_->wanted = true;
+    if (faster) {
+      if (connector_->stop) return;  // a timer that fired as the channel went
+      connector_->faster = true;
+    } else {
+      connector_->wanted = true;
+    }
     if (connector_->running) return;
     connector_->running = true;
   }
@@ -451,17 +468,118 @@ void Channel::WakeConnector() {
 
 void Channel::RunConnector(Channel* channel, std::shared_ptr<Connector> connector) {
   for (;;) {
+    bool wanted;
+    bool faster;
     {
       std::lock_guard<std::mutex> lock(connector->mu);
-      if (connector->stop || !connector->wanted) {
+      if (connector->stop || (!connector->wanted && !connector->faster)) {
         connector->running = false;
         connector->idle.notify_all();
         return;
       }
-      connector->wanted = false;
+      wanted = std::exchange(connector->wanted, false);
+      faster = std::exchange(connector->faster, false);
     }
-    channel->ConnectForWaiting();
+    // Calls waiting for a connection first: they wait on no other thread.
+    if (wanted) channel->ConnectForWaiting();
+    if (faster) channel->TryFasterWay();
   }
+}
+
+Channel::Watch* Channel::NewWatch() {
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  // One with a send under way is still in use: EndSend reads it.
+  watches_.erase(std::remove_if(watches_.begin(), watches_.end(),
+                                [](const auto& w) {
+                                  return w->done && w->sending.load(std::memory_order_acquire) < 2;
+                                }),
+                 watches_.end());
+  watches_.push_back(std::make_unique<Watch>(this));
+  return watches_.back().get();
+}
+
+void Channel::ScheduleFasterLocked() {
+  timers_->Cancel(faster_timer_);
+  faster_timer_ = timers_->Schedule(
+      SteadyNow() + faster_wait_, [this] { WakeConnector(/*faster=*/true); }, this);
+}
+
+void Channel::TryFasterWay() {
+  const auto still_slower_locked = [&] {
+    return slower_conn_ != nullptr && conn_.get() == slower_conn_;
+  };
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (!still_slower_locked()) return;
+  }
+  // Not beside another attempt: EnsureConnected sets conn_ too. It waits
+  // only where conn_ was lost, which ends this try (faster_give_up_).
+  std::lock_guard<std::mutex> connecting(connect_mu_);
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (!still_slower_locked()) return;
+    faster_give_up_.store(false);
+  }
+  {
+    // After the store above: StopConnector sets stop, then gives up.
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    if (connector_->stop) return;
+  }
+  Watch* watch = NewWatch();
+  auto conn = transport_->ConnectFaster(addr_, watch, SteadyNow() + options_.connect_timeout,
+                                        faster_give_up_);
+  if (!conn.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch->done = true;
+    }
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (!still_slower_locked()) return;
+    faster_wait_ = std::min(faster_wait_ * 2, options_.transport.tcp_fallback_upgrade * 32);
+    ScheduleFasterLocked();
+    return;
+  }
+  std::shared_ptr<transport::Connection> slower;
+  size_t calls = 0;
+  bool end_drain = false;
+  bool acknowledge = false;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (watch->go_away) {
+      // As in EnsureConnected: the server's GOAWAY came first; it waits for
+      // the acknowledgment.
+      watch->sending.fetch_or(1, std::memory_order_acq_rel);
+      acknowledge = true;
+      DrainLocked(*conn);
+      ++stats_.go_aways;
+    } else if (!watch->lost && still_slower_locked()) {
+      slower = std::move(conn_);
+      Watch* slower_watch = conn_watch_;
+      slower_watch->moved = true;
+      DrainLocked(slower);
+      calls = draining_.back().calls;
+      conn_ = *conn;
+      conn_watch_ = watch;
+      slower_conn_ = nullptr;
+      ++stats_.upgrades;
+      // With a send under way there is a call on it, and EndSend ends the drain.
+      end_drain = slower_watch->sending.fetch_or(1, std::memory_order_acq_rel) == 0;
+    }
+  }
+  if (acknowledge) AckGoAway(**conn, /*tell_server=*/true);  // and closes it: no call went on it
+  if (!slower) {
+    if (!acknowledge) (*conn)->Close();  // conn_ was lost or replaced meanwhile
+    return;
+  }
+  const std::string closes =
+      calls == 0
+          ? std::string("now")
+          : absl::StrCat("once its ", calls, calls == 1 ? " call has" : " calls have", " ended");
+  fprintf(stderr,
+          "rdmarpc[channel %s]: %s reaches the server again: new calls go there, and the "
+          "connection %s closes %s\n",
+          target_.c_str(), (*conn)->peer().c_str(), slower->peer().c_str(), closes.c_str());
+  if (end_drain) AckGoAway(*slower, /*tell_server=*/false);
 }
 
 void Channel::ConnectForWaiting() {
@@ -623,6 +741,7 @@ void Channel::StopConnector(bool shut_transport_down) {
     connector_->stop = true;
     connector_->wake.notify_all();
   }
+  faster_give_up_.store(true);
   if (shut_transport_down) transport_->Shutdown();
   // Never on the connector thread: Own moves a destruction out of the
   // inline callbacks it runs.
@@ -690,20 +809,11 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
     ++stats_.connect_attempts;
     state_changed_.notify_all();
   }
-  Watch* watch;
-  {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    // One with a send under way is still in use: EndSend reads it.
-    watches_.erase(std::remove_if(watches_.begin(), watches_.end(),
-                                  [](const auto& w) {
-                                    return w->done &&
-                                           w->sending.load(std::memory_order_acquire) < 2;
-                                  }),
-                   watches_.end());
-    watches_.push_back(std::make_unique<Watch>(this));
-    watch = watches_.back().get();
-  }
+  Watch* watch = NewWatch();
   auto conn = transport_->Connect(addr_, watch, start + options_.connect_timeout);
+  const bool may_go_faster = conn.ok() &&
+                             options_.transport.tcp_fallback_upgrade > absl::ZeroDuration() &&
+                             transport_->MayGoFaster(addr_, **conn);
   Status failure;
   if (!conn.ok()) {
     {
@@ -737,6 +847,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
       watch->sending.fetch_or(1, std::memory_order_acq_rel);
       acknowledge = true;
       DrainLocked(*conn);
+      ++stats_.go_aways;
       failure =
           Status(StatusCode::kUnavailable,
                  absl::StrCat(target_, " is shutting down (GOAWAY as the connection was made)"));
@@ -748,13 +859,18 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
       stats_.last_connect_error = Status();
       conn_ = *conn;
       conn_watch_ = watch;
+      slower_conn_ = may_go_faster ? conn_.get() : nullptr;
+      if (may_go_faster) {
+        faster_wait_ = options_.transport.tcp_fallback_upgrade;
+        ScheduleFasterLocked();
+      }
       return conn_;
     }
     StartBackoffLocked(start, failure);
     ++stats_.connect_failures;
     stats_.last_connect_error = failure;
   }
-  if (acknowledge) AckGoAway(**conn);  // and closes it: no call went on it
+  if (acknowledge) AckGoAway(**conn, /*tell_server=*/true);  // and closes it: no call went on it
   return failure;
 }
 
@@ -1094,6 +1210,8 @@ void Channel::OnGoAway(Watch& watch, transport::Connection& conn) {
     // then sees go_away).
     if (conn_.get() != &conn) return;
     DrainLocked(std::move(conn_));  // leaves conn_ null
+    ++stats_.go_aways;
+    faster_give_up_.store(true, std::memory_order_relaxed);
     conn_cleared_why_ =
         Status(StatusCode::kUnavailable, absl::StrCat(target_, " is shutting down (GOAWAY)"));
     state_changed_.notify_all();
@@ -1101,7 +1219,7 @@ void Channel::OnGoAway(Watch& watch, transport::Connection& conn) {
     // With a send under way there is a call on it, and EndSend acks.
     if (watch.sending.fetch_or(1, std::memory_order_acq_rel) != 0) return;
   }
-  AckGoAway(conn);
+  AckGoAway(conn, /*tell_server=*/true);
 }
 
 void Channel::DrainLocked(std::shared_ptr<transport::Connection> conn) {
@@ -1110,7 +1228,6 @@ void Channel::DrainLocked(std::shared_ptr<transport::Connection> conn) {
     if (p.conn == conn.get()) ++calls;
   });
   draining_.push_back(Draining{std::move(conn), calls});
-  ++stats_.go_aways;
 }
 
 std::shared_ptr<transport::Connection> Channel::LeaveDrainingLocked(
@@ -1130,13 +1247,17 @@ Channel::Watch* Channel::BeginSendLocked() {
 }
 
 void Channel::EndSend(Watch* watch, transport::Connection& conn) {
-  if (watch->sending.fetch_sub(2, std::memory_order_acq_rel) == 3) AckGoAway(conn);
+  if (watch->sending.fetch_sub(2, std::memory_order_acq_rel) == 3) {
+    AckGoAway(conn, /*tell_server=*/!watch->moved);
+  }
 }
 
-void Channel::AckGoAway(transport::Connection& conn) {
-  OutboundMessage ack;
-  ack.header.kind = MessageKind::kGoAway;
-  conn.Send(std::move(ack)).IgnoreError();  // lost with its connection, which ends the wait
+void Channel::AckGoAway(transport::Connection& conn, bool tell_server) {
+  if (tell_server) {
+    OutboundMessage ack;
+    ack.header.kind = MessageKind::kGoAway;
+    conn.Send(std::move(ack)).IgnoreError();  // lost with its connection, which ends the wait
+  }
   // Closed here when no call is left on it: none was when the GOAWAY came,
   // or the last ended while the acknowledgment waited for a send. Else the
   // last call to leave closes it.
@@ -1159,6 +1280,7 @@ void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::St
     watch.lost = true;
     if (conn_.get() == &conn) {
       conn_.reset();
+      faster_give_up_.store(true, std::memory_order_relaxed);
       conn_cleared_why_ =
           Status(StatusCode::kUnavailable,
                  absl::StrCat("connection to ", conn.peer(), " lost (", why.message(), ")"));

@@ -40,6 +40,13 @@
 // callbacks that never block. The channel must outlive its pending calls'
 // callbacks; destroying it ends every pending call with UNAVAILABLE first.
 //
+// An auto:// channel whose connection went over TCP to a server that also
+// listens over RDMA (RDMA could not reach it then: a device missing or
+// removed, a route down) tries RDMA again in the background, as
+// TransportTunables::tcp_fallback_upgrade says, while that connection
+// lasts. Once RDMA connects, new calls go there; the calls under way end
+// on the TCP connection, which then closes (ChannelStats::upgrades).
+//
 // Each Channel::Create makes a transport, a timer thread and callback
 // threads of its own; channels made by one ChannelGroup (rpc/channel_group.h)
 // share them, for a client of many servers.
@@ -57,6 +64,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
+#include "absl/time/time.h"
 #include "base/inline_mutex.h"
 #include "base/slot_map.h"
 #include "google/protobuf/message_lite.h"
@@ -166,6 +174,9 @@ struct ChannelStats {
   // them: the connection they were to go on was drained, lost, or closed as
   // the request was sent (apart from the RetryPolicy, and with or without it).
   uint64_t transparent_retries = 0;
+  // Connections that went the slower way (auto:// over TCP) replaced by one
+  // the faster way (RDMA) once that reached the server.
+  uint64_t upgrades = 0;
   // Why the last connect attempt failed (naming the address, and over RDMA
   // the devices, and what to try); OK when none has failed since the last
   // one that connected. What to print when WaitForConnected gives up.
@@ -302,11 +313,22 @@ class Channel {
   static void RunConnector(Channel* channel, std::shared_ptr<Connector> connector);
   // What TryCancel runs: ends the call CANCELLED.
   static void CancelHook(void* channel, uint64_t call_id);
-  // Has the connector run a round soon, starting its thread if none runs.
-  void WakeConnector();
+  // Has the connector run a round soon, starting its thread if none runs;
+  // with `faster`, a try of the faster way (TryFasterWay) instead.
+  void WakeConnector(bool faster = false);
   // One connect attempt for the calls waiting now (and for WaitForConnected
   // or GetState(true)), and their sending, end, or return to waiting_.
   void ConnectForWaiting();
+  // A new observer for a connection about to be made. Holds watch_mu_.
+  Watch* NewWatch();
+  // conn_ went the slower way (Transport::MayGoFaster): the connector tries
+  // the faster one after faster_wait_.
+  void ScheduleFasterLocked();
+  // The connector's try of the faster way while conn_ is slower_conn_: on
+  // success the new connection becomes conn_ and the old one drains, as
+  // after a GOAWAY but telling the server nothing; on failure the next try
+  // waits twice as long.
+  void TryFasterWay();
   ChannelState StateLocked() const;
   // Stops the connector and waits until it no longer uses the channel.
   void StopConnector(bool shut_transport_down);
@@ -370,9 +392,10 @@ class Channel {
   // conn_: BeginSendLocked returns conn_'s Watch, to pass to EndSend.
   Watch* BeginSendLocked();
   void EndSend(Watch* watch, transport::Connection& conn);
-  // Tells the server that no new call follows on `conn` (draining), and
-  // closes it when no call is left on it.
-  void AckGoAway(transport::Connection& conn);
+  // Ends the drain of `conn`: with tell_server, tells the server that no
+  // new call follows on it (the answer to its GOAWAY); and closes it when no
+  // call is left on it.
+  void AckGoAway(transport::Connection& conn, bool tell_server);
   void OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why);
 
   const std::string target_;
@@ -401,6 +424,14 @@ class Channel {
     bool acknowledged = false;  // AckGoAway has sent the acknowledgment
   };
   std::vector<Draining> draining_;
+  // conn_ while it went the slower way (Transport::MayGoFaster), and the
+  // wait before the next try of the faster way; guarded by mu_. A stale
+  // value never matches: conn_ changes only where this is set too.
+  const transport::Connection* slower_conn_ = nullptr;
+  absl::Duration faster_wait_;
+  uint64_t faster_timer_ = 0;
+  // Ends a try of the faster way early: conn_ was lost, or the channel goes.
+  std::atomic<bool> faster_give_up_{false};
   // Reconnect backoff, guarded by mu_: the wait after the last failed
   // attempt (zero after a success), when the next may start, and its status.
   absl::Duration backoff_;
@@ -466,6 +497,7 @@ class Channel {
     std::condition_variable wake;  // stop became true: a backoff ends early
     bool running = false;          // a connector thread exists
     bool wanted = false;           // calls came since its round began
+    bool faster = false;           // a try of the faster way is due
     bool stop = false;             // the channel is being destroyed
   };
   const std::shared_ptr<Connector> connector_ = std::make_shared<Connector>();

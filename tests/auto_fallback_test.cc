@@ -5,15 +5,19 @@
 // TransportTunables::tcp_fallback = false keeps auto:// to RDMA
 // (transport/auto_transport.h). Runs in the Soft-RoCE VM, which has a device.
 #include <cstdio>
+#include <future>
 #include <memory>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/steady_clock.h"
 #include "gtest/gtest.h"
 #include "rpc/channel.h"
 #include "tests/echo_service.h"
+#include "transport/fallback_memory.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/testing/rdma_test_env.h"
 
@@ -135,6 +139,80 @@ INSTANTIATE_TEST_SUITE_P(Hosts, AutoFallbackOnThisHost,
                                   : info.param == "[::1]"   ? std::string("loopback6")
                                                             : std::string("unspecified4");
                          });
+
+// The TCP connections to `port` that this VM has established, both ends
+// counted.
+int EstablishedTcp(const std::string& port) {
+  FILE* ss = popen(
+      absl::StrCat("ss -Htn state established '( dport = :", port, " or sport = :", port, " )'")
+          .c_str(),
+      "r");
+  if (ss == nullptr) return -1;
+  int lines = 0;
+  for (int c; (c = fgetc(ss)) != EOF;) lines += c == '\n';
+  return pclose(ss) == 0 ? lines : -1;
+}
+
+// An auto:// channel that went over TCP to a server that listens over RDMA
+// too (here because the process remembers that RDMA could not reach the
+// target lately, as after a device went away) moves to RDMA once RDMA
+// connects: the call under way ends on the TCP connection, new calls go
+// by RDMA, and the TCP connection closes.
+TEST_F(AutoFallback, AChannelOverTcpMovesToRdmaOnceRdmaReachesTheServer) {
+  TestServer server(absl::StrCat("auto://", ip_, ":0"));
+  ASSERT_TRUE(server.server);
+  const std::string port = Port(server.address);
+  transport::FallbackMemory::Process().Remember(server.address, SteadyNow());
+  ChannelOptions options;
+  options.transport.tcp_fallback_upgrade = absl::Milliseconds(500);
+  auto ch = Channel::Create(server.address, options);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  const std::string large(100 << 10, 'u');
+  const uint64_t reads_on_tcp = Counters().reads;
+  ASSERT_TRUE(EchoOn(**ch, large).ok());
+  EXPECT_EQ(Counters().reads, reads_on_tcp) << "the first call went by RDMA, not over TCP";
+  EXPECT_EQ(EstablishedTcp(port), 2);
+
+  ::testing::internal::CaptureStderr();
+  // Under way over TCP as the channel moves.
+  ClientContext slow_ctx;
+  EchoRequest slow_req;
+  slow_req.set_data("slow");
+  slow_req.set_sleep_ms(2000);
+  EchoResponse slow_resp;
+  std::promise<Status> slow_done;
+  (*ch)->CallAsync(kEcho, &slow_ctx, slow_req, &slow_resp,
+                   [&](Status s) { slow_done.set_value(std::move(s)); });
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while ((*ch)->stats().upgrades == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ((*ch)->stats().upgrades, 1u) << "the channel did not move to RDMA";
+  const uint64_t reads_on_rdma = Counters().reads;
+  EXPECT_TRUE(EchoOn(**ch, large).ok());
+  EXPECT_GE(Counters().reads, reads_on_rdma + 1) << "a call after the move did not go by READ";
+  EXPECT_EQ(EstablishedTcp(port), 2) << "the TCP connection closed under the call on it";
+  const Status slow = slow_done.get_future().get();
+  EXPECT_TRUE(slow.ok()) << slow;
+  EXPECT_EQ(slow_resp.data(), "slow");
+  const absl::Time closed_by = absl::Now() + absl::Seconds(5);
+  while (EstablishedTcp(port) != 0 && absl::Now() < closed_by) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(EstablishedTcp(port), 0) << "the TCP connection outlived its last call";
+  EXPECT_FALSE(transport::FallbackMemory::Process().FellBackWithin(server.address, absl::Hours(1),
+                                                                   SteadyNow()))
+      << "the process still remembers the target as one RDMA cannot reach";
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::StrContains(
+      log, absl::StrCat("rdmarpc[channel ", server.address, "]: rdma://", ip_, ":", port,
+                        " reaches the server again: new calls go there, and the connection "
+                        "tcp://",
+                        ip_, ":", port, " closes once its 1 call has ended")))
+      << log;
+  EXPECT_EQ((*ch)->stats().go_aways, 0u);
+  printf("%s", log.c_str());
+}
 
 // rdma:// means RDMA: no fallback to the TCP server, and the error says why.
 // tcp_fallback = false keeps auto:// to RDMA as well.

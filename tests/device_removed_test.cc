@@ -4,9 +4,10 @@
 // channel's calls end UNAVAILABLE at once, saying the device is gone; the
 // server says its RDMA listener is gone and goes on taking TCP clients.
 // Nothing waits for a timeout. Once a device serves the server's address
-// again, the server listens there by itself and the rdma:// channel
-// connects again; and since every transport has let go of the removed
-// device, the removal then completes while the process runs.
+// again, the server listens there by itself, the rdma:// channel connects
+// again, and the auto:// channel moves back to RDMA; and since every
+// transport has let go of the removed device, the removal then completes
+// while the process runs.
 // Its own binary: it takes the VM's device away.
 #include <glob.h>
 #include <unistd.h>
@@ -48,7 +49,9 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
   TestServer server(absl::StrCat("auto://", ip, ":0"));
   ASSERT_TRUE(server.server);
   const std::string port = server.address.substr(server.address.rfind(':') + 1);
-  auto automatic = Channel::Create(server.address);
+  ChannelOptions moves_back_soon;
+  moves_back_soon.transport.tcp_fallback_upgrade = absl::Milliseconds(100);
+  auto automatic = Channel::Create(server.address, moves_back_soon);
   ASSERT_TRUE(automatic.ok()) << automatic.status();
   auto rdma = Channel::Create(absl::StrCat("rdma://", ip, ":", port));
   ASSERT_TRUE(rdma.ok()) << rdma.status();
@@ -155,12 +158,31 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
   auto fresh = Channel::Create(absl::StrCat("rdma://", ip, ":", port));
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_TRUE(EchoOn(**fresh, kLarge).ok());
+  // The auto:// channel, over TCP since the removal, moves back to RDMA by
+  // itself: its tries, 100 ms apart at first, twice as far apart after each
+  // failure, reach 3.2 s apart at most.
+  const absl::Time until_moved = absl::Now() + absl::Seconds(15);
+  while ((*automatic)->stats().upgrades == 0 && absl::Now() < until_moved) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ((*automatic)->stats().upgrades, 1u) << "the auto:// channel stayed on TCP";
+  printf("auto:// channel: back on RDMA %s after the new device was added\n",
+         absl::FormatDuration(absl::Now() - added).c_str());
+  const uint64_t reads_moved = Counters().reads;
+  EXPECT_TRUE(EchoOn(**automatic, kLarge).ok());
+  EXPECT_GE(Counters().reads, reads_moved + 1) << "the auto:// call did not go by READ";
 
   const std::string back = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(
       absl::StrContains(back, absl::StrCat("RDMA device rxe1 serves the listener on "
                                            "rdma://",
                                            ip, ":", port, " again: it takes RDMA connections")))
+      << back;
+  EXPECT_TRUE(absl::StrContains(
+      back, absl::StrCat("rdmarpc[channel auto://", ip, ":", port, "]: rdma://", ip, ":", port,
+                         " reaches the server again: new calls go there, and the connection "
+                         "tcp://",
+                         ip, ":", port, " closes now")))
       << back;
   // Every transport that had used the removed device let go of it, so the
   // removal completes now that librdmacm has seen a new device.

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/steady_clock.h"
@@ -180,6 +181,19 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
   return absl::Status(tcp.status().code(),
                       absl::StrCat("over RDMA: ", conn.status().message(),
                                    "; then over TCP: ", tcp.status().message()));
+}
+
+bool AutoTransport::MayGoFaster(const Address& addr, const Connection& conn) const {
+  return addr.scheme == "auto" && absl::StartsWith(conn.peer(), "tcp://") && !conn.ServerTcpAlone();
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectFaster(
+    const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+    const std::atomic<bool>& give_up) {
+  auto conn = rdma_->ConnectUnless(WithScheme(addr, "rdma"), observer, deadline, give_up);
+  // RDMA reaches the target again: the next connections try it first.
+  if (conn.ok()) memory_.Forget(addr.ToString());
+  return conn;
 }
 
 absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::Listen(const Address& addr,

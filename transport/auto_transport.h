@@ -25,6 +25,12 @@
 //   reports the auto:// address, which reaches it from any client (an
 //   rdma:// address only from those with an RDMA path to it).
 //
+//   A connection that went over TCP to a server that listens over RDMA
+//   too (its kHello lacks kHelloTcpAlone) MayGoFaster: its channel tries
+//   ConnectFaster, RDMA alone, now and then while the TCP connection lasts
+//   (TransportTunables::tcp_fallback_upgrade), and moves its new calls to
+//   the RDMA connection that makes, which ends the target's memory below.
+//
 //   A target reached that way is remembered for the process
 //   (fallback_memory.h) for `remember` (TransportTunables::
 //   tcp_fallback_memory): connections to it in that time go over TCP
@@ -42,6 +48,7 @@
 #ifndef RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
 #define RDMARPC_TRANSPORT_AUTO_TRANSPORT_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -68,6 +75,10 @@ class AutoTransport : public Transport {
   absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
                                                    AcceptCallback on_accept) override;
   void Shutdown() override;
+  bool MayGoFaster(const Address& addr, const Connection& conn) const override;
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectFaster(
+      const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+      const std::atomic<bool>& give_up) override;
 
  private:
   Transport& Tcp();

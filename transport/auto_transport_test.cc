@@ -99,6 +99,26 @@ struct Pair {
 
 Address At(const std::string& text) { return *ParseAddress(text); }
 
+// A connection that is only its peer's name and what the server's kHello
+// said.
+class PeerOnly : public Connection {
+ public:
+  PeerOnly(std::string peer, bool server_tcp_alone)
+      : peer_(std::move(peer)), server_tcp_alone_(server_tcp_alone) {}
+  absl::Status Send(OutboundMessage&&) override { return absl::OkStatus(); }
+  absl::StatusOr<Buffer> AllocatePayload(size_t) override {
+    return absl::UnimplementedError("no memory here");
+  }
+  void Close() override {}
+  bool Delivered() override { return true; }
+  const std::string& peer() const override { return peer_; }
+  bool ServerTcpAlone() const override { return server_tcp_alone_; }
+
+ private:
+  const std::string peer_;
+  const bool server_tcp_alone_;
+};
+
 TEST(AutoTransport, FallsBackToTcpOnlyForAutoAddressesRdmaCannotReach) {
   Pair p(absl::ZeroDuration());  // each connect asks RDMA first
   p.rdma->connect_results = {NotReachable("no listener"), NotReachable("no listener"),
@@ -258,6 +278,45 @@ TEST(AutoTransport, ATcpPortThatDoesNotSayTcpAloneLeavesRdmaItsTime) {
     EXPECT_EQ(p.rdma->given_up, 0);
     EXPECT_EQ(p.tcp->connects.size(), 1u);
   }
+}
+
+// An auto:// connection over TCP to a server that listens over RDMA too
+// may go faster later; one to a server with TCP alone, one over RDMA, and
+// one to a tcp:// address may not. ConnectFaster asks RDMA alone, with the
+// deadline given, and once RDMA connects the target is no longer
+// remembered as one RDMA cannot reach.
+TEST(AutoTransport, ATcpConnectionBesideRdmaMayGoFasterOverRdmaAlone) {
+  FallbackMemory memory;
+  Pair p(absl::Seconds(60), &memory);
+  const Address target = At("auto://10.0.0.2:7");
+  EXPECT_TRUE(p.t.MayGoFaster(target, PeerOnly("tcp://10.0.0.2:7", false)));
+  EXPECT_FALSE(p.t.MayGoFaster(target, PeerOnly("tcp://10.0.0.2:7", true)));
+  EXPECT_FALSE(p.t.MayGoFaster(target, PeerOnly("rdma://10.0.0.2:7", false)));
+  EXPECT_FALSE(p.t.MayGoFaster(At("tcp://10.0.0.2:7"), PeerOnly("tcp://10.0.0.2:7", false)));
+
+  memory.Remember("auto://10.0.0.2:7", SteadyNow());
+  p.rdma->connect_results = {NotReachable("no route"), absl::OkStatus()};
+  const std::atomic<bool> give_up{false};
+  const absl::Time deadline = SteadyNow() + absl::Seconds(5);
+  EXPECT_FALSE(p.t.ConnectFaster(target, nullptr, deadline, give_up).ok());
+  EXPECT_TRUE(memory.FellBackWithin("auto://10.0.0.2:7", absl::Seconds(60), SteadyNow()));
+  EXPECT_TRUE(p.t.ConnectFaster(target, nullptr, deadline, give_up).ok());
+  EXPECT_FALSE(memory.FellBackWithin("auto://10.0.0.2:7", absl::Seconds(60), SteadyNow()));
+  EXPECT_EQ(p.rdma->connects, (std::vector<std::string>{"rdma://10.0.0.2:7", "rdma://10.0.0.2:7"}));
+  EXPECT_EQ(p.rdma->deadlines, (std::vector<absl::Time>{deadline, deadline}));
+  EXPECT_TRUE(p.tcp->connects.empty());
+}
+
+// Its owner ends a try that RDMA keeps waiting (its connection was lost,
+// or it goes away).
+TEST(AutoTransport, ATryOfTheFasterWayEndsOnceGivenUp) {
+  Pair p;
+  p.rdma->silent = true;
+  const std::atomic<bool> give_up{true};
+  auto conn =
+      p.t.ConnectFaster(At("auto://10.0.0.2:7"), nullptr, SteadyNow() + absl::Seconds(30), give_up);
+  EXPECT_TRUE(absl::IsCancelled(conn.status())) << conn.status();
+  EXPECT_EQ(p.rdma->given_up, 1);
 }
 
 TEST(FallbackMemory, RemembersForTheWindowFromTheFallbackOnly) {

@@ -46,6 +46,13 @@ struct TransportTunables {
   // timeout from a host without RDMA). Then RDMA is tried first again, so
   // that a peer that gains RDMA is used. Zero: RDMA first every time.
   absl::Duration tcp_fallback_memory = absl::Seconds(60);
+  // A channel whose auto:// connection went over TCP to a server that
+  // listens over RDMA too tries RDMA again this long after it connected,
+  // then twice as long after each failed try, up to 32 times this. Once
+  // RDMA connects, new calls go there, and the TCP connection closes as its
+  // last call ends (rpc/channel.h). Zero: never; the TCP connection is kept
+  // while it lasts.
+  absl::Duration tcp_fallback_upgrade = absl::Seconds(10);
 };
 
 // The transport for `scheme`, its tunables overridden by the environment.

@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -150,6 +151,11 @@ class Connection {
   virtual bool Delivered() = 0;
   // "tcp://1.2.3.4:5678" or similar, for errors and logs.
   virtual const std::string& peer() const = 0;
+  // Over TCP: the server said, as it took the connection, that nothing but
+  // TCP takes connections on its port (wire_format.h's kHelloTcpAlone), so
+  // an auto:// client has no RDMA to move to (Transport::MayGoFaster).
+  // False over RDMA.
+  virtual bool ServerTcpAlone() const { return false; }
   // Run-to-completion: a thread about to block until done() lends itself to
   // the transport, which does this connection's I/O on it (observer callbacks
   // included) until done() is true — so the result needs no hand-off from
@@ -214,6 +220,27 @@ class Transport {
   virtual absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
                                                            AcceptCallback on_accept) = 0;
   virtual void Shutdown() = 0;
+
+  // For an address whose way the transport picks (auto://): whether `conn`,
+  // which Connect(addr) made, went the slower way (TCP) to a server that
+  // the faster way (RDMA) may reach later. Its owner may then try
+  // ConnectFaster now and then, and move its new calls to what that makes.
+  virtual bool MayGoFaster(const Address& addr, const Connection& conn) const {
+    (void)addr;
+    (void)conn;
+    return false;
+  }
+  // Connects to `addr` the faster way alone, ending early (CANCELLED) once
+  // `give_up` is true, as ConnectUnless does.
+  virtual absl::StatusOr<std::shared_ptr<Connection>> ConnectFaster(
+      const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+      const std::atomic<bool>& give_up) {
+    (void)observer;
+    (void)deadline;
+    (void)give_up;
+    return absl::UnimplementedError(
+        absl::StrCat(addr.ToString(), ": this transport has no faster way to it"));
+  }
 };
 
 }  // namespace rdmarpc::transport

@@ -178,10 +178,14 @@ class TcpConnection : public Connection,
                       public TcpTransport::IoHandler,
                       public std::enable_shared_from_this<TcpConnection> {
  public:
-  TcpConnection(TcpTransport* transport, int fd, std::string peer, ConnectionObserver* observer)
+  // `server_tcp_alone`: a client's connection whose server's kHello said
+  // kHelloTcpAlone.
+  TcpConnection(TcpTransport* transport, int fd, std::string peer, ConnectionObserver* observer,
+                bool server_tcp_alone = false)
       : transport_(transport),
         fd_(fd),
         peer_(std::move(peer)),
+        server_tcp_alone_(server_tcp_alone),
         observer_(observer),
         watch_(absl::Milliseconds(transport->tcp_.peer_timeout_ms)) {}
   ~TcpConnection() override {
@@ -211,6 +215,7 @@ class TcpConnection : public Connection,
     return queue_.empty() && ioctl(fd_, SIOCOUTQ, &unacknowledged) == 0 && unacknowledged == 0;
   }
   const std::string& peer() const override { return peer_; }
+  bool ServerTcpAlone() const override { return server_tcp_alone_; }
 
   void OnEvents(uint32_t events) override;
   // I/O thread: ends the connection and tells the observer, once.
@@ -239,6 +244,7 @@ class TcpConnection : public Connection,
   TcpTransport* const transport_;
   const int fd_;
   const std::string peer_;
+  const bool server_tcp_alone_;
   ConnectionObserver* observer_;
   std::atomic<bool> closing_{false};
   bool finished_ = false;  // I/O thread
@@ -778,11 +784,12 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
   // Each address in turn, sharing the deadline: a name may resolve to an
   // address the server does not listen on ([::1] for "localhost", where the
   // server took 127.0.0.1).
+  // The kHello of the address that answered: each attempt overwrites it.
+  Header hello;
   absl::StatusOr<int> fd = TryEachAddress<int>(
       *addresses, deadline, /*name_each=*/true,
-      [this](const SocketAddress& a, absl::Time by) {
+      [this, &hello](const SocketAddress& a, absl::Time by) {
         // Shutdown's stop_fd_ ends the wait for a handshake (CANCELLED).
-        Header hello;
         return ConnectToServer(a, stop_fd_, by, &hello);
       },
       [](const absl::Status& s) { return absl::IsCancelled(s); });
@@ -790,7 +797,8 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
     return absl::UnavailableError(absl::StrCat("connect to ", target, ": ", fd.status().message()));
   }
   ConfigureConnectedSocket(*fd, tcp_);
-  auto conn = std::make_shared<TcpConnection>(this, *fd, target, observer);
+  auto conn = std::make_shared<TcpConnection>(this, *fd, target, observer,
+                                              (hello.call_id & kHelloTcpAlone) != 0);
   bool adopted = false;
   RunInLoopAndWait([&] {
     if (loop_exit_) return;

@@ -3,8 +3,8 @@
 // connect that waits on a peer that does not answer; the keepalive and peer timeout the
 // connection's socket gets; a connect that returns only once the server took
 // the connection (kHello); Delivered waiting for the peer's acknowledgment;
-// a listener destroyed while its events are due; a server out of file
-// descriptors.
+// what the kHello said of the server's port; a listener destroyed while
+// its events are due; a server out of file descriptors.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
@@ -427,6 +427,26 @@ TEST(TcpTransport, AConnectionTheServerRefusesFailsTheConnect) {
   m.header.call_id = 7;
   ASSERT_TRUE((*taken)->Send(std::move(m)).ok());
   EXPECT_EQ(server_observer.FirstCallId(absl::Seconds(10)), 7u) << "the frame never arrived";
+}
+
+// A client's connection knows what the server's kHello said of its port:
+// that TCP alone listens there (a tcp:// server), or not (one beside an
+// RDMA listener, an auto:// server's), which is what lets an auto:// client
+// try RDMA again later.
+TEST(TcpTransport, AConnectionKnowsWhetherTcpAloneListensAtTheServer) {
+  for (const bool beside_rdma : {false, true}) {
+    NoObserver server_observer;
+    TcpTransport server(TransportOptions{}, TcpOptions{}, beside_rdma);
+    auto listener = server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
+                                  [&](std::shared_ptr<Connection>) { return &server_observer; });
+    ASSERT_TRUE(listener.ok()) << listener.status();
+    NoObserver client_observer;
+    TcpTransport client(TransportOptions{});
+    auto conn =
+        client.Connect((*listener)->address(), &client_observer, SteadyNow() + absl::Seconds(10));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    EXPECT_EQ((*conn)->ServerTcpAlone(), !beside_rdma) << "beside_rdma " << beside_rdma;
+  }
 }
 
 // Delivered means acknowledged by the peer, not written to the socket: a
