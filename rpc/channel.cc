@@ -528,15 +528,18 @@ void Channel::TryFasterWay() {
   Watch* watch = NewWatch();
   auto conn = transport_->ConnectFaster(addr_, watch, SteadyNow() + options_.connect_timeout,
                                         faster_give_up_);
+  const auto try_later_locked = [&] {
+    if (!still_slower_locked()) return;
+    faster_wait_ = std::min(faster_wait_ * 2, options_.transport.tcp_fallback_upgrade * 32);
+    ScheduleFasterLocked();
+  };
   if (!conn.ok()) {
     {
       std::lock_guard<std::mutex> lock(watch_mu_);
       watch->done = true;
     }
     std::lock_guard<InlineMutex> lock(mu_);
-    if (!still_slower_locked()) return;
-    faster_wait_ = std::min(faster_wait_ * 2, options_.transport.tcp_fallback_upgrade * 32);
-    ScheduleFasterLocked();
+    try_later_locked();
     return;
   }
   std::shared_ptr<transport::Connection> slower;
@@ -564,6 +567,8 @@ void Channel::TryFasterWay() {
       ++stats_.upgrades;
       // With a send under way there is a call on it, and EndSend ends the drain.
       end_drain = slower_watch->sending.fetch_or(1, std::memory_order_acq_rel) == 0;
+    } else {
+      try_later_locked();  // lost as soon as it was made
     }
   }
   if (acknowledge) AckGoAway(**conn, /*tell_server=*/true);  // and closes it: no call went on it
