@@ -4,10 +4,14 @@
 // route there), saying so once. rdma:// never falls back, and
 // TransportTunables::tcp_fallback = false keeps auto:// to RDMA
 // (transport/auto_transport.h). Runs in the Soft-RoCE VM, which has a device.
+#include <atomic>
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -212,6 +216,54 @@ TEST_F(AutoFallback, AChannelOverTcpMovesToRdmaOnceRdmaReachesTheServer) {
       << log;
   EXPECT_EQ((*ch)->stats().go_aways, 0u);
   printf("%s", log.c_str());
+}
+
+// Callers see nothing of the move: calls made from several threads all
+// along, over TCP, across the move and over RDMA, all succeed.
+TEST_F(AutoFallback, CallsMadeAllAlongAsTheChannelMovesAllSucceed) {
+  TestServer server(absl::StrCat("auto://", ip_, ":0"));
+  ASSERT_TRUE(server.server);
+  transport::FallbackMemory::Process().Remember(server.address, SteadyNow());
+  ChannelOptions options;
+  options.transport.tcp_fallback_upgrade = absl::Milliseconds(300);
+  auto ch = Channel::Create(server.address, options);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok_before{0}, ok_after{0}, failed{0};
+  std::mutex mu;
+  Status first_failure;
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&, t] {
+      // Small ones by SEND, large ones by READ once on RDMA.
+      const std::string data(t % 2 == 0 ? 64 : (64 << 10), 'm');
+      while (!stop.load()) {
+        const bool moved = (*ch)->stats().upgrades > 0;
+        const Status s = EchoOn(**ch, data);
+        if (s.ok()) {
+          ++(moved ? ok_after : ok_before);
+          continue;
+        }
+        ++failed;
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_failure.ok()) first_failure = s;
+      }
+    });
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while ((*ch)->stats().upgrades == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  stop = true;
+  for (auto& c : callers) c.join();
+  EXPECT_EQ((*ch)->stats().upgrades, 1u) << "the channel did not move to RDMA";
+  EXPECT_EQ(failed.load(), 0) << first_failure;
+  EXPECT_GT(ok_before.load(), 0);
+  EXPECT_GT(ok_after.load(), 0);
+  EXPECT_EQ((*ch)->stats().transparent_retries, 0u);
+  printf("calls: %d over TCP, %d after the move, %d failed\n", ok_before.load(), ok_after.load(),
+         failed.load());
 }
 
 // rdma:// means RDMA: no fallback to the TCP server, and the error says why.
