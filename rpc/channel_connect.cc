@@ -1,0 +1,512 @@
+// The channel's connecting: the connector thread that makes one attempt for
+// the calls waiting for a connection, the reconnect backoff, the states that
+// GetState and WaitForConnected report, and the move of an auto:// channel
+// from a connection that went the slower way (TCP) to one the faster way
+// (RDMA). The call path, GOAWAY and loss are in rpc/channel.cc.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/steady_clock.h"
+#include "rpc/channel.h"
+#include "rpc/internal/channel_watch.h"
+#include "rpc/internal/inline_scope.h"
+#include "rpc/internal/payload.h"
+
+namespace rdmarpc {
+
+using internal::inline_scopes;
+using internal::InlineScope;
+using internal::InlineScopeOf;
+using internal::RunDeferredAndLeave;
+using transport::MessageKind;
+using transport::OutboundMessage;
+
+void Channel::WakeConnector(bool faster) {
+  {
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    if (faster) {
+      if (connector_->stop) return;  // a timer that fired as the channel went
+      connector_->faster = true;
+    } else {
+      connector_->wanted = true;
+    }
+    if (connector_->running) return;
+    connector_->running = true;
+  }
+  std::thread(&Channel::RunConnector, this, connector_).detach();
+}
+
+void Channel::RunConnector(Channel* channel, std::shared_ptr<Connector> connector) {
+  for (;;) {
+    bool wanted;
+    bool faster;
+    {
+      std::lock_guard<std::mutex> lock(connector->mu);
+      if (connector->stop || (!connector->wanted && !connector->faster)) {
+        connector->running = false;
+        connector->idle.notify_all();
+        return;
+      }
+      wanted = std::exchange(connector->wanted, false);
+      faster = std::exchange(connector->faster, false);
+    }
+    // Calls waiting for a connection first: they wait on no other thread.
+    if (wanted) channel->ConnectForWaiting();
+    if (faster) channel->TryFasterWay();
+  }
+}
+
+Channel::Watch* Channel::NewWatch() {
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  // One with a send under way is still in use: EndSend reads it.
+  watches_.erase(std::remove_if(watches_.begin(), watches_.end(),
+                                [](const auto& w) {
+                                  return w->done && w->sending.load(std::memory_order_acquire) < 2;
+                                }),
+                 watches_.end());
+  watches_.push_back(std::make_unique<Watch>(this));
+  return watches_.back().get();
+}
+
+void Channel::ScheduleFasterLocked() {
+  timers_->Cancel(faster_timer_);
+  faster_timer_ = timers_->Schedule(
+      SteadyNow() + faster_wait_, [this] { WakeConnector(/*faster=*/true); }, this);
+}
+
+void Channel::TryFasterWay() {
+  const auto still_slower_locked = [&] {
+    return slower_conn_ != nullptr && conn_.get() == slower_conn_;
+  };
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (!still_slower_locked()) return;
+  }
+  // Not beside another attempt: EnsureConnected sets conn_ too. It waits
+  // only where conn_ was lost, which ends this try (faster_give_up_).
+  std::lock_guard<std::mutex> connecting(connect_mu_);
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (!still_slower_locked()) return;
+    faster_give_up_.store(false);
+  }
+  {
+    // After the store above: StopConnector sets stop, then gives up.
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    if (connector_->stop) return;
+  }
+  Watch* watch = NewWatch();
+  auto conn = transport_->ConnectFaster(addr_, watch, SteadyNow() + options_.connect_timeout,
+                                        faster_give_up_);
+  const auto try_later_locked = [&] {
+    if (!still_slower_locked()) return;
+    faster_wait_ = std::min(faster_wait_ * 2, options_.transport.tcp_fallback_upgrade * 32);
+    ScheduleFasterLocked();
+  };
+  if (!conn.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch->done = true;
+    }
+    std::lock_guard<InlineMutex> lock(mu_);
+    try_later_locked();
+    return;
+  }
+  std::shared_ptr<transport::Connection> slower;
+  size_t calls = 0;
+  bool end_drain = false;
+  bool acknowledge = false;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (watch->go_away) {
+      // As in EnsureConnected: the server's GOAWAY came first; it waits for
+      // the acknowledgment.
+      watch->sending.fetch_or(1, std::memory_order_acq_rel);
+      acknowledge = true;
+      DrainLocked(*conn);
+      ++stats_.go_aways;
+    } else if (!watch->lost && still_slower_locked()) {
+      slower = std::move(conn_);
+      Watch* slower_watch = conn_watch_;
+      slower_watch->moved = true;
+      DrainLocked(slower);
+      calls = draining_.back().calls;
+      conn_ = *conn;
+      conn_watch_ = watch;
+      slower_conn_ = nullptr;
+      ++stats_.upgrades;
+      // With a send under way there is a call on it, and EndSend ends the drain.
+      end_drain = slower_watch->sending.fetch_or(1, std::memory_order_acq_rel) == 0;
+    } else {
+      try_later_locked();  // lost as soon as it was made
+    }
+  }
+  if (acknowledge) AckGoAway(**conn, /*tell_server=*/true);  // and closes it: no call went on it
+  if (!slower) {
+    if (!acknowledge) (*conn)->Close();  // conn_ was lost or replaced meanwhile
+    return;
+  }
+  const std::string closes =
+      calls == 0
+          ? std::string("now")
+          : absl::StrCat("once its ", calls, calls == 1 ? " call has" : " calls have", " ended");
+  fprintf(stderr,
+          "rdmarpc[channel %s]: %s reaches the server again: new calls go there, and the "
+          "connection %s closes %s\n",
+          target_.c_str(), (*conn)->peer().c_str(), slower->peer().c_str(), closes.c_str());
+  if (end_drain) AckGoAway(*slower, /*tell_server=*/false);
+}
+
+void Channel::ConnectForWaiting() {
+  bool once;
+  // Whether anyone still wants an attempt: a call that has not ended (a
+  // deadline or a cancel ends one while it waits), WaitForConnected, or the
+  // GetState(true) taken here. Needs mu_.
+  const auto wanted_locked = [&] {
+    waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                  [&](const Waiting& w) { return pending_.Get(w.id) == nullptr; }),
+                   waiting_.end());
+    if (!waiting_.empty()) return true;
+    queueing_ = false;
+    return !conn_ && (connect_waiters_ > 0 || once);
+  };
+  absl::Time retry_after;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    once = std::exchange(connect_once_, false);
+    if (!wanted_locked()) return;
+    retry_after = retry_after_;
+  }
+  if (retry_after != absl::InfinitePast()) {
+    // Not before the backoff after a failed attempt ends; calls wait for it.
+    std::unique_lock<std::mutex> lock(connector_->mu);
+    WaitUntil(connector_->wake, lock, retry_after, [&] { return connector_->stop; });
+    if (connector_->stop) return;
+  }
+  // Bounded by connect_timeout alone, not by the calls' deadlines: calls
+  // that come while it runs may have later ones. A deadline ends its call by
+  // the call's timer.
+  bool refused_by_go_away = false;
+  auto connected = EnsureConnected(&refused_by_go_away, wanted_locked);
+  if (absl::IsCancelled(connected.status())) return;  // the calls ended meanwhile
+  {
+    // The destructor ends the waiting calls.
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    if (connector_->stop) return;
+  }
+  std::vector<Waiting> batch;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    batch.swap(waiting_);
+  }
+  // Inline callbacks (callback_threads = 0) run after every call of the
+  // batch is sent or ended, not between: what one does to the channel (a
+  // new call, dropping it) finds the batch done.
+  InlineScope scope{this, inline_scopes, {}};
+  inline_scopes = &scope;
+  // A call that found no connection ends with `why`, unless it is
+  // wait-for-ready: then it waits for the next attempt (unless nothing ever
+  // could connect). One kept from being sent by a connection that it was
+  // about to go on (drained by a GOAWAY, lost, or closed under the send)
+  // waits for the next attempt once in any case: the server never saw it,
+  // and a call made a moment later would get that attempt too (gRPC's
+  // transparent retry).
+  std::vector<Waiting> again;
+  Status last_not_sent;
+  uint64_t unseen_again = 0;
+  const auto not_sent = [&](Waiting& w, const Status& why, bool unseen) {
+    if ((w.wait_for_ready && !absl::IsInvalidArgument(why)) ||
+        (unseen && !std::exchange(w.sent_again, true))) {
+      unseen_again += unseen;
+      last_not_sent = why;
+      again.push_back(std::move(w));
+    } else {
+      Complete(w.id, why, nullptr, false);
+    }
+  };
+  for (Waiting& w : batch) {
+    if (!connected.ok()) {
+      not_sent(w, connected.status(), refused_by_go_away);
+      continue;
+    }
+    OutboundMessage msg;
+    msg.header.kind = MessageKind::kRequest;
+    msg.header.method_id = w.method_id;
+    msg.header.call_id = w.id;
+    // Over conn_, which OnClosed clears before it ends the calls on it: the
+    // connection made above may be lost already.
+    std::shared_ptr<transport::Connection> conn;
+    Watch* watch = nullptr;
+    Status cleared_why;
+    {
+      std::lock_guard<InlineMutex> lock(mu_);
+      Pending* p = pending_.Get(w.id);
+      if (p == nullptr) continue;  // ended while waiting: a deadline, a cancel
+      conn = conn_;
+      if (conn) {
+        p->conn = conn.get();
+        watch = BeginSendLocked();
+      } else {
+        cleared_why = conn_cleared_why_;
+      }
+      const absl::Time deadline = p->ctx->steady_deadline();
+      if (deadline != absl::InfiniteFuture()) {
+        msg.header.timeout_us =
+            std::max<int64_t>(1, absl::ToInt64Microseconds(deadline - SteadyNow()));
+      }
+    }
+    if (!conn) {
+      not_sent(w,
+               Status(StatusCode::kUnavailable,
+                      absl::StrCat(cleared_why.message(), " before the call was sent")),
+               /*unseen=*/true);
+      continue;
+    }
+    // A copy: a send refused unsent leaves the call what it needs for the
+    // next connection (but for an attachment, which goes with the send).
+    msg.metadata = w.metadata;
+    const bool had_attachment = !w.attachment.empty();
+    Status sent =
+        internal::SendWithSerialized(*conn, std::move(msg), std::move(w.attachment), w.request);
+    EndSend(watch, *conn);
+    if (sent.ok()) continue;
+    if (had_attachment || !transport::NeverSent(sent)) {
+      Complete(w.id, sent, nullptr, false);
+      continue;
+    }
+    std::shared_ptr<transport::Connection> idle;
+    bool pending;
+    {
+      std::lock_guard<InlineMutex> lock(mu_);
+      Pending* p = pending_.Get(w.id);
+      pending = p != nullptr;
+      if (pending) LetGoOfUnsentLocked(*p, *conn, sent, &idle);
+    }
+    conn->Close();
+    if (idle) idle->Close();
+    if (pending) not_sent(w, sent, /*unseen=*/true);
+  }
+  bool another_round;
+  {
+    // Calls that came meanwhile wait for the next round, in order, behind
+    // those that wait again.
+    std::lock_guard<InlineMutex> lock(mu_);
+    waiting_.insert(waiting_.begin(), std::make_move_iterator(again.begin()),
+                    std::make_move_iterator(again.end()));
+    stats_.transparent_retries += unseen_again;
+    queueing_ = !waiting_.empty();
+    // A connection lost (or drained) before it carried a call is no
+    // success: without a backoff, a server that accepts and drops would be
+    // retried at once.
+    if (connected.ok() && !again.empty() && backoff_ == absl::ZeroDuration()) {
+      StartBackoffLocked(SteadyNow(), last_not_sent);
+    }
+    another_round = !again.empty() || (!conn_ && connect_waiters_ > 0);
+  }
+  if (another_round) {
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    connector_->wanted = true;
+  }
+  RunDeferredAndLeave(scope);
+}
+
+void Channel::StopConnector(bool shut_transport_down) {
+  {
+    std::lock_guard<std::mutex> lock(connector_->mu);
+    connector_->stop = true;
+    connector_->wake.notify_all();
+  }
+  faster_give_up_.store(true);
+  if (shut_transport_down) transport_->Shutdown();
+  // Never on the connector thread: Own moves a destruction out of the
+  // inline callbacks it runs.
+  std::unique_lock<std::mutex> lock(connector_->mu);
+  connector_->idle.wait(lock, [&] { return !connector_->running; });
+}
+
+StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
+    bool* go_away, absl::FunctionRef<bool()> wanted_locked) {
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (conn_) return conn_;
+  }
+  // An inline callback may be running on the very thread that connecting
+  // waits for (the transport's I/O or connection-event thread).
+  if (InlineScopeOf(this) != nullptr) {
+    return Status(StatusCode::kUnavailable,
+                  absl::StrCat("not connected to ", target_,
+                               ", and an inline callback (callback_threads = 0) does not wait "
+                               "for a connection; connect from another thread"));
+  }
+  std::lock_guard<std::mutex> connecting(connect_mu_);
+  const absl::Time start = SteadyNow();
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (conn_) return conn_;  // another caller connected meanwhile
+    if (Status s = BackoffLocked(start); !s.ok()) return s;
+    if (!wanted_locked()) {
+      return Status(StatusCode::kCancelled, "no call waits for a connection any more");
+    }
+    connecting_ = true;
+    ++stats_.connect_attempts;
+    state_changed_.notify_all();
+  }
+  Watch* watch = NewWatch();
+  auto conn = transport_->Connect(addr_, watch, start + options_.connect_timeout);
+  const bool may_go_faster = conn.ok() &&
+                             options_.transport.tcp_fallback_upgrade > absl::ZeroDuration() &&
+                             transport_->MayGoFaster(addr_, **conn);
+  Status failure;
+  if (!conn.ok()) {
+    {
+      // A connection that Connect did not return gets no callback.
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      watch->done = true;
+    }
+    // A configuration that cannot work (a GID named on a device that does
+    // not exist, or of the wrong address family) stays INVALID_ARGUMENT:
+    // UNAVAILABLE would invite retries that can never succeed.
+    failure =
+        absl::IsInvalidArgument(conn.status())
+            ? Status(StatusCode::kInvalidArgument,
+                     absl::StrCat("cannot connect to ", target_, ": ", conn.status().message()))
+            : Status(StatusCode::kUnavailable,
+                     absl::StrCat("cannot reach ", target_, ": ", conn.status().message()));
+  }
+  bool acknowledge = false;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    connecting_ = false;
+    state_changed_.notify_all();
+    if (failure.ok() && watch->lost) {
+      failure = Status(StatusCode::kUnavailable,
+                       absl::StrCat("connection to ", target_, " lost as soon as it was made"));
+    } else if (failure.ok() && watch->go_away) {
+      // The server began to shut down as we connected, and its GOAWAY came
+      // before we took the connection. It takes no call: it is acknowledged
+      // (the server waits for that; nothing was sent on it, so the
+      // acknowledgment is ours) and then closed.
+      watch->sending.fetch_or(1, std::memory_order_acq_rel);
+      acknowledge = true;
+      DrainLocked(*conn);
+      ++stats_.go_aways;
+      failure =
+          Status(StatusCode::kUnavailable,
+                 absl::StrCat(target_, " is shutting down (GOAWAY as the connection was made)"));
+      if (go_away != nullptr) *go_away = true;
+    }
+    if (failure.ok()) {
+      backoff_ = absl::ZeroDuration();
+      retry_after_ = absl::InfinitePast();
+      stats_.last_connect_error = Status();
+      conn_ = *conn;
+      conn_watch_ = watch;
+      slower_conn_ = may_go_faster ? conn_.get() : nullptr;
+      if (may_go_faster) {
+        faster_wait_ = options_.transport.tcp_fallback_upgrade;
+        ScheduleFasterLocked();
+      }
+      return conn_;
+    }
+    StartBackoffLocked(start, failure);
+    ++stats_.connect_failures;
+    stats_.last_connect_error = failure;
+  }
+  if (acknowledge) AckGoAway(**conn, /*tell_server=*/true);  // and closes it: no call went on it
+  return failure;
+}
+
+void Channel::StartBackoffLocked(absl::Time start, const Status& failure) {
+  // As gRPC: the wait runs from the start of the failed attempt, grows by
+  // 1.6 per further failure, and varies by +-20% so that clients cut off
+  // together do not come back together.
+  backoff_ = backoff_ == absl::ZeroDuration()
+                 ? options_.reconnect_backoff
+                 : std::min(backoff_ * 1.6, options_.reconnect_backoff_max);
+  retry_after_ = start + backoff_ * std::uniform_real_distribution<double>(0.8, 1.2)(jitter_);
+  last_failure_ = failure;
+  state_changed_.notify_all();
+}
+
+Status Channel::BackoffLocked(absl::Time now) const {
+  if (now >= retry_after_) return Status();
+  return Status(
+      last_failure_.code(),
+      absl::StrCat(last_failure_.message(), "; not trying again for ",
+                   absl::FormatDuration(absl::Ceil(retry_after_ - now, absl::Milliseconds(1))),
+                   " (ChannelOptions::reconnect_backoff)"));
+}
+
+const char* ChannelStateName(ChannelState state) {
+  switch (state) {
+    case ChannelState::kIdle:
+      return "IDLE";
+    case ChannelState::kConnecting:
+      return "CONNECTING";
+    case ChannelState::kReady:
+      return "READY";
+    case ChannelState::kTransientFailure:
+      return "TRANSIENT_FAILURE";
+  }
+  return "UNKNOWN";
+}
+
+ChannelState Channel::StateLocked() const {
+  if (conn_) return ChannelState::kReady;
+  if (connecting_) return ChannelState::kConnecting;
+  // A success resets the backoff: one that is running follows a failure.
+  if (backoff_ != absl::ZeroDuration()) return ChannelState::kTransientFailure;
+  return ChannelState::kIdle;
+}
+
+ChannelState Channel::GetState(bool try_to_connect) {
+  ChannelState state;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    state = StateLocked();
+    if (!try_to_connect || state == ChannelState::kReady || state == ChannelState::kConnecting) {
+      return state;
+    }
+    connect_once_ = true;
+  }
+  WakeConnector();
+  return state;
+}
+
+bool Channel::WaitForStateChange(ChannelState last, absl::Time deadline) {
+  std::unique_lock<InlineMutex> lock(mu_);
+  return WaitUntil(state_changed_, lock, FromWallClock(deadline),
+                   [&] { return StateLocked() != last; });
+}
+
+bool Channel::WaitForConnected(absl::Time deadline) {
+  std::unique_lock<InlineMutex> lock(mu_);
+  if (conn_) return true;
+  if (InlineScopeOf(this) != nullptr) {
+    connect_once_ = true;
+    lock.unlock();
+    WakeConnector();
+    return false;
+  }
+  ++connect_waiters_;
+  lock.unlock();
+  WakeConnector();
+  lock.lock();
+  const bool connected =
+      WaitUntil(state_changed_, lock, FromWallClock(deadline), [&] { return conn_ != nullptr; });
+  --connect_waiters_;
+  return connected;
+}
+
+}  // namespace rdmarpc
