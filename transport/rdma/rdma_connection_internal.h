@@ -1,4 +1,5 @@
-// What rdma_connection.cc and rdma_connection_timeouts.cc share: the wr_id
+// What rdma_connection.cc, rdma_connection_receive.cc and
+// rdma_connection_timeouts.cc share: which frames cost credit, the wr_id
 // layout and the wording of durations and revocations in error messages.
 // Not for use outside RdmaConnection.
 #ifndef RDMARPC_TRANSPORT_RDMA_RDMA_CONNECTION_INTERNAL_H_
@@ -12,6 +13,12 @@
 #include "transport/wire_format.h"
 
 namespace rdmarpc::transport::rdma::internal {
+
+// kCredit and kShrink frames are free, so that peers that both ran out can
+// still unblock each other; each side bounds how many it sends instead.
+inline bool CostsCredit(MessageKind kind) {
+  return kind != MessageKind::kCredit && kind != MessageKind::kShrink;
+}
 
 // wr_id: kind (4 bits) | signaled (1 bit) | connection serial (27 bits) | index.
 inline constexpr uint64_t kSignaledBit = uint64_t{1} << 59;

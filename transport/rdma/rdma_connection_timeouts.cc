@@ -7,7 +7,8 @@
 //   - READs of buffers the peer has revoked (its release_timeout_ms);
 //   - our own advertised payloads left unreleased (release_timeout_ms);
 //   - a kShrink left unanswered (shrink_answer_timeout_ms).
-// The send and receive paths are in rdma_connection.cc.
+// The send path is in rdma_connection.cc, the receive path in
+// rdma_connection_receive.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
