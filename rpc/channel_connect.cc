@@ -111,7 +111,7 @@ void Channel::TryFasterWay() {
                                         faster_give_up_);
   const auto try_later_locked = [&] {
     if (!still_slower_locked()) return;
-    faster_wait_ = std::min(faster_wait_ * 2, options_.transport.tcp_fallback_upgrade * 32);
+    faster_wait_ = std::min(faster_wait_ * 2, options_.transport.tcp_fallback_upgrade * 12);
     ScheduleFasterLocked();
   };
   if (!conn.ok()) {

@@ -160,7 +160,7 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
   EXPECT_TRUE(EchoOn(**fresh, kLarge).ok());
   // The auto:// channel, over TCP since the removal, moves back to RDMA by
   // itself: its tries, 100 ms apart at first, twice as far apart after each
-  // failure, reach 3.2 s apart at most.
+  // failure, reach 1.2 s apart at most.
   const absl::Time until_moved = absl::Now() + absl::Seconds(15);
   while ((*automatic)->stats().upgrades == 0 && absl::Now() < until_moved) {
     absl::SleepFor(absl::Milliseconds(10));

@@ -48,7 +48,7 @@ struct TransportTunables {
   absl::Duration tcp_fallback_memory = absl::Seconds(60);
   // A channel whose auto:// connection went over TCP to a server that
   // listens over RDMA too tries RDMA again this long after it connected,
-  // then twice as long after each failed try, up to 32 times this. Once
+  // then twice as long after each failed try, up to 12 times this. Once
   // RDMA connects, new calls go there, and the TCP connection closes as its
   // last call ends (rpc/channel.h). Zero: never; the TCP connection is kept
   // while it lasts.
