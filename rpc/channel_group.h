@@ -17,7 +17,8 @@
 // thread and its callback threads. Right for one server; for a client of a
 // hundred servers it is a hundred SRQs and five hundred threads. The
 // channels of a group share one transport per kind (auto:// addresses share
-// the one of the kind they resolve to; over RDMA one SRQ, CQ and poller per
+// rdma://'s where a device is usable, and have their own without one,
+// which turns to RDMA once one is; over RDMA one SRQ, CQ and poller per
 // device, as a server's connections share its own),
 // so receive memory and threads stay flat as servers are added.
 //
@@ -81,8 +82,9 @@ class ChannelGroup {
   const std::shared_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline
   const std::shared_ptr<internal::TimerQueue> timers_;
   std::mutex mu_;
-  // auto:// resolves once, to the kind tcp:// or rdma:// makes, and shares
-  // that transport (ResolveScheme).
+  // auto:// resolves once, to the kind rdma:// makes where a device is
+  // usable, and shares that transport; else to a kind of its own, TCP until
+  // a device is usable (ResolveScheme).
   std::map<std::string, std::string> kinds_;                                 // scheme's kind; mu_
   std::map<std::string, std::shared_ptr<transport::Transport>> transports_;  // by kind; mu_
 };

@@ -4,7 +4,9 @@
 #include <cstdlib>
 
 #include "gtest/gtest.h"
+#include "rpc/channel_group.h"
 #include "tests/echo_service.h"
+#include "transport/factory.h"
 #include "transport/rdma/rdma_transport.h"
 
 namespace rdmarpc::testing {
@@ -37,6 +39,20 @@ TEST(AutoTransport, FallsBackToTcpOnlyWithoutRdma) {
   Status s = (*ch)->Call(kEcho, &ctx, req, &resp);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(resp.data(), "over the fallback");
+
+  // A group's auto:// channels share a transport of their own kind, TCP
+  // until a device is usable, beside tcp://'s.
+  auto kind = transport::ResolveScheme("auto", "test");
+  ASSERT_TRUE(kind.ok()) << kind.status();
+  EXPECT_EQ(*kind, transport::kTcpUntilRdma);
+  EXPECT_EQ(*transport::ResolveScheme(*kind, "test"), *kind);
+  auto group = ChannelGroup::Create();
+  ASSERT_TRUE(group.ok()) << group.status();
+  for (const char* scheme : {"auto://", "tcp://", "auto://"}) {
+    auto grouped = (*group)->NewChannel(scheme + ts.address.substr(6));
+    ASSERT_TRUE(grouped.ok()) << grouped.status();
+    EXPECT_TRUE(EchoOn(**grouped, "grouped").ok()) << scheme;
+  }
 }
 
 TEST(AutoTransport, FallbackCanBeForbidden) {

@@ -2,10 +2,11 @@
 // link delete`, as a driver reset or a hot-unplug does): an auto:// channel
 // goes on over TCP, to the same port of the auto:// server; an rdma://
 // channel's calls end UNAVAILABLE at once, saying the device is gone; the
-// server says its RDMA listener is gone and goes on taking TCP clients.
-// Nothing waits for a timeout. Once a device serves the server's address
-// again, the server listens there by itself, the rdma:// channel connects
-// again, and the auto:// channel moves back to RDMA; and since every
+// server says its RDMA listener is gone and goes on taking TCP clients; an
+// auto:// channel made meanwhile goes over TCP. Nothing waits for a
+// timeout. Once a device serves the server's address again, the server
+// listens there by itself, the rdma:// channel connects again, and both
+// auto:// channels move to RDMA; and since every
 // transport has let go of the removed device, the removal then completes
 // while the process runs.
 // Its own binary: it takes the VM's device away.
@@ -113,11 +114,23 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
   ASSERT_TRUE(tcp.ok()) << tcp.status();
   const Status over_tcp = EchoOn(**tcp, kLarge);
   EXPECT_TRUE(over_tcp.ok()) << over_tcp;
+  // An auto:// channel made now finds no usable device: it goes over TCP
+  // from its first call, and turns to RDMA once a device comes (below).
+  auto late = Channel::Create(server.address, moves_back_soon);
+  ASSERT_TRUE(late.ok()) << late.status();
+  const uint64_t reads_late = Counters().reads;
+  const Status late_call = EchoOn(**late, kLarge);
+  EXPECT_TRUE(late_call.ok()) << late_call;
+  EXPECT_EQ(Counters().reads, reads_late) << "a call with no device went by READ";
 
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(absl::StrContains(log,
                                 "cannot be reached over RDMA (RDMA_CM_EVENT_ADDR_ERROR: No "
                                 "such device); auto:// connects over TCP"))
+      << log;
+  const std::string auto_channel = absl::StrCat("rdmarpc[channel auto://", ip, ":", port, "]: ");
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat(auto_channel, "no usable RDMA device (")) &&
+              absl::StrContains(log, "auto:// falls back to TCP"))
       << log;
   EXPECT_TRUE(absl::StrContains(log, absl::StrCat("RDMA device rxe0 was removed under the "
                                                   "listener on rdma://",
@@ -168,15 +181,27 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
   EXPECT_EQ((*automatic)->stats().upgrades, 1u) << "the auto:// channel stayed on TCP";
   printf("auto:// channel: back on RDMA %s after the new device was added\n",
          absl::FormatDuration(absl::Now() - added).c_str());
-  const uint64_t reads_moved = Counters().reads;
-  EXPECT_TRUE(EchoOn(**automatic, kLarge).ok());
-  EXPECT_GE(Counters().reads, reads_moved + 1) << "the auto:// call did not go by READ";
+  while ((*late)->stats().upgrades == 0 && absl::Now() < until_moved) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ((*late)->stats().upgrades, 1u)
+      << "the auto:// channel made without a device stayed on TCP";
+  printf("auto:// channel made without a device: on RDMA %s after the new device was added\n",
+         absl::FormatDuration(absl::Now() - added).c_str());
+  for (Channel* channel : {automatic->get(), late->get()}) {
+    const uint64_t reads_moved = Counters().reads;
+    EXPECT_TRUE(EchoOn(*channel, kLarge).ok());
+    EXPECT_GE(Counters().reads, reads_moved + 1) << "the auto:// call did not go by READ";
+  }
 
   const std::string back = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(
       absl::StrContains(back, absl::StrCat("RDMA device rxe1 serves the listener on "
                                            "rdma://",
                                            ip, ":", port, " again: it takes RDMA connections")))
+      << back;
+  EXPECT_TRUE(absl::StrContains(
+      back, absl::StrCat(auto_channel, "an RDMA device is usable now (rxe1 port 1 active")))
       << back;
   EXPECT_TRUE(absl::StrContains(
       back, absl::StrCat("rdmarpc[channel auto://", ip, ":", port, "]: rdma://", ip, ":", port,

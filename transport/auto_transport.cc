@@ -104,14 +104,15 @@ class PairedListener : public Listener {
 
 }  // namespace
 
-AutoTransport::AutoTransport(std::unique_ptr<Transport> rdma,
+AutoTransport::AutoTransport(std::unique_ptr<Transport> rdma, MakeRdma make_rdma,
                              std::function<std::unique_ptr<Transport>()> make_tcp, std::string who,
                              absl::Duration remember, FallbackMemory* memory)
-    : rdma_(std::move(rdma)),
+    : make_rdma_(std::move(make_rdma)),
       make_tcp_(std::move(make_tcp)),
       who_(std::move(who)),
       remember_(remember),
-      memory_(*memory) {}
+      memory_(*memory),
+      rdma_(std::move(rdma)) {}
 
 Transport& AutoTransport::Tcp() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -119,28 +120,44 @@ Transport& AutoTransport::Tcp() {
   return *tcp_;
 }
 
+absl::StatusOr<Transport*> AutoTransport::Rdma() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rdma_) return rdma_.get();
+  if (shut_down_) return absl::UnavailableError(absl::StrCat(who_, ": the transport is shut down"));
+  absl::StatusOr<std::unique_ptr<Transport>> made = make_rdma_();
+  if (!made.ok()) return made.status();
+  rdma_ = *std::move(made);
+  return rdma_.get();
+}
+
 absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::Connect(const Address& addr,
                                                                    ConnectionObserver* observer,
                                                                    absl::Time deadline) {
   if (addr.scheme == "tcp") return Tcp().Connect(addr, observer, deadline);
-  if (addr.scheme != "auto") return rdma_->Connect(addr, observer, deadline);
+  absl::StatusOr<Transport*> rdma = Rdma();
+  if (addr.scheme != "auto") {
+    if (!rdma.ok()) return rdma.status();
+    return (*rdma)->Connect(addr, observer, deadline);
+  }
+  // No device yet: MakeTransport said so once, when it fell back to TCP.
+  if (!rdma.ok()) return Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);
   const std::string target = addr.ToString();
   if (!memory_.FellBackWithin(target, remember_, SteadyNow())) {
-    return ConnectRdmaFirst(addr, target, observer, deadline);
+    return ConnectRdmaFirst(**rdma, addr, target, observer, deadline);
   }
   auto tcp = Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);
   if (tcp.ok()) return tcp;
   // Something changed there (a restart with RDMA alone, say): RDMA first
   // again, with what is left.
   memory_.Forget(target);
-  if (SteadyNow() < deadline) return ConnectRdmaFirst(addr, target, observer, deadline);
+  if (SteadyNow() < deadline) return ConnectRdmaFirst(**rdma, addr, target, observer, deadline);
   return absl::Status(tcp.status().code(),
                       absl::StrCat("over TCP, as RDMA could not reach ", target,
                                    " lately: ", tcp.status().message()));
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
-    const Address& addr, const std::string& target, ConnectionObserver* observer,
+    Transport& rdma, const Address& addr, const std::string& target, ConnectionObserver* observer,
     absl::Time deadline) {
   // A host without RDMA never answers rdma_cm: RDMA gets part of the time,
   // and TCP what is left.
@@ -151,10 +168,10 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
   bool tcp_alone = false;
   if (rdma_deadline - now > kAskTcpAfter) {
     TcpAloneProbe probe(WithScheme(addr, "tcp"), now + kAskTcpAfter, rdma_deadline);
-    conn = rdma_->ConnectUnless(addr, observer, rdma_deadline, probe.tcp_alone());
+    conn = rdma.ConnectUnless(addr, observer, rdma_deadline, probe.tcp_alone());
     tcp_alone = probe.tcp_alone().load(std::memory_order_relaxed);
   } else {
-    conn = rdma_->Connect(addr, observer, rdma_deadline);
+    conn = rdma.Connect(addr, observer, rdma_deadline);
   }
   if (conn.ok()) return conn;
   std::string why;
@@ -190,7 +207,9 @@ bool AutoTransport::MayGoFaster(const Address& addr, const Connection& conn) con
 absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectFaster(
     const Address& addr, ConnectionObserver* observer, absl::Time deadline,
     const std::atomic<bool>& give_up) {
-  auto conn = rdma_->ConnectUnless(WithScheme(addr, "rdma"), observer, deadline, give_up);
+  absl::StatusOr<Transport*> rdma = Rdma();
+  if (!rdma.ok()) return rdma.status();
+  auto conn = (*rdma)->ConnectUnless(WithScheme(addr, "rdma"), observer, deadline, give_up);
   // RDMA reaches the target again: the next connections try it first.
   if (conn.ok()) memory_.Forget(addr.ToString());
   return conn;
@@ -199,9 +218,11 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectFaster(
 absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::Listen(const Address& addr,
                                                                 AcceptCallback on_accept) {
   if (addr.scheme == "tcp") return Tcp().Listen(addr, std::move(on_accept));
+  absl::StatusOr<Transport*> rdma_transport = Rdma();
+  if (!rdma_transport.ok()) return rdma_transport.status();
   absl::Status last;
   for (int i = 0; i < kPortPairTries; ++i) {
-    auto rdma = rdma_->Listen(WithScheme(addr, "rdma"), on_accept);
+    auto rdma = (*rdma_transport)->Listen(WithScheme(addr, "rdma"), on_accept);
     if (!rdma.ok() || addr.scheme != "auto") return rdma;
     Address tcp_addr = WithScheme(addr, "tcp");
     tcp_addr.port = (*rdma)->address().port;
@@ -220,7 +241,13 @@ absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::Listen(const Address& a
 }
 
 void AutoTransport::Shutdown() {
-  rdma_->Shutdown();
+  Transport* rdma;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shut_down_ = true;
+    rdma = rdma_.get();
+  }
+  if (rdma != nullptr) rdma->Shutdown();
   std::lock_guard<std::mutex> lock(mu_);
   if (tcp_) tcp_->Shutdown();
 }

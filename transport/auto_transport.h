@@ -5,6 +5,12 @@
 // (MakeTransport falls back there), and clients without one connect over
 // TCP. rdma:// addresses pass through to RDMA untouched.
 //
+// A client's, made where no RDMA device was usable, starts without RDMA:
+// its auto:// connections go over TCP straight away until a device is
+// usable, and its RDMA transport is made then, at the first connection or
+// ConnectFaster that finds one (so a channel over TCP moves to RDMA once a
+// device comes, as below).
+//
 //   auto t = MakeTransport("auto", options, tunables);  // one of these where RDMA is usable
 //   (*t)->Listen(*ParseAddress("auto://0.0.0.0:7471"), on_accept);  // RDMA and TCP, one port
 //   (*t)->Connect(*ParseAddress("auto://10.0.0.2:7471"), observer, deadline);
@@ -62,10 +68,16 @@ namespace rdmarpc::transport {
 
 class AutoTransport : public Transport {
  public:
-  // `make_tcp` makes the TCP transport when it is first needed. `who` names
-  // the owner in the log line. `memory` (FallbackMemory::Process() but in
-  // tests) must outlive this.
-  AutoTransport(std::unique_ptr<Transport> rdma,
+  // Makes an RDMA transport, or says why there is none yet (UNAVAILABLE
+  // while no device is usable).
+  using MakeRdma = std::function<absl::StatusOr<std::unique_ptr<Transport>>()>;
+
+  // `rdma` is the RDMA transport; null: `make_rdma` makes it when it is
+  // first needed, and again at each need while it fails. `make_tcp` makes
+  // the TCP transport when it is first needed. `who` names the owner in the
+  // log line. `memory` (FallbackMemory::Process() but in tests) must
+  // outlive this.
+  AutoTransport(std::unique_ptr<Transport> rdma, MakeRdma make_rdma,
                 std::function<std::unique_ptr<Transport>()> make_tcp, std::string who,
                 absl::Duration remember, FallbackMemory* memory);
 
@@ -82,20 +94,26 @@ class AutoTransport : public Transport {
 
  private:
   Transport& Tcp();
+  // The RDMA transport, made now if need be; make_rdma_'s error while it
+  // cannot be made.
+  absl::StatusOr<Transport*> Rdma();
   // RDMA first, within half the time left; then TCP where RDMA cannot
   // reach the peer. `target` is addr.ToString(), the memory's key.
-  absl::StatusOr<std::shared_ptr<Connection>> ConnectRdmaFirst(const Address& addr,
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectRdmaFirst(Transport& rdma, const Address& addr,
                                                                const std::string& target,
                                                                ConnectionObserver* observer,
                                                                absl::Time deadline);
 
-  const std::unique_ptr<Transport> rdma_;
+  const MakeRdma make_rdma_;
   const std::function<std::unique_ptr<Transport>()> make_tcp_;
   const std::string who_;
   const absl::Duration remember_;
   FallbackMemory& memory_;
   std::mutex mu_;
-  std::unique_ptr<Transport> tcp_;  // guarded by mu_; made on first use
+  // Guarded by mu_; each is kept, once made, until this is destroyed.
+  std::unique_ptr<Transport> rdma_;
+  std::unique_ptr<Transport> tcp_;
+  bool shut_down_ = false;  // guarded by mu_: nothing more is made
 };
 
 }  // namespace rdmarpc::transport

@@ -86,7 +86,7 @@ absl::Status NotReachable(const char* why) {
 struct Pair {
   explicit Pair(absl::Duration remember = absl::Seconds(60), FallbackMemory* memory = nullptr)
       : t(
-            std::unique_ptr<Transport>(rdma),
+            std::unique_ptr<Transport>(rdma), nullptr,
             [this] { return std::unique_ptr<Transport>(tcp_owned.release()); }, "test", remember,
             memory != nullptr ? memory : &own_memory) {}
 
@@ -317,6 +317,71 @@ TEST(AutoTransport, ATryOfTheFasterWayEndsOnceGivenUp) {
       p.t.ConnectFaster(At("auto://10.0.0.2:7"), nullptr, SteadyNow() + absl::Seconds(30), give_up);
   EXPECT_TRUE(absl::IsCancelled(conn.status())) << conn.status();
   EXPECT_EQ(p.rdma->given_up, 1);
+}
+
+// Made where no RDMA device was usable: auto:// goes over TCP straight
+// away, and the RDMA transport is made at the first need that finds a
+// device, after which RDMA comes first.
+struct NoDeviceYet {
+  NoDeviceYet()
+      : t(
+            nullptr,
+            [this]() -> absl::StatusOr<std::unique_ptr<Transport>> {
+              ++rdma_asked;
+              if (!device) return absl::UnavailableError("no usable RDMA device");
+              return std::unique_ptr<Transport>(rdma_owned.release());
+            },
+            [this] { return std::unique_ptr<Transport>(tcp_owned.release()); }, "test",
+            absl::Seconds(60), &memory) {}
+
+  FallbackMemory memory;
+  bool device = false;
+  int rdma_asked = 0;
+  std::unique_ptr<ScriptedTransport> rdma_owned = std::make_unique<ScriptedTransport>();
+  std::unique_ptr<ScriptedTransport> tcp_owned = std::make_unique<ScriptedTransport>();
+  ScriptedTransport* rdma = rdma_owned.get();
+  ScriptedTransport* tcp = tcp_owned.get();
+  AutoTransport t;
+};
+
+TEST(AutoTransport, WithoutADeviceYetAutoGoesOverTcpAndTurnsToRdmaOnceOneIsUsable) {
+  NoDeviceYet n;
+  const Address target = At("auto://10.0.0.2:7");
+  n.tcp->connect_results = {absl::OkStatus()};
+  EXPECT_TRUE(n.t.Connect(target, nullptr, SteadyNow() + absl::Seconds(5)).ok());
+  EXPECT_EQ(n.tcp->connects, std::vector<std::string>{"tcp://10.0.0.2:7"});
+  // rdma:// needs a device, and says there is none.
+  auto rdma_only = n.t.Connect(At("rdma://10.0.0.2:7"), nullptr, SteadyNow() + absl::Seconds(5));
+  EXPECT_TRUE(absl::IsUnavailable(rdma_only.status())) << rdma_only.status();
+  EXPECT_TRUE(absl::StrContains(rdma_only.status().message(), "no usable RDMA device"))
+      << rdma_only.status();
+  // The TCP connection may go faster; while no device is usable, a try
+  // fails at once.
+  EXPECT_TRUE(n.t.MayGoFaster(target, PeerOnly("tcp://10.0.0.2:7", false)));
+  const std::atomic<bool> give_up{false};
+  auto faster = n.t.ConnectFaster(target, nullptr, SteadyNow() + absl::Seconds(5), give_up);
+  EXPECT_TRUE(absl::IsUnavailable(faster.status())) << faster.status();
+  EXPECT_EQ(n.rdma_asked, 3);
+
+  n.device = true;
+  n.rdma->connect_results = {absl::OkStatus(), absl::OkStatus()};
+  EXPECT_TRUE(n.t.ConnectFaster(target, nullptr, SteadyNow() + absl::Seconds(5), give_up).ok());
+  EXPECT_TRUE(n.t.Connect(target, nullptr, SteadyNow() + absl::Seconds(5)).ok());
+  EXPECT_EQ(n.rdma->connects, (std::vector<std::string>{"rdma://10.0.0.2:7", "auto://10.0.0.2:7"}));
+  EXPECT_EQ(n.tcp->connects.size(), 1u);
+  EXPECT_EQ(n.rdma_asked, 4) << "the RDMA transport was made more than once";
+}
+
+TEST(AutoTransport, WithoutADeviceYetShutDownMakesNoRdma) {
+  NoDeviceYet n;
+  n.t.Shutdown();
+  n.device = true;
+  const std::atomic<bool> give_up{false};
+  auto faster =
+      n.t.ConnectFaster(At("auto://10.0.0.2:7"), nullptr, SteadyNow() + absl::Seconds(5), give_up);
+  EXPECT_FALSE(faster.ok());
+  EXPECT_EQ(n.rdma_asked, 0);
+  EXPECT_TRUE(n.rdma->connects.empty());
 }
 
 TEST(FallbackMemory, RemembersForTheWindowFromTheFallbackOnly) {

@@ -22,7 +22,7 @@ bool EnvForbidsFallback() {
 
 absl::StatusOr<std::string> ResolveScheme(const std::string& scheme, const std::string& who,
                                           const TransportTunables& tunables) {
-  if (scheme == "tcp" || scheme == "rdma") return scheme;
+  if (scheme == "tcp" || scheme == "rdma" || scheme == kTcpUntilRdma) return scheme;
   if (scheme != "auto") {
     return absl::InvalidArgumentError(absl::StrCat("no transport for scheme '", scheme, "'"));
   }
@@ -37,7 +37,7 @@ absl::StatusOr<std::string> ResolveScheme(const std::string& scheme, const std::
   }
   fprintf(stderr, "rdmarpc[%s]: no usable RDMA device (%s); auto:// falls back to TCP\n",
           who.c_str(), devices.c_str());
-  return std::string("tcp");
+  return std::string(kTcpUntilRdma);
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& scheme,
@@ -45,27 +45,41 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
                                                          const TransportTunables& tunables) {
   absl::StatusOr<std::string> kind = ResolveScheme(scheme, options.name, tunables);
   if (!kind.ok()) return kind.status();
+  // A server cannot add an RDMA listener later: without a device it
+  // listens over TCP alone, and its kHello says so.
+  if (*kind == "tcp" || (*kind == kTcpUntilRdma && options.listening)) {
+    return std::unique_ptr<Transport>(new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));
+  }
+  rdma::RdmaOptions rdma = rdma::RdmaOptionsFromEnv(tunables.rdma);
+  // Here rather than at the first connect, so that a channel or server
+  // whose options cannot work is refused as it is made, not call by call.
+  if (absl::Status s = rdma::CheckRdmaOptions(rdma); !s.ok()) return s;
+  std::unique_ptr<Transport> made;
+  AutoTransport::MakeRdma make_rdma;
   if (*kind == "rdma") {
-    rdma::RdmaOptions rdma = rdma::RdmaOptionsFromEnv(tunables.rdma);
-    // Here rather than at the first connect, so that a channel or server
-    // whose options cannot work is refused as it is made, not call by call.
-    if (absl::Status s = rdma::CheckRdmaOptions(rdma); !s.ok()) return s;
-    auto made = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
+    made = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
     // rdma:// too: an AutoTransport passes rdma:// addresses through
     // untouched, and a ChannelGroup shares this one transport between the
     // rdma:// and auto:// addresses it is given.
-    if (!tunables.tcp_fallback || EnvForbidsFallback()) {
-      return std::unique_ptr<Transport>(std::move(made));
-    }
-    TcpOptions tcp = TcpOptionsFromEnv(tunables.tcp);
-    return std::unique_ptr<Transport>(new AutoTransport(
-        std::move(made),
-        [options, tcp] {
-          return std::make_unique<TcpTransport>(options, tcp, /*beside_rdma=*/true);
-        },
-        options.name, tunables.tcp_fallback_memory, &FallbackMemory::Process()));
+    if (!tunables.tcp_fallback || EnvForbidsFallback()) return made;
+  } else {
+    make_rdma = [options, rdma]() -> absl::StatusOr<std::unique_ptr<Transport>> {
+      if (!rdma::RdmaUsable()) {
+        return absl::UnavailableError(
+            absl::StrCat("no usable RDMA device (", rdma::DescribeDevices(), ")"));
+      }
+      fprintf(stderr,
+              "rdmarpc[%s]: an RDMA device is usable now (%s); auto:// connections try RDMA "
+              "first from now on\n",
+              options.name.c_str(), rdma::DescribeDevices().c_str());
+      return std::make_unique<rdma::RdmaTransport>(options, rdma, /*listening=*/false);
+    };
   }
-  return std::unique_ptr<Transport>(new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));
+  TcpOptions tcp = TcpOptionsFromEnv(tunables.tcp);
+  return std::unique_ptr<Transport>(new AutoTransport(
+      std::move(made), std::move(make_rdma),
+      [options, tcp] { return std::make_unique<TcpTransport>(options, tcp, /*beside_rdma=*/true); },
+      options.name, tunables.tcp_fallback_memory, &FallbackMemory::Process()));
 }
 
 }  // namespace rdmarpc::transport

@@ -7,7 +7,8 @@
 //   auto t = MakeTransport("auto", TransportOptions{}, tunables);
 //
 // "auto" picks RDMA when a usable RDMA device exists and TCP otherwise, with
-// one log line saying which and why, unless tcp_fallback is off. With RDMA
+// one log line saying which and why, unless tcp_fallback is off; a client's
+// TCP then turns to RDMA once a device is usable (auto_transport.h). With RDMA
 // it still reaches peers without it: an auto:// server listens on TCP too,
 // at the same port, and an auto:// client connects over TCP where RDMA
 // cannot reach the peer (auto_transport.h), unless tcp_fallback is off.
@@ -62,11 +63,16 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(
     const std::string& scheme, const TransportOptions& options,
     const TransportTunables& tunables = TransportTunables());
 
-// The kind of transport MakeTransport(scheme) makes on this machine: "tcp"
-// or "rdma". For "auto" that is "rdma" where a device is usable, else "tcp"
-// with the log line (naming `who`), or UNAVAILABLE naming the devices found
-// when the fallback is off. Transports of one kind serve each other's
-// addresses, so a ChannelGroup keys its transports by this.
+// What "auto" resolves to where no RDMA device is usable: TCP for a server,
+// and for a client TCP until a device is usable, then RDMA first.
+inline constexpr char kTcpUntilRdma[] = "tcp-until-rdma";
+
+// The kind of transport MakeTransport(scheme) makes on this machine: "tcp",
+// "rdma" or kTcpUntilRdma, each of which resolves to itself. For "auto"
+// that is "rdma" where a device is usable, else kTcpUntilRdma with the log
+// line (naming `who`), or UNAVAILABLE naming the devices found when the
+// fallback is off. Transports of one kind serve each other's addresses, so
+// a ChannelGroup keys its transports by this.
 absl::StatusOr<std::string> ResolveScheme(const std::string& scheme, const std::string& who,
                                           const TransportTunables& tunables = TransportTunables());
 
