@@ -17,12 +17,12 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "base/steady_clock.h"
 #include "transport/listen_on_each.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_selection.h"
 #include "transport/rdma/fault_injection.h"
+#include "transport/rdma/rdma_transport_internal.h"
 
 namespace rdmarpc::transport::rdma {
 namespace {
@@ -42,112 +42,10 @@ bool IsLoopback(const sockaddr* sa) {
   return IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
 }
 
-// Said with a failure to reach a loopback address (or the unspecified one,
-// which means this host as a destination): rdma_cm binds such a connection
-// to a device, but Soft-RoCE (and devices without loopback) finds no route
-// for it.
-const char* kLoopbackHint =
-    " (a loopback or unspecified address: this device has no RDMA path over it; use the "
-    "address of an interface with an RDMA port, or tcp://, or auto://, which falls back to TCP "
-    "there)";
-
-const char* kTry =
-    "Try: `rdma link` and `ibv_devinfo` to see devices and ports; make sure the address "
-    "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
-    "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
-
-// Said with EINVAL from rdma_create_qp or rdma_accept for a connect
-// request: the kernel's CM no longer holds it as pending (so rdma_cm will
-// not move a QP to INIT for it, nor send its reply), as it stops doing when
-// the client cancels it.
-const char* kClientGaveUpHint =
-    " (most likely the client gave up on this connect before it was accepted: its deadline "
-    "passed, it was given up or it shut down)";
-
 // How soon a ConnectUnless sees its give_up.
 constexpr absl::Duration kGiveUpCheck = absl::Milliseconds(10);
 
-std::string EncodeRefusal(const std::string& why) {
-  std::string text = absl::StrCat(kRefusalPrefix, why);
-  text.resize(std::min(text.size(), kMaxRefusalBytes));
-  return text;
-}
-
-// Why the server refused, from a REJ's private data, or nullopt when the
-// refusal is not an rdmarpc server's (or has no reason).
-std::optional<std::string> DecodeRefusal(const void* data, size_t len) {
-  absl::string_view text(static_cast<const char*>(data), data == nullptr ? 0 : len);
-  text = text.substr(0, text.find('\0'));
-  if (!absl::ConsumePrefix(&text, kRefusalPrefix) || text.empty()) return std::nullopt;
-  return std::string(text);
-}
-
 }  // namespace
-
-// ------------------------------------------------------------------ pieces
-
-struct RdmaTransport::Attempt {
-  rdma_cm_id* id = nullptr;
-  std::string target;
-  bool loopback = false;  // the target is 127.0.0.0/8, ::1, 0.0.0.0 or ::
-  ConnectionObserver* observer = nullptr;
-  std::shared_ptr<RdmaConnection> conn;
-  std::promise<absl::Status> done;
-  bool finished = false;
-
-  void Finish(absl::Status s) {
-    if (finished) return;
-    finished = true;
-    done.set_value(std::move(s));
-  }
-};
-
-// A listener on one address. Bound to a specific address, its rdma_cm id is
-// bound to the device that serves it; when that device is removed the id is
-// useless (rdma_cm delivers nothing more to it), so it is destroyed and the
-// listener tries every kRelistenInterval to listen on the same address and
-// port again (RelistenDue), on whatever device serves the address by then.
-// A wildcard listener needs none of this: rdma_cm itself listens on devices
-// that come after it.
-class RdmaTransport::RdmaListener : public Listener {
- public:
-  RdmaListener(RdmaTransport* t, rdma_cm_id* id, Address bound, AcceptCallback cb)
-      : transport_(t),
-        id_(id),
-        bound_(std::move(bound)),
-        bound_at_(CopySockaddr(rdma_get_local_addr(id))),
-        on_accept_(std::move(cb)) {}
-  ~RdmaListener() override {
-    transport_->RunOnCmAndWait([this] {
-      transport_->orphaned_listeners_.erase(this);
-      if (id_ == nullptr) return;
-      transport_->cm_targets_.erase(id_);
-      rdma_destroy_id(id_);
-    });
-  }
-  const Address& address() const override { return bound_; }
-  AcceptCallback& on_accept() { return on_accept_; }
-
-  // CM thread: the listener's id, null while its device is gone.
-  void set_id(rdma_cm_id* id) { id_ = id; }
-  // The address and port it listens on, to listen there again.
-  const sockaddr_storage& bound_at() const { return bound_at_; }
-  // CM thread: when RelistenDue tries next.
-  std::chrono::steady_clock::time_point relisten_at;
-
- private:
-  static sockaddr_storage CopySockaddr(const sockaddr* sa) {
-    sockaddr_storage copy{};
-    memcpy(&copy, sa, sa->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
-    return copy;
-  }
-
-  RdmaTransport* const transport_;
-  rdma_cm_id* id_;
-  const Address bound_;
-  const sockaddr_storage bound_at_;
-  AcceptCallback on_accept_;
-};
 
 // --------------------------------------------------------------- transport
 
@@ -457,7 +355,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
   if (!channel_) {
     return absl::UnavailableError(
         absl::StrCat("rdma_create_event_channel failed: ", strerror(channel_errno_),
-                     ". Devices: ", DescribeDevices(), ". ", kTry));
+                     ". Devices: ", DescribeDevices(), ". ", internal::kTry));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -553,7 +451,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
       absl::Status why = absl::UnavailableError(absl::StrCat(
           "rdma_resolve_addr ", at->target,
           from ? absl::StrCat(" from ", SockaddrString(from), " (RdmaOptions::gid_index)") : "",
-          ": ", strerror(err), at->loopback ? kLoopbackHint : "", ". ", kTry));
+          ": ", strerror(err), at->loopback ? internal::kLoopbackHint : "", ". ", internal::kTry));
       // No RDMA path there: TCP may still reach the peer.
       why.SetPayload(kNotReachableThisWay,
                      absl::Cord(absl::StrCat("rdma_resolve_addr: ", strerror(err))));
@@ -613,7 +511,7 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
   if (!channel_) {
     return absl::UnavailableError(
         absl::StrCat("rdma_create_event_channel failed: ", strerror(channel_errno_),
-                     ". Devices: ", DescribeDevices(), ". ", kTry));
+                     ". Devices: ", DescribeDevices(), ". ", internal::kTry));
   }
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
@@ -649,7 +547,7 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
     return absl::Status(
         listener.status().code(),
         absl::StrCat("listen on ", addr.ToString(), ": ", listener.status().message(),
-                     ". Devices: ", DescribeDevices(), ". ", kTry));
+                     ". Devices: ", DescribeDevices(), ". ", internal::kTry));
   }
   return listener;
 }
@@ -679,308 +577,6 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::ListenAt(const SocketAd
   });
   if (!status.ok()) return status;
   return std::unique_ptr<Listener>(std::move(listener));
-}
-
-void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
-  // Everything that may touch ev->id happens before the ack: until then
-  // rdma_destroy_id on that id (from a poller) waits.
-  const rdma_cm_event_type type = ev->event;
-  rdma_cm_id* id = ev->id;
-  auto it = cm_targets_.find(type == RDMA_CM_EVENT_CONNECT_REQUEST ? ev->listen_id : id);
-  if (it == cm_targets_.end()) {
-    if (type == RDMA_CM_EVENT_CONNECT_REQUEST) rdma_reject(id, nullptr, 0);
-    rdma_ack_cm_event(ev);
-    return;
-  }
-  CmTarget target = it->second;
-  if (target.listener) {
-    if (type == RDMA_CM_EVENT_CONNECT_REQUEST) OnConnectRequest(ev, target.listener);
-    if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-      // Nothing else would say why RDMA clients cannot connect meanwhile
-      // (README, "A device removed").
-      fprintf(stderr,
-              "rdmarpc[%s]: RDMA device %s was removed under the listener on %s: it takes no "
-              "RDMA connections until a device serves that address again (it tries every %lld "
-              "ms)\n",
-              options_.name.c_str(), id->verbs ? ibv_get_device_name(id->verbs->device) : "?",
-              target.listener->address().ToString().c_str(),
-              static_cast<long long>(kRelistenInterval.count()));
-      cm_targets_.erase(it);
-      retired_ids_.push_back(id);
-      target.listener->set_id(nullptr);
-      target.listener->relisten_at = std::chrono::steady_clock::now() + kRelistenInterval;
-      orphaned_listeners_.insert(target.listener);
-    }
-    rdma_ack_cm_event(ev);
-    return;
-  }
-  if (auto conn = target.conn.lock()) {
-    if (rdma_.trace) {
-      TraceLine(options_.name, absl::StrCat(conn->peer(), ": ", rdma_event_str(type),
-                                            type == RDMA_CM_EVENT_ESTABLISHED
-                                                ? absl::StrCat("; ", conn->DescribeRetryPolicy())
-                                                : ""));
-    }
-    switch (type) {
-      case RDMA_CM_EVENT_DISCONNECTED:
-      case RDMA_CM_EVENT_DEVICE_REMOVAL:
-      case RDMA_CM_EVENT_REJECTED:
-      case RDMA_CM_EVENT_UNREACHABLE:
-      case RDMA_CM_EVENT_CONNECT_ERROR:
-        // On the poller, which alone destroys the QP: rdma_disconnect here
-        // could race with that.
-        conn->endpoint()->RunOnPoller([conn, type] {
-          conn->OnPeerGone(absl::UnavailableError(absl::StrCat(
-              "connection to ", conn->peer(), " lost (", rdma_event_str(type), ")")));
-        });
-        break;
-      case RDMA_CM_EVENT_ESTABLISHED:  // an accepted connection
-        conn->MarkEstablished();
-        conn->endpoint()->RunOnPoller([conn] { conn->endpoint()->OnEstablished(); });
-        break;
-      default:
-        break;
-    }
-    rdma_ack_cm_event(ev);
-    return;
-  }
-  if (!target.attempt) {
-    rdma_ack_cm_event(ev);
-    return;
-  }
-  Attempt* at = target.attempt.get();
-  const int status = ev->status;
-  // `no_path`: a step that found no RDMA path there (a route that cannot
-  // be resolved) failed, whatever the event.
-  auto fail = [&](const std::string& what, bool no_path = false) {
-    // No RDMA path there, or no RDMA listener: TCP may still reach the peer.
-    // A refusal with our private data, or a peer that is not an rdmarpc
-    // server, says the peer is there.
-    const bool not_rdma_there =
-        no_path || type == RDMA_CM_EVENT_ADDR_ERROR || type == RDMA_CM_EVENT_ROUTE_ERROR ||
-        type == RDMA_CM_EVENT_UNREACHABLE ||
-        (type == RDMA_CM_EVENT_REJECTED &&
-         !DecodeRefusal(ev->param.conn.private_data, ev->param.conn.private_data_len));
-    // A negative status is an errno (ENODEV: the device was removed); a
-    // positive one, a REJ's reason.
-    const std::string event = status < 0
-                                  ? absl::StrCat(rdma_event_str(type), ": ", strerror(-status))
-                                  : rdma_event_str(type);
-    absl::Status why = absl::UnavailableError(
-        absl::StrCat("rdma_cm could not connect to ", at->target, ": ", what,
-                     not_rdma_there && at->loopback ? kLoopbackHint : "", " (", event, ", status ",
-                     status, "). Devices: ", DescribeDevices(), ". ", kTry));
-    if (not_rdma_there) why.SetPayload(kNotReachableThisWay, absl::Cord(no_path ? what : event));
-    if (rdma_.trace)
-      TraceLine(options_.name, absl::StrCat(at->target, ": connect failed: ", why.message()));
-    AbandonAttempt(at);
-    at->Finish(std::move(why));
-  };
-  if (rdma_.trace && type != RDMA_CM_EVENT_ESTABLISHED) {
-    TraceLine(options_.name, absl::StrCat(at->target, ": ", rdma_event_str(type)));
-  }
-  switch (type) {
-    case RDMA_CM_EVENT_ADDR_RESOLVED:
-      if (rdma_resolve_route(id, static_cast<int>(rdma_.connect_timeout_ms)) != 0) {
-        fail(absl::StrCat("rdma_resolve_route: ", strerror(errno)), /*no_path=*/true);
-      }
-      break;
-    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
-      auto ep = EndpointFor(id);
-      if (!ep.ok()) {
-        fail(std::string(ep.status().message()));
-        break;
-      }
-      const ibv_device_attr& dev = (*ep)->device_attr();
-      const uint32_t credits = LocalCredits(**ep);
-      if (credits == 0) {
-        AbandonAttempt(at);
-        at->Finish(absl::ResourceExhaustedError(
-            absl::StrCat("cannot connect to ", at->target, " on ", (*ep)->device_name(), ": ",
-                         (*ep)->DescribeStrictRefusal(), " or close a connection")));
-        break;
-      }
-      const uint32_t rd_atom = std::max(
-          1, std::min<int>(static_cast<int>(rdma_.max_reads_in_flight), dev.max_qp_init_rd_atom));
-      auto conn = std::make_shared<RdmaConnection>(*ep, id, at->target, next_serial_++, options_,
-                                                   Handshake{}, credits, rd_atom);
-      if (absl::Status s = conn->CreateQp(); !s.ok()) {
-        // Never opened, so not torn down: the id stays the attempt's, and is
-        // given up with it on this thread.
-        conn->ReleaseId();
-        fail(std::string(s.message()));
-        break;
-      }
-      at->conn = conn;
-      conn->set_observer(at->observer);
-      Track(conn);
-      (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });
-      const Handshake hs = LocalHandshake(credits);
-      rdma_conn_param param{};
-      param.private_data = &hs;
-      param.private_data_len = sizeof hs;
-      param.responder_resources = static_cast<uint8_t>(std::min(255, dev.max_qp_rd_atom));
-      param.initiator_depth = static_cast<uint8_t>(rd_atom);
-      // The passive side's QP takes the same retry count from this request.
-      param.retry_count = kTransportRetries;
-      param.rnr_retry_count = 7;  // infinite: the safety net behind credits
-      SetAckTimeout(id);
-      if (rdma_.trace) {
-        TraceLine(options_.name,
-                  absl::StrCat(at->target, ": ", DescribeChoice(id), "; QP ", conn->qp_num(),
-                               " created; connecting, we grant ", hs.credits, " credits and take ",
-                               rd_atom, " READs in flight"));
-      }
-      if (rdma_connect(id, &param) != 0) fail(absl::StrCat("rdma_connect: ", strerror(errno)));
-      break;
-    }
-    case RDMA_CM_EVENT_ESTABLISHED: {
-      Handshake hs;
-      const auto* pd = static_cast<const uint8_t*>(ev->param.conn.private_data);
-      if (pd == nullptr || ev->param.conn.private_data_len < sizeof hs) {
-        fail("the server sent no rdmarpc handshake (not an rdmarpc server?)");
-        break;
-      }
-      memcpy(&hs, pd, sizeof hs);
-      if (hs.magic != Handshake::kMagic) {
-        fail("the server sent no rdmarpc handshake (not an rdmarpc server?)");
-        break;
-      }
-      if (hs.version != Handshake::kVersion) {
-        fail(absl::StrCat("the server speaks rdmarpc handshake version ", hs.version, ", we speak ",
-                          Handshake::kVersion));
-        break;
-      }
-      if (absl::Status s = CheckGidIndex(id, rdma_); !s.ok()) {
-        fail(std::string(s.message()));
-        break;
-      }
-      auto conn = at->conn;
-      SetRnrWait(id);
-      conn->LearnRetryPolicy();
-      conn->MarkEstablished();
-      DescribeOnce(conn->endpoint(), id, *conn);
-      conn->SetPeer(hs);
-      if (rdma_.trace) {
-        TraceLine(options_.name, absl::StrCat(at->target, ": established: ", conn->DescribeTerms(),
-                                              "; ", conn->DescribeRetryPolicy()));
-      }
-      cm_targets_[id] = CmTarget{nullptr, nullptr, conn};
-      at->Finish(absl::OkStatus());
-      break;
-    }
-    case RDMA_CM_EVENT_REJECTED:
-      if (std::optional<std::string> why =
-              DecodeRefusal(ev->param.conn.private_data, ev->param.conn.private_data_len)) {
-        fail(absl::StrCat("the server refused the connection: ", *why));
-      } else {
-        fail("rejected (no rdmarpc server listens there?)");
-      }
-      break;
-    default:
-      fail("connection setup failed");
-      break;
-  }
-  rdma_ack_cm_event(ev);
-}
-
-void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) {
-  rdma_cm_id* child = ev->id;
-  const std::string peer = PeerOf(child);
-  auto reject = [&](const std::string& why) {
-    fprintf(stderr, "rdmarpc[%s]: refusing connection from %s: %s\n", options_.name.c_str(),
-            peer.c_str(), why.c_str());
-    const std::string refusal = EncodeRefusal(why);
-    rdma_reject(child, refusal.data(), static_cast<uint8_t>(refusal.size()));
-  };
-  auto refuse = [&](const std::string& why) {
-    reject(why);
-    retired_ids_.push_back(child);
-  };
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (shut_down_) return refuse("shutting down");
-  }
-  Handshake hs;
-  if (ev->param.conn.private_data == nullptr || ev->param.conn.private_data_len < sizeof hs) {
-    return refuse("no rdmarpc handshake in the private data (not an rdmarpc client?)");
-  }
-  memcpy(&hs, ev->param.conn.private_data, sizeof hs);
-  if (hs.magic != Handshake::kMagic) {
-    return refuse("no rdmarpc handshake in the private data (not an rdmarpc client?)");
-  }
-  if (hs.version != Handshake::kVersion) {
-    return refuse(absl::StrCat("it speaks rdmarpc handshake version ", hs.version, ", we speak ",
-                               Handshake::kVersion));
-  }
-  if (rdma_.trace) {
-    TraceLine(options_.name,
-              absl::StrCat("connection request from ", peer, ": it grants ", hs.credits,
-                           " credits, has slots of ", hs.slot_size, " bytes, takes ",
-                           static_cast<int>(ev->param.conn.responder_resources),
-                           " READs in flight and serves ",
-                           static_cast<int>(ev->param.conn.initiator_depth), " of ours"));
-  }
-  if (hs.slot_size < kMinSlotSize) return refuse("peer's slot size is too small");
-  auto ep = EndpointFor(child);
-  if (!ep.ok()) return refuse(std::string(ep.status().message()));
-  const ibv_device_attr& dev = (*ep)->device_attr();
-  // A connect request's READ limits are from our side (rdma_accept(3)):
-  // initiator_depth is how many of our READs the peer's device serves at
-  // once, responder_resources how many of its own it will have in flight.
-  const uint32_t rd_atom = std::max(
-      1, std::min({static_cast<int>(rdma_.max_reads_in_flight),
-                   static_cast<int>(ev->param.conn.initiator_depth), dev.max_qp_init_rd_atom}));
-  const uint32_t credits = LocalCredits(**ep);
-  if (credits == 0) return refuse((*ep)->DescribeStrictRefusal());
-  auto conn = std::make_shared<RdmaConnection>(*ep, child, peer, next_serial_++, options_, hs,
-                                               credits, rd_atom);
-  if (absl::Status s = conn->CreateQp(); !s.ok()) {
-    conn->ReleaseId();  // the id goes after the ack instead
-    return refuse(absl::StrCat(s.message(), absl::IsInvalidArgument(s) ? kClientGaveUpHint : ""));
-  }
-  ConnectionObserver* observer = listener->on_accept()(conn);
-  if (observer == nullptr) {
-    conn->ReleaseId();
-    return refuse("its accept callback refused it (a server shutting down?)");
-  }
-  conn->set_observer(observer);
-  (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });
-  Track(conn);
-  cm_targets_[child] = CmTarget{nullptr, nullptr, conn};
-  const Handshake ours = LocalHandshake(credits);
-  rdma_conn_param param{};
-  param.private_data = &ours;
-  param.private_data_len = sizeof ours;
-  param.responder_resources =
-      static_cast<uint8_t>(std::min<int>(ev->param.conn.responder_resources, dev.max_qp_rd_atom));
-  param.initiator_depth = static_cast<uint8_t>(rd_atom);
-  param.rnr_retry_count = 7;
-  SetAckTimeout(child);
-  const bool accept_fails = FaultInjection::TakeFailedAccept();
-  if (accept_fails || rdma_accept(child, &param) != 0) {
-    // The client hears it now, not at its connect timeout; the id goes with
-    // the connection.
-    const int err = accept_fails ? ENOMEM : errno;
-    const std::string why =
-        absl::StrCat("rdma_accept: ", strerror(err), err == EINVAL ? kClientGaveUpHint : "");
-    reject(why);
-    (*ep)->RunOnPoller([conn, why] { conn->Teardown(absl::UnavailableError(why)); });
-    return;
-  }
-  if (absl::Status s = CheckGidIndex(child, rdma_); !s.ok()) {
-    fprintf(stderr, "rdmarpc[%s]: closing connection from %s: %s\n", options_.name.c_str(),
-            peer.c_str(), std::string(s.message()).c_str());
-    (*ep)->RunOnPoller([conn, s] { conn->Teardown(s); });
-    return;
-  }
-  SetRnrWait(child);
-  conn->LearnRetryPolicy();
-  DescribeOnce(*ep, child, *conn);
-  if (rdma_.trace) {
-    TraceLine(options_.name, absl::StrCat(peer, ": accepted on ", DescribeChoice(child), "; ",
-                                          conn->DescribeTerms()));
-  }
 }
 
 void RdmaTransport::Shutdown() {
