@@ -42,10 +42,12 @@
 //
 // An auto:// channel whose connection went over TCP to a server that also
 // listens over RDMA (RDMA could not reach it then: a device missing or
-// removed, a route down) tries RDMA again in the background, as
-// TransportTunables::tcp_fallback_upgrade says, while that connection
-// lasts. Once RDMA connects, new calls go there; the calls under way end
-// on the TCP connection, which then closes (ChannelStats::upgrades).
+// removed, a route down), or that comes to (a server that started without
+// a device and gained one says so on the connection), tries RDMA again in
+// the background, as TransportTunables::tcp_fallback_upgrade says, while
+// that connection lasts. Once RDMA connects, new calls go there; the calls
+// under way end on the TCP connection, which then closes
+// (ChannelStats::upgrades).
 //
 // Each Channel::Create makes a transport, a timer thread and callback
 // threads of its own; channels made by one ChannelGroup (rpc/channel_group.h)
@@ -322,8 +324,12 @@ class Channel {
   // A new observer for a connection about to be made. Holds watch_mu_.
   Watch* NewWatch();
   // conn_ went the slower way (Transport::MayGoFaster): the connector tries
-  // the faster one after faster_wait_.
-  void ScheduleFasterLocked();
+  // the faster one after `wait`.
+  void ScheduleFasterLocked(absl::Duration wait);
+  // The server of `conn` listens the faster way too now, which it did not
+  // as conn was made: tries begin as in ScheduleFasterLocked, if conn is
+  // conn_.
+  void OnMayGoFaster(Watch& watch, transport::Connection& conn);
   // The connector's try of the faster way while conn_ is slower_conn_: on
   // success the new connection becomes conn_ and the old one drains, as
   // after a GOAWAY but telling the server nothing; on failure the next try

@@ -79,10 +79,24 @@ Channel::Watch* Channel::NewWatch() {
   return watches_.back().get();
 }
 
-void Channel::ScheduleFasterLocked() {
+void Channel::ScheduleFasterLocked(absl::Duration wait) {
   timers_->Cancel(faster_timer_);
   faster_timer_ = timers_->Schedule(
-      SteadyNow() + faster_wait_, [this] { WakeConnector(/*faster=*/true); }, this);
+      SteadyNow() + wait, [this] { WakeConnector(/*faster=*/true); }, this);
+}
+
+void Channel::OnMayGoFaster(Watch& watch, transport::Connection& conn) {
+  if (options_.transport.tcp_fallback_upgrade <= absl::ZeroDuration()) return;
+  std::lock_guard<InlineMutex> lock(mu_);
+  if (conn_watch_ != &watch || conn_.get() != &conn || slower_conn_ != nullptr ||
+      !transport_->MayGoFaster(addr_, conn)) {
+    return;
+  }
+  slower_conn_ = &conn;
+  faster_wait_ = options_.transport.tcp_fallback_upgrade;
+  // Every TCP client of that server hears it at once: their first tries
+  // spread over the second half of the wait rather than come together.
+  ScheduleFasterLocked(faster_wait_ * std::uniform_real_distribution<double>(0.5, 1.0)(jitter_));
 }
 
 void Channel::TryFasterWay() {
@@ -112,7 +126,7 @@ void Channel::TryFasterWay() {
   const auto try_later_locked = [&] {
     if (!still_slower_locked()) return;
     faster_wait_ = std::min(faster_wait_ * 2, options_.transport.tcp_fallback_upgrade * 12);
-    ScheduleFasterLocked();
+    ScheduleFasterLocked(faster_wait_);
   };
   if (!conn.ok()) {
     {
@@ -364,9 +378,6 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
   }
   Watch* watch = NewWatch();
   auto conn = transport_->Connect(addr_, watch, start + options_.connect_timeout);
-  const bool may_go_faster = conn.ok() &&
-                             options_.transport.tcp_fallback_upgrade > absl::ZeroDuration() &&
-                             transport_->MayGoFaster(addr_, **conn);
   Status failure;
   if (!conn.ok()) {
     {
@@ -412,10 +423,14 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
       stats_.last_connect_error = Status();
       conn_ = *conn;
       conn_watch_ = watch;
+      // Under mu_: a server that comes to listen the faster way as this
+      // runs is seen here, or by OnMayGoFaster once conn_ is set.
+      const bool may_go_faster = options_.transport.tcp_fallback_upgrade > absl::ZeroDuration() &&
+                                 transport_->MayGoFaster(addr_, *conn_);
       slower_conn_ = may_go_faster ? conn_.get() : nullptr;
       if (may_go_faster) {
         faster_wait_ = options_.transport.tcp_fallback_upgrade;
-        ScheduleFasterLocked();
+        ScheduleFasterLocked(faster_wait_);
       }
       return conn_;
     }

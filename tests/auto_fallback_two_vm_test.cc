@@ -30,7 +30,7 @@ TEST(TwoVms, AnAutoClientReachesAHostWithoutRdmaOverTcp) {
     ASSERT_EQ(system("rdma link delete rxe0"), 0) << "could not delete the server VM's device";
     TestServer server(absl::StrCat("auto://0.0.0.0:", kPort));
     ASSERT_TRUE(server.server);
-    EXPECT_EQ(server.address.rfind("tcp://", 0), 0u) << server.address;
+    EXPECT_EQ(server.address.rfind("auto://", 0), 0u) << server.address;
     const absl::Time until = absl::Now() + absl::Seconds(240);
     while (server.service.started.load() < kCalls && absl::Now() < until) {
       absl::SleepFor(absl::Milliseconds(20));

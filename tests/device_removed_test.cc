@@ -3,10 +3,11 @@
 // goes on over TCP, to the same port of the auto:// server; an rdma://
 // channel's calls end UNAVAILABLE at once, saying the device is gone; the
 // server says its RDMA listener is gone and goes on taking TCP clients; an
-// auto:// channel made meanwhile goes over TCP. Nothing waits for a
-// timeout. Once a device serves the server's address again, the server
-// listens there by itself, the rdma:// channel connects again, and both
-// auto:// channels move to RDMA; and since every
+// auto:// channel and an auto:// server made meanwhile go over TCP.
+// Nothing waits for a timeout. Once a device serves the server's address
+// again, the server listens there by itself, the rdma:// channel connects
+// again, the server made meanwhile listens over RDMA too, and every
+// auto:// channel moves to RDMA; and since every
 // transport has let go of the removed device, the removal then completes
 // while the process runs.
 // Its own binary: it takes the VM's device away.
@@ -122,6 +123,17 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
   const Status late_call = EchoOn(**late, kLarge);
   EXPECT_TRUE(late_call.ok()) << late_call;
   EXPECT_EQ(Counters().reads, reads_late) << "a call with no device went by READ";
+  // So does a server made now: it listens over TCP alone (its kHello says
+  // so, and its clients stay on TCP) until a device comes (below).
+  TestServer late_server(absl::StrCat("auto://", ip, ":0"));
+  ASSERT_TRUE(late_server.server);
+  EXPECT_EQ(late_server.address.rfind("auto://", 0), 0u) << late_server.address;
+  const std::string late_port = late_server.address.substr(late_server.address.rfind(':') + 1);
+  auto to_late_server = Channel::Create(late_server.address, moves_back_soon);
+  ASSERT_TRUE(to_late_server.ok()) << to_late_server.status();
+  const Status late_server_call = EchoOn(**to_late_server, kLarge);
+  EXPECT_TRUE(late_server_call.ok()) << late_server_call;
+  EXPECT_EQ(Counters().reads, reads_late) << "a call with no device went by READ";
 
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(absl::StrContains(log,
@@ -188,10 +200,24 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
       << "the auto:// channel made without a device stayed on TCP";
   printf("auto:// channel made without a device: on RDMA %s after the new device was added\n",
          absl::FormatDuration(absl::Now() - added).c_str());
-  for (Channel* channel : {automatic->get(), late->get()}) {
+  // The server made without a device looks for one every second, listens
+  // over RDMA on its port too, and tells its TCP clients.
+  while ((*to_late_server)->stats().upgrades == 0 && absl::Now() < until_moved) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ((*to_late_server)->stats().upgrades, 1u)
+      << "the channel to the server made without a device stayed on TCP";
+  printf(
+      "server made without a device: its auto:// client on RDMA %s after the new device was "
+      "added\n",
+      absl::FormatDuration(absl::Now() - added).c_str());
+  auto rdma_to_late_server = Channel::Create(absl::StrCat("rdma://", ip, ":", late_port));
+  ASSERT_TRUE(rdma_to_late_server.ok()) << rdma_to_late_server.status();
+  for (Channel* channel :
+       {automatic->get(), late->get(), to_late_server->get(), rdma_to_late_server->get()}) {
     const uint64_t reads_moved = Counters().reads;
     EXPECT_TRUE(EchoOn(*channel, kLarge).ok());
-    EXPECT_GE(Counters().reads, reads_moved + 1) << "the auto:// call did not go by READ";
+    EXPECT_GE(Counters().reads, reads_moved + 1) << "the call did not go by READ";
   }
 
   const std::string back = ::testing::internal::GetCapturedStderr();
@@ -202,6 +228,12 @@ TEST(DeviceRemoved, AutoGoesOnOverTcpAndRdmaEndsSayingWhy) {
       << back;
   EXPECT_TRUE(absl::StrContains(
       back, absl::StrCat(auto_channel, "an RDMA device is usable now (rxe1 port 1 active")))
+      << back;
+  EXPECT_TRUE(
+      absl::StrContains(back, "rdmarpc[server]: an RDMA device is usable now (rxe1 port 1 active"))
+      << back;
+  EXPECT_TRUE(absl::StrContains(back, absl::StrCat("rdmarpc[server]: auto://", ip, ":", late_port,
+                                                   " listens over RDMA too now")))
       << back;
   EXPECT_TRUE(absl::StrContains(
       back, absl::StrCat("rdmarpc[channel auto://", ip, ":", port, "]: rdma://", ip, ":", port,

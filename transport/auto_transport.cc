@@ -6,8 +6,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -28,6 +32,10 @@ constexpr absl::Duration kLongestRdmaWait = absl::Seconds(10);
 // An ephemeral port that RDMA took may be a TCP port in use: the pair is
 // made again, on another port, this many times.
 constexpr int kPortPairTries = 8;
+
+// How often an auto:// listener that went over TCP alone, as no RDMA
+// device was usable, looks for one. A look is a scan of sysfs.
+constexpr absl::Duration kDeviceCheck = absl::Seconds(1);
 
 // An auto:// connect that RDMA keeps waiting this long asks the target's
 // TCP port whether TCP alone listens there. Where RDMA works its answer
@@ -93,13 +101,90 @@ class PairedListener : public Listener {
   PairedListener(std::unique_ptr<Listener> rdma, std::unique_ptr<Listener> tcp)
       : rdma_(std::move(rdma)),
         tcp_(std::move(tcp)),
-        address_(WithScheme(rdma_->address(), "auto")) {}
+        address_(WithScheme(rdma_->address(), "auto")) {
+    tcp_->SharePortWithRdma();
+  }
   const Address& address() const override { return address_; }
 
  private:
   std::unique_ptr<Listener> rdma_;
   std::unique_ptr<Listener> tcp_;
   const Address address_;
+};
+
+// An auto:// listener made while no RDMA device was usable: TCP alone at
+// first, its kHello saying so, and a thread that looks for a device every
+// kDeviceCheck. Once the RDMA transport can be made, it listens over RDMA
+// on the TCP port too, tells its TCP clients (SharePortWithRdma, so their
+// auto:// channels move to RDMA), logs one line, and its thread ends. Where
+// RDMA cannot take that port (rdma_cm's port in use, the address on a
+// device-less interface), it says why, once per reason, and looks again.
+class TcpUntilRdmaListener : public Listener {
+ public:
+  using MakeRdma = std::function<absl::StatusOr<Transport*>()>;
+
+  TcpUntilRdmaListener(std::unique_ptr<Listener> tcp, MakeRdma rdma, AcceptCallback on_accept,
+                       std::string who)
+      : tcp_(std::move(tcp)),
+        address_(WithScheme(tcp_->address(), "auto")),
+        thread_([this, rdma = std::move(rdma), on_accept = std::move(on_accept),
+                 who = std::move(who)] { LookForRdma(rdma, on_accept, who); }) {}
+  ~TcpUntilRdmaListener() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    stopped_.notify_all();
+    thread_.join();
+  }
+  const Address& address() const override { return address_; }
+
+ private:
+  void LookForRdma(const MakeRdma& make_rdma, const AcceptCallback& on_accept,
+                   const std::string& who) {
+    std::string said;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (stopped_.wait_for(lock, absl::ToChronoMilliseconds(kDeviceCheck),
+                              [this] { return stop_; })) {
+          return;
+        }
+      }
+      absl::StatusOr<Transport*> rdma = make_rdma();
+      if (!rdma.ok()) continue;  // no device yet: MakeTransport said so once
+      auto listener = (*rdma)->Listen(WithScheme(tcp_->address(), "rdma"), on_accept);
+      if (!listener.ok()) {
+        if (listener.status().message() != said) {
+          said = std::string(listener.status().message());
+          fprintf(stderr,
+                  "rdmarpc[%s]: %s cannot listen over RDMA yet, though a device is usable: %s; "
+                  "it goes on over TCP alone and tries again every %s\n",
+                  who.c_str(), address_.ToString().c_str(), said.c_str(),
+                  absl::FormatDuration(kDeviceCheck).c_str());
+        }
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      rdma_ = *std::move(listener);
+      tcp_->SharePortWithRdma();
+      fprintf(stderr,
+              "rdmarpc[%s]: %s listens over RDMA too now (%s); its TCP clients are told, and "
+              "their auto:// channels move to RDMA\n",
+              who.c_str(), address_.ToString().c_str(), rdma_->address().ToString().c_str());
+      return;
+    }
+  }
+
+  // Destroyed after the thread has ended, rdma_ (taken last) first.
+  const std::unique_ptr<Listener> tcp_;
+  const Address address_;
+  std::mutex mu_;
+  std::condition_variable stopped_;
+  bool stop_ = false;               // guarded by mu_
+  std::unique_ptr<Listener> rdma_;  // guarded by mu_ until the thread ends
+  std::thread thread_;
 };
 
 }  // namespace
@@ -219,6 +304,13 @@ absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::Listen(const Address& a
                                                                 AcceptCallback on_accept) {
   if (addr.scheme == "tcp") return Tcp().Listen(addr, std::move(on_accept));
   absl::StatusOr<Transport*> rdma_transport = Rdma();
+  if (!rdma_transport.ok() && addr.scheme == "auto") {
+    // No device yet: MakeTransport said so once, when it fell back to TCP.
+    auto tcp = Tcp().Listen(WithScheme(addr, "tcp"), on_accept);
+    if (!tcp.ok()) return tcp.status();
+    return std::unique_ptr<Listener>(new TcpUntilRdmaListener(
+        *std::move(tcp), [this] { return Rdma(); }, std::move(on_accept), who_));
+  }
   if (!rdma_transport.ok()) return rdma_transport.status();
   absl::Status last;
   for (int i = 0; i < kPortPairTries; ++i) {

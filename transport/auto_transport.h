@@ -1,15 +1,18 @@
-// AutoTransport: the RDMA transport MakeTransport makes, unless the TCP
-// fallback is off. RDMA first for auto:// addresses, and TCP where RDMA
+// AutoTransport: the transport MakeTransport makes for auto://, unless the
+// TCP fallback is off. RDMA first for auto:// addresses, and TCP where RDMA
 // cannot reach the peer, so that auto:// works when either side lacks RDMA:
-// a server on a machine without a device listens on TCP alone
-// (MakeTransport falls back there), and clients without one connect over
-// TCP. rdma:// addresses pass through to RDMA untouched.
+// a server on a machine without a device listens on TCP alone, and clients
+// without one connect over TCP. rdma:// addresses pass through to RDMA
+// untouched.
 //
-// A client's, made where no RDMA device was usable, starts without RDMA:
-// its auto:// connections go over TCP straight away until a device is
-// usable, and its RDMA transport is made then, at the first connection or
-// ConnectFaster that finds one (so a channel over TCP moves to RDMA once a
-// device comes, as below).
+// One made where no RDMA device was usable starts without RDMA, and makes
+// its RDMA transport once a device is usable. A client's auto://
+// connections go over TCP straight away until then; the first connection
+// or ConnectFaster that finds a device makes it (so a channel over TCP
+// moves to RDMA once a device comes, as below). A server's auto://
+// listener takes TCP alone until then (its kHello says so), looks for a
+// device every second, and then listens over RDMA on its port too and
+// tells its TCP clients, whose auto:// channels move to RDMA.
 //
 //   auto t = MakeTransport("auto", options, tunables);  // one of these where RDMA is usable
 //   (*t)->Listen(*ParseAddress("auto://0.0.0.0:7471"), on_accept);  // RDMA and TCP, one port

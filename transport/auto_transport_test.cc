@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,9 +23,11 @@ namespace {
 class ScriptedTransport : public Transport {
  public:
   struct Listening : Listener {
-    explicit Listening(Address a) : addr(std::move(a)) {}
+    Listening(Address a, std::atomic<int>* shared) : addr(std::move(a)), shared(shared) {}
     const Address& address() const override { return addr; }
+    void SharePortWithRdma() override { ++*shared; }
     Address addr;
+    std::atomic<int>* shared;
   };
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr, ConnectionObserver*,
@@ -59,7 +62,7 @@ class ScriptedTransport : public Transport {
     if (!s.ok()) return s;
     Address bound = addr;
     if (bound.port == 0) bound.port = next_port++;
-    return std::unique_ptr<Listener>(new Listening(bound));
+    return std::unique_ptr<Listener>(new Listening(bound, &shared_ports));
   }
   void Shutdown() override { ++shutdowns; }
 
@@ -70,6 +73,7 @@ class ScriptedTransport : public Transport {
   std::vector<std::string> listens;
   uint16_t next_port = 4000;
   int shutdowns = 0;
+  std::atomic<int> shared_ports{0};  // SharePortWithRdma calls on its listeners
   bool silent = false;
   int given_up = 0;
 };
@@ -222,12 +226,14 @@ class IgnoringObserver : public ConnectionObserver {
 
 // A real TCP server on this host, TCP alone on its port or beside RDMA.
 struct TcpServer {
-  explicit TcpServer(bool beside_rdma) : transport(TransportOptions{}, TcpOptions{}, beside_rdma) {
+  explicit TcpServer(bool beside_rdma) : transport(TransportOptions{}) {
     auto l = transport.Listen(At("tcp://127.0.0.1:0"), [this](std::shared_ptr<Connection>) {
       return static_cast<ConnectionObserver*>(&observer);
     });
     EXPECT_TRUE(l.ok()) << l.status();
-    if (l.ok()) listener = std::move(*l);
+    if (!l.ok()) return;
+    listener = std::move(*l);
+    if (beside_rdma) listener->SharePortWithRdma();
   }
   std::string Auto() const { return absl::StrCat("auto://127.0.0.1:", listener->address().port); }
 
@@ -335,8 +341,9 @@ struct NoDeviceYet {
             absl::Seconds(60), &memory) {}
 
   FallbackMemory memory;
-  bool device = false;
-  int rdma_asked = 0;
+  // Atomic: an auto:// listener looks for a device on a thread of its own.
+  std::atomic<bool> device{false};
+  std::atomic<int> rdma_asked{0};
   std::unique_ptr<ScriptedTransport> rdma_owned = std::make_unique<ScriptedTransport>();
   std::unique_ptr<ScriptedTransport> tcp_owned = std::make_unique<ScriptedTransport>();
   ScriptedTransport* rdma = rdma_owned.get();
@@ -382,6 +389,66 @@ TEST(AutoTransport, WithoutADeviceYetShutDownMakesNoRdma) {
   EXPECT_FALSE(faster.ok());
   EXPECT_EQ(n.rdma_asked, 0);
   EXPECT_TRUE(n.rdma->connects.empty());
+}
+
+// Waits, up to 10 s, until `done`; false if it never came.
+bool Within10s(const std::function<bool()>& done) {
+  const absl::Time until = SteadyNow() + absl::Seconds(10);
+  while (!done()) {
+    if (SteadyNow() > until) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// A server's auto:// listener, made where no device was usable, takes TCP
+// alone (its kHello says so) and looks for a device now and then; once one
+// is usable it listens over RDMA on the TCP port too, after a try that
+// fails for a reason it names, and then tells its TCP clients.
+TEST(AutoTransport, WithoutADeviceYetAListenerTakesTcpAloneAndAddsRdmaOnceADeviceIsUsable) {
+  NoDeviceYet n;
+  n.tcp->listen_results = {absl::OkStatus()};
+  ::testing::internal::CaptureStderr();
+  auto l = n.t.Listen(At("auto://10.0.0.1:0"), nullptr);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ((*l)->address().ToString(), "auto://10.0.0.1:4000");
+  EXPECT_EQ(n.tcp->listens, std::vector<std::string>{"tcp://10.0.0.1:0"});
+  auto rdma_only = n.t.Listen(At("rdma://10.0.0.1:0"), nullptr);
+  EXPECT_TRUE(absl::StrContains(rdma_only.status().message(), "no usable RDMA device"))
+      << rdma_only.status();
+  EXPECT_TRUE(Within10s([&] { return n.rdma_asked.load() >= 3; })) << "it never looked";
+  EXPECT_TRUE(n.rdma->listens.empty()) << "it listened over RDMA without a device";
+  EXPECT_EQ(n.tcp->shared_ports.load(), 0);
+
+  n.rdma->listen_results = {absl::UnavailableError("port 4000 in use"), absl::OkStatus()};
+  n.device = true;
+  EXPECT_TRUE(Within10s([&] { return n.tcp->shared_ports.load() == 1; }))
+      << "its TCP clients were never told";
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(n.rdma->listens,
+            (std::vector<std::string>{"rdma://10.0.0.1:4000", "rdma://10.0.0.1:4000"}));
+  EXPECT_EQ(n.tcp->listens.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(log,
+                                "auto://10.0.0.1:4000 cannot listen over RDMA yet, though a device "
+                                "is usable: port 4000 in use"))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "auto://10.0.0.1:4000 listens over RDMA too now")) << log;
+  EXPECT_EQ((*l)->address().ToString(), "auto://10.0.0.1:4000");
+  const int asked = n.rdma_asked.load();
+  l->reset();
+  EXPECT_EQ(n.rdma_asked.load(), asked) << "it looked again once it listened over RDMA";
+}
+
+// One destroyed before a device came stops looking at once, not at its
+// next look (a second away).
+TEST(AutoTransport, WithoutADeviceYetAListenerDestroyedStopsLookingAtOnce) {
+  NoDeviceYet n;
+  n.tcp->listen_results = {absl::OkStatus()};
+  auto l = n.t.Listen(At("auto://10.0.0.1:0"), nullptr);
+  ASSERT_TRUE(l.ok()) << l.status();
+  const absl::Time start = SteadyNow();
+  l->reset();
+  EXPECT_LT(SteadyNow() - start, absl::Milliseconds(500)) << "its thread kept it waiting";
 }
 
 TEST(FallbackMemory, RemembersForTheWindowFromTheFallbackOnly) {

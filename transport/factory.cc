@@ -45,9 +45,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
                                                          const TransportTunables& tunables) {
   absl::StatusOr<std::string> kind = ResolveScheme(scheme, options.name, tunables);
   if (!kind.ok()) return kind.status();
-  // A server cannot add an RDMA listener later: without a device it
-  // listens over TCP alone, and its kHello says so.
-  if (*kind == "tcp" || (*kind == kTcpUntilRdma && options.listening)) {
+  if (*kind == "tcp") {
     return std::unique_ptr<Transport>(new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));
   }
   rdma::RdmaOptions rdma = rdma::RdmaOptionsFromEnv(tunables.rdma);
@@ -68,18 +66,18 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
         return absl::UnavailableError(
             absl::StrCat("no usable RDMA device (", rdma::DescribeDevices(), ")"));
       }
-      fprintf(stderr,
-              "rdmarpc[%s]: an RDMA device is usable now (%s); auto:// connections try RDMA "
-              "first from now on\n",
-              options.name.c_str(), rdma::DescribeDevices().c_str());
-      return std::make_unique<rdma::RdmaTransport>(options, rdma, /*listening=*/false);
+      fprintf(stderr, "rdmarpc[%s]: an RDMA device is usable now (%s); %s\n", options.name.c_str(),
+              rdma::DescribeDevices().c_str(),
+              options.listening ? "auto:// listeners take RDMA connections too"
+                                : "auto:// connections try RDMA first from now on");
+      return std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
     };
   }
   TcpOptions tcp = TcpOptionsFromEnv(tunables.tcp);
   return std::unique_ptr<Transport>(new AutoTransport(
       std::move(made), std::move(make_rdma),
-      [options, tcp] { return std::make_unique<TcpTransport>(options, tcp, /*beside_rdma=*/true); },
-      options.name, tunables.tcp_fallback_memory, &FallbackMemory::Process()));
+      [options, tcp] { return std::make_unique<TcpTransport>(options, tcp); }, options.name,
+      tunables.tcp_fallback_memory, &FallbackMemory::Process()));
 }
 
 }  // namespace rdmarpc::transport

@@ -7,8 +7,9 @@
 //   auto t = MakeTransport("auto", TransportOptions{}, tunables);
 //
 // "auto" picks RDMA when a usable RDMA device exists and TCP otherwise, with
-// one log line saying which and why, unless tcp_fallback is off; a client's
-// TCP then turns to RDMA once a device is usable (auto_transport.h). With RDMA
+// one log line saying which and why, unless tcp_fallback is off; TCP then
+// turns to RDMA once a device is usable, a client's and a server's
+// (auto_transport.h). With RDMA
 // it still reaches peers without it: an auto:// server listens on TCP too,
 // at the same port, and an auto:// client connects over TCP where RDMA
 // cannot reach the peer (auto_transport.h), unless tcp_fallback is off.
@@ -48,8 +49,10 @@ struct TransportTunables {
   // that a peer that gains RDMA is used. Zero: RDMA first every time.
   absl::Duration tcp_fallback_memory = absl::Seconds(60);
   // A channel whose auto:// connection went over TCP to a server that
-  // listens over RDMA too tries RDMA again this long after it connected,
-  // then twice as long after each failed try, up to 12 times this. Once
+  // listens over RDMA too tries RDMA again this long after it connected
+  // (where the server comes to listen over RDMA later, between half and
+  // all of this after it says so), then twice as long after each failed
+  // try, up to 12 times this. Once
   // RDMA connects, new calls go there, and the TCP connection closes as its
   // last call ends (rpc/channel.h). Zero: never; the TCP connection is kept
   // while it lasts.
@@ -63,8 +66,9 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(
     const std::string& scheme, const TransportOptions& options,
     const TransportTunables& tunables = TransportTunables());
 
-// What "auto" resolves to where no RDMA device is usable: TCP for a server,
-// and for a client TCP until a device is usable, then RDMA first.
+// What "auto" resolves to where no RDMA device is usable: TCP until a
+// device is usable, then RDMA first for a client, and RDMA beside TCP for a
+// server (auto_transport.h).
 inline constexpr char kTcpUntilRdma[] = "tcp-until-rdma";
 
 // The kind of transport MakeTransport(scheme) makes on this machine: "tcp",

@@ -13,6 +13,9 @@ class ListenerGroup : public Listener {
  public:
   explicit ListenerGroup(std::vector<std::unique_ptr<Listener>> each) : each_(std::move(each)) {}
   const Address& address() const override { return each_.front()->address(); }
+  void SharePortWithRdma() override {
+    for (auto& one : each_) one->SharePortWithRdma();
+  }
 
  private:
   std::vector<std::unique_ptr<Listener>> each_;

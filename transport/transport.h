@@ -96,6 +96,11 @@ class ConnectionObserver {
   }
   // Exactly once per connection, after the last OnMessage.
   virtual void OnClosed(Connection& conn, const absl::Status& why) = 0;
+  // Over TCP, on a client's connection: the server, which said as it took
+  // the connection that TCP alone listened on its port, listens over RDMA
+  // there too now (it gained a device; Listener::SharePortWithRdma), so
+  // ServerTcpAlone() turned false and Transport::MayGoFaster may be true.
+  virtual void OnMayGoFaster(Connection& conn) { (void)conn; }
 };
 
 // The payload (absl::Status::SetPayload) of a Send error that refused the
@@ -153,7 +158,8 @@ class Connection {
   virtual const std::string& peer() const = 0;
   // Over TCP: the server said, as it took the connection, that nothing but
   // TCP takes connections on its port (wire_format.h's kHelloTcpAlone), so
-  // an auto:// client has no RDMA to move to (Transport::MayGoFaster).
+  // an auto:// client has no RDMA to move to (Transport::MayGoFaster),
+  // until the server says otherwise (ConnectionObserver::OnMayGoFaster).
   // False over RDMA.
   virtual bool ServerTcpAlone() const { return false; }
   // Run-to-completion: a thread about to block until done() lends itself to
@@ -174,6 +180,11 @@ class Listener {
   virtual ~Listener() = default;  // stops accepting
   // The bound address (port filled in when 0 was asked for).
   virtual const Address& address() const = 0;
+  // Over TCP: an RDMA listener takes connections on this port too now (an
+  // auto:// server's), so the kHello of the connections it takes from now
+  // on lacks kHelloTcpAlone, and those it took already get a kHello that
+  // lacks it. Other listeners ignore it.
+  virtual void SharePortWithRdma() {}
 };
 
 // What every transport is given by its owner. Each kind has tunables of its

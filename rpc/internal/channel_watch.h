@@ -28,6 +28,7 @@ class Channel::Watch final : public transport::ConnectionObserver {
   void OnClosed(transport::Connection& conn, const absl::Status& why) override {
     channel_->OnClosed(*this, conn, why);
   }
+  void OnMayGoFaster(transport::Connection& conn) override { channel_->OnMayGoFaster(*this, conn); }
 
   bool lost = false;     // Channel::mu_
   bool go_away = false;  // Channel::mu_: the server's GOAWAY came on it

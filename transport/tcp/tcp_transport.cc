@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <deque>
 #include <future>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/steady_clock.h"
@@ -179,13 +180,15 @@ class TcpConnection : public Connection,
                       public std::enable_shared_from_this<TcpConnection> {
  public:
   // `server_tcp_alone`: a client's connection whose server's kHello said
-  // kHelloTcpAlone.
+  // kHelloTcpAlone. `listener`: a server's, the id of the TcpListener that
+  // took it.
   TcpConnection(TcpTransport* transport, int fd, std::string peer, ConnectionObserver* observer,
-                bool server_tcp_alone = false)
+                bool server_tcp_alone = false, uint64_t listener = 0)
       : transport_(transport),
         fd_(fd),
         peer_(std::move(peer)),
         server_tcp_alone_(server_tcp_alone),
+        listener_(listener),
         observer_(observer),
         watch_(absl::Milliseconds(transport->tcp_.peer_timeout_ms)) {}
   ~TcpConnection() override {
@@ -193,11 +196,11 @@ class TcpConnection : public Connection,
   }
 
   absl::Status Send(OutboundMessage&& msg) override;
-  // Server side, before the runtime sees the connection: queues the kHello,
-  // and holds it and every frame sent behind it until SendHello. A
-  // connection the runtime refuses is closed with nothing sent, so that its
-  // client knows it was never taken.
-  void HoldHello();
+  // Server side, before the runtime sees the connection: queues the kHello
+  // (with kHelloTcpAlone if `tcp_alone`), and holds it and every frame sent
+  // behind it until SendHello. A connection the runtime refuses is closed
+  // with nothing sent, so that its client knows it was never taken.
+  void HoldHello(bool tcp_alone);
   // Sends what HoldHello held. I/O thread, once the connection is adopted.
   void SendHello();
   absl::StatusOr<Buffer> AllocatePayload(size_t size) override { return Buffer::Allocate(size); }
@@ -215,7 +218,8 @@ class TcpConnection : public Connection,
     return queue_.empty() && ioctl(fd_, SIOCOUTQ, &unacknowledged) == 0 && unacknowledged == 0;
   }
   const std::string& peer() const override { return peer_; }
-  bool ServerTcpAlone() const override { return server_tcp_alone_; }
+  bool ServerTcpAlone() const override { return server_tcp_alone_.load(std::memory_order_relaxed); }
+  uint64_t listener() const { return listener_; }
 
   void OnEvents(uint32_t events) override;
   // I/O thread: ends the connection and tells the observer, once.
@@ -244,7 +248,8 @@ class TcpConnection : public Connection,
   TcpTransport* const transport_;
   const int fd_;
   const std::string peer_;
-  const bool server_tcp_alone_;
+  std::atomic<bool> server_tcp_alone_;
+  const uint64_t listener_;
   ConnectionObserver* observer_;
   std::atomic<bool> closing_{false};
   bool finished_ = false;  // I/O thread
@@ -302,10 +307,10 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
   return absl::OkStatus();
 }
 
-void TcpConnection::HoldHello() {
+void TcpConnection::HoldHello(bool tcp_alone) {
   Header h;
   h.kind = MessageKind::kHello;
-  if (!transport_->beside_rdma_) h.call_id = kHelloTcpAlone;
+  if (tcp_alone) h.call_id = kHelloTcpAlone;
   Outgoing hello;
   hello.prefix.resize(kHeaderSize);
   EncodeHeader(h, hello.prefix.data());
@@ -491,9 +496,15 @@ void TcpConnection::Deliver() {
   got_ = 0;
   InboundMessage msg = std::move(in_);
   in_ = InboundMessage{};
-  if (msg.header.kind == MessageKind::kCredit || msg.header.kind == MessageKind::kRelease ||
-      msg.header.kind == MessageKind::kHello) {
-    return;  // RDMA-only bookkeeping, or a kHello past the one Connect read
+  if (msg.header.kind == MessageKind::kHello) {
+    // Past the one Connect read: the server's port is shared with RDMA now.
+    if ((msg.header.call_id & kHelloTcpAlone) == 0 && server_tcp_alone_.exchange(false)) {
+      observer_->OnMayGoFaster(*this);
+    }
+    return;
+  }
+  if (msg.header.kind == MessageKind::kCredit || msg.header.kind == MessageKind::kRelease) {
+    return;  // RDMA-only bookkeeping
   }
   observer_->OnMessage(*this, std::move(msg));
 }
@@ -544,7 +555,11 @@ void TcpConnection::WatchPeer(absl::Time now) {
 class TcpListener : public Listener, public TcpTransport::IoHandler {
  public:
   TcpListener(TcpTransport* t, int fd, Address bound, AcceptCallback cb)
-      : transport_(t), fd_(fd), bound_(std::move(bound)), on_accept_(std::move(cb)) {}
+      : transport_(t),
+        fd_(fd),
+        id_(t->next_listener_id_.fetch_add(1) + 1),
+        bound_(std::move(bound)),
+        on_accept_(std::move(cb)) {}
   ~TcpListener() override {
     transport_->RunInLoopAndWait([this] {
       epoll_ctl(transport_->epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
@@ -558,6 +573,21 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
     close(fd_);
   }
   const Address& address() const override { return bound_; }
+  // On the I/O thread, where connections are taken: none is taken between
+  // the flag and the kHellos.
+  void SharePortWithRdma() override {
+    transport_->RunInLoopAndWait([this] {
+      if (std::exchange(beside_rdma_, true)) return;
+      for (auto& [fd, conn] : transport_->conns_) {
+        if (conn->listener() != id_) continue;
+        OutboundMessage hello;
+        hello.header.kind = MessageKind::kHello;
+        // Refused only where the connection is closing, or its peer has not
+        // read a full queue: that client stays on TCP.
+        (void)conn->Send(std::move(hello));
+      }
+    });
+  }
 
   void OnEvents(uint32_t) override {
     for (;;) {
@@ -593,8 +623,8 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
       ConfigureConnectedSocket(fd, transport_->tcp_);
       auto conn = std::make_shared<TcpConnection>(
           transport_, fd, absl::StrCat("tcp://", SockaddrString(reinterpret_cast<sockaddr*>(&ss))),
-          nullptr);
-      conn->HoldHello();
+          nullptr, /*server_tcp_alone=*/false, id_);
+      conn->HoldHello(/*tcp_alone=*/!beside_rdma_);
       ConnectionObserver* observer = on_accept_(conn);
       if (observer == nullptr) continue;  // refused: conn closes its fd
       conn->set_observer(observer);
@@ -606,15 +636,17 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
  private:
   TcpTransport* const transport_;
   const int fd_;
+  const uint64_t id_;  // unique in its transport, which its connections name
   const Address bound_;
   AcceptCallback on_accept_;
-  bool starved_ = false;  // out of resources since the last accept; I/O thread
+  bool starved_ = false;      // out of resources since the last accept; I/O thread
+  bool beside_rdma_ = false;  // SharePortWithRdma came; I/O thread
 };
 
 // ----------------------------------------------------------------- transport
 
-TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp, bool beside_rdma)
-    : options_(std::move(options)), tcp_(tcp), beside_rdma_(beside_rdma) {
+TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp)
+    : options_(std::move(options)), tcp_(tcp) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -10,7 +10,10 @@
 //   auto listener = t.Listen(*ParseAddress("tcp://127.0.0.1:0"), on_accept);
 //
 // A connection is the server's once it says so: it sends kHello first, and
-// Connect returns only after reading it (transport/wire_format.h).
+// Connect returns only after reading it (transport/wire_format.h). That
+// kHello says kHelloTcpAlone unless the listener shares its port with RDMA
+// (Listener::SharePortWithRdma); a listener that comes to share it sends
+// the connections it took a second kHello without the bit.
 //
 // A frame whose header does not parse closes that connection (the stream has
 // lost its framing); every other connection is untouched. A payload larger
@@ -38,10 +41,7 @@ class TcpListener;
 
 class TcpTransport : public Transport {
  public:
-  // `beside_rdma`: this transport's listeners share their ports with RDMA
-  // listeners (an AutoTransport's), so their kHello does not say
-  // kHelloTcpAlone.
-  explicit TcpTransport(TransportOptions options, TcpOptions tcp = {}, bool beside_rdma = false);
+  explicit TcpTransport(TransportOptions options, TcpOptions tcp = {});
   ~TcpTransport() override;
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
@@ -87,7 +87,6 @@ class TcpTransport : public Transport {
 
   const TransportOptions options_;
   const TcpOptions tcp_;
-  const bool beside_rdma_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   // Readable once Shutdown has begun: ends the Connects waiting for a handshake.
@@ -101,6 +100,7 @@ class TcpTransport : public Transport {
   bool loop_exit_ = false;                                            // I/O thread
   std::unordered_map<int, std::shared_ptr<TcpConnection>> conns_;     // I/O thread
   std::unordered_map<int, TcpListener*> listeners_;                   // I/O thread
+  std::atomic<uint64_t> next_listener_id_{0};
   std::vector<std::shared_ptr<TcpConnection>> graveyard_;            // I/O thread
   std::vector<IoHandler*> retired_;  // I/O thread: listeners gone during this batch
   std::vector<PausedAccept> paused_accepts_;  // I/O thread

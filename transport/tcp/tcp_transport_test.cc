@@ -430,23 +430,58 @@ TEST(TcpTransport, AConnectionTheServerRefusesFailsTheConnect) {
 }
 
 // A client's connection knows what the server's kHello said of its port:
-// that TCP alone listens there (a tcp:// server), or not (one beside an
-// RDMA listener, an auto:// server's), which is what lets an auto:// client
-// try RDMA again later.
+// that TCP alone listens there (a tcp:// server, or an auto:// one that has
+// no device yet), or not (one beside an RDMA listener), which is what lets
+// an auto:// client try RDMA again later. A listener that comes to share
+// its port with RDMA tells the connections it took, once, in order with
+// their frames, and says so in the kHello of those it takes after.
 TEST(TcpTransport, AConnectionKnowsWhetherTcpAloneListensAtTheServer) {
-  for (const bool beside_rdma : {false, true}) {
-    NoObserver server_observer;
-    TcpTransport server(TransportOptions{}, TcpOptions{}, beside_rdma);
-    auto listener = server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
-                                  [&](std::shared_ptr<Connection>) { return &server_observer; });
-    ASSERT_TRUE(listener.ok()) << listener.status();
-    NoObserver client_observer;
-    TcpTransport client(TransportOptions{});
-    auto conn =
-        client.Connect((*listener)->address(), &client_observer, SteadyNow() + absl::Seconds(10));
-    ASSERT_TRUE(conn.ok()) << conn.status();
-    EXPECT_EQ((*conn)->ServerTcpAlone(), !beside_rdma) << "beside_rdma " << beside_rdma;
-  }
+  class Told : public NoObserver {
+   public:
+    void OnMayGoFaster(Connection&) override { ++told; }
+    std::atomic<int> told{0};
+  };
+  NoObserver server_observer;
+  TcpTransport server(TransportOptions{});
+  std::mutex mu;
+  std::vector<std::shared_ptr<Connection>> taken;  // guarded by mu
+  auto listener = server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
+                                [&](std::shared_ptr<Connection> c) -> ConnectionObserver* {
+                                  std::lock_guard<std::mutex> lock(mu);
+                                  taken.push_back(std::move(c));
+                                  return &server_observer;
+                                });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  Told early_observer;
+  Told late_observer;
+  TcpTransport client(TransportOptions{});
+  const auto send_to = [&](size_t i, uint64_t call_id) {
+    OutboundMessage m;
+    m.header.kind = MessageKind::kRequest;
+    m.header.call_id = call_id;
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_GT(taken.size(), i);
+    EXPECT_TRUE(taken[i]->Send(std::move(m)).ok());
+  };
+
+  auto early =
+      client.Connect((*listener)->address(), &early_observer, SteadyNow() + absl::Seconds(10));
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_TRUE((*early)->ServerTcpAlone());
+  (*listener)->SharePortWithRdma();
+  (*listener)->SharePortWithRdma();
+  send_to(0, 9);
+  EXPECT_EQ(early_observer.FirstCallId(absl::Seconds(10)), 9u) << "the frame never arrived";
+  EXPECT_EQ(early_observer.told.load(), 1);
+  EXPECT_FALSE((*early)->ServerTcpAlone());
+
+  auto late =
+      client.Connect((*listener)->address(), &late_observer, SteadyNow() + absl::Seconds(10));
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_FALSE((*late)->ServerTcpAlone());
+  send_to(1, 10);
+  EXPECT_EQ(late_observer.FirstCallId(absl::Seconds(10)), 10u) << "the frame never arrived";
+  EXPECT_EQ(late_observer.told.load(), 0) << "a kHello that said nothing new was reported";
 }
 
 // Delivered means acknowledged by the peer, not written to the socket: a
