@@ -119,13 +119,16 @@ class PairedListener : public Listener {
 // auto:// channels move to RDMA), logs one line, and its thread ends. Where
 // RDMA cannot take that port (rdma_cm's port in use, the address on a
 // device-less interface), it says why, once per reason, and looks again.
+// `rdma_at` is the address asked for with the port TCP took: a host name
+// stays a name, so RDMA listens on each of its addresses as TCP does.
 class TcpUntilRdmaListener : public Listener {
  public:
   using MakeRdma = std::function<absl::StatusOr<Transport*>()>;
 
-  TcpUntilRdmaListener(std::unique_ptr<Listener> tcp, MakeRdma rdma, AcceptCallback on_accept,
-                       std::string who)
+  TcpUntilRdmaListener(std::unique_ptr<Listener> tcp, Address rdma_at, MakeRdma rdma,
+                       AcceptCallback on_accept, std::string who)
       : tcp_(std::move(tcp)),
+        rdma_at_(std::move(rdma_at)),
         address_(WithScheme(tcp_->address(), "auto")),
         thread_([this, rdma = std::move(rdma), on_accept = std::move(on_accept),
                  who = std::move(who)] { LookForRdma(rdma, on_accept, who); }) {}
@@ -153,7 +156,7 @@ class TcpUntilRdmaListener : public Listener {
       }
       absl::StatusOr<Transport*> rdma = make_rdma();
       if (!rdma.ok()) continue;  // no device yet: MakeTransport said so once
-      auto listener = (*rdma)->Listen(WithScheme(tcp_->address(), "rdma"), on_accept);
+      auto listener = (*rdma)->Listen(rdma_at_, on_accept);
       if (!listener.ok()) {
         if (listener.status().message() != said) {
           said = std::string(listener.status().message());
@@ -179,6 +182,7 @@ class TcpUntilRdmaListener : public Listener {
 
   // Destroyed after the thread has ended, rdma_ (taken last) first.
   const std::unique_ptr<Listener> tcp_;
+  const Address rdma_at_;
   const Address address_;
   std::mutex mu_;
   std::condition_variable stopped_;
@@ -308,8 +312,11 @@ absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::Listen(const Address& a
     // No device yet: MakeTransport said so once, when it fell back to TCP.
     auto tcp = Tcp().Listen(WithScheme(addr, "tcp"), on_accept);
     if (!tcp.ok()) return tcp.status();
+    Address rdma_at = WithScheme(addr, "rdma");
+    rdma_at.port = (*tcp)->address().port;
     return std::unique_ptr<Listener>(new TcpUntilRdmaListener(
-        *std::move(tcp), [this] { return Rdma(); }, std::move(on_accept), who_));
+        *std::move(tcp), std::move(rdma_at), [this] { return Rdma(); }, std::move(on_accept),
+        who_));
   }
   if (!rdma_transport.ok()) return rdma_transport.status();
   absl::Status last;

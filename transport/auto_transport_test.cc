@@ -62,6 +62,7 @@ class ScriptedTransport : public Transport {
     if (!s.ok()) return s;
     Address bound = addr;
     if (bound.port == 0) bound.port = next_port++;
+    if (!bound_host.empty()) bound.host = bound_host;
     return std::unique_ptr<Listener>(new Listening(bound, &shared_ports));
   }
   void Shutdown() override { ++shutdowns; }
@@ -72,6 +73,7 @@ class ScriptedTransport : public Transport {
   std::vector<absl::Time> deadlines;
   std::vector<std::string> listens;
   uint16_t next_port = 4000;
+  std::string bound_host;  // as a listener on a host name reports its first address
   int shutdowns = 0;
   std::atomic<int> shared_ports{0};  // SharePortWithRdma calls on its listeners
   bool silent = false;
@@ -437,6 +439,23 @@ TEST(AutoTransport, WithoutADeviceYetAListenerTakesTcpAloneAndAddsRdmaOnceADevic
   const int asked = n.rdma_asked.load();
   l->reset();
   EXPECT_EQ(n.rdma_asked.load(), asked) << "it looked again once it listened over RDMA";
+}
+
+// A listener on a host name listens over RDMA on that name too, on the port
+// TCP took, not on the one address a listener reports (the first of the
+// name's).
+TEST(AutoTransport, WithoutADeviceYetAListenerOnANameListensOverRdmaOnTheName) {
+  NoDeviceYet n;
+  n.tcp->listen_results = {absl::OkStatus()};
+  n.tcp->bound_host = "10.0.0.1";
+  auto l = n.t.Listen(At("auto://server.example:0"), nullptr);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ((*l)->address().ToString(), "auto://10.0.0.1:4000");
+  n.rdma->listen_results = {absl::OkStatus()};
+  n.device = true;
+  EXPECT_TRUE(Within10s([&] { return n.tcp->shared_ports.load() == 1; }))
+      << "it never listened over RDMA";
+  EXPECT_EQ(n.rdma->listens, std::vector<std::string>{"rdma://server.example:4000"});
 }
 
 // One destroyed before a device came stops looking at once, not at its
