@@ -66,6 +66,7 @@ constexpr Field kFields[] = {
     &RdmaCounters::keepalives_behind_reads,
     &RdmaCounters::connections_opened,
     &RdmaCounters::connections_closed,
+    &RdmaCounters::accepts_unfinished,
     &RdmaCounters::registered_bytes,
     &RdmaCounters::poller_sleeps,
     &RdmaCounters::caller_completions,
@@ -194,8 +195,9 @@ std::string RdmaCounters::ToString() const {
       " credit_shrinks=", credit_shrinks, " (overdue ", credit_shrinks_overdue, ")",
       " keepalives=", keepalives, " (behind reads ", keepalives_behind_reads, ")",
       " conns_opened=", connections_opened, " conns_closed=", connections_closed,
-      " registered_bytes=", registered_bytes, " poller_sleeps=", poller_sleeps,
-      " caller_completions=", caller_completions, " device_events=", device_events);
+      " (unfinished accepts ", accepts_unfinished, ")", " registered_bytes=", registered_bytes,
+      " poller_sleeps=", poller_sleeps, " caller_completions=", caller_completions,
+      " device_events=", device_events);
 }
 
 }  // namespace rdmarpc::transport::rdma

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -62,6 +63,9 @@ class RawPeer {
 
   // Connects with a valid rdmarpc handshake, asking for `retry_count`
   // transport retries; "" or what failed.
+  // Connect returns once its request is out, and reads no CM event after:
+  // as a client process that stops there, it never sends the RTU.
+  bool stall_before_rtu = false;
   std::string Connect(const Address& server, uint8_t retry_count = 7) {
     if (!(channel_ = rdma_create_event_channel())) return "rdma_create_event_channel";
     if (rdma_create_id(channel_, &id_, nullptr, RDMA_PS_TCP) != 0) return "rdma_create_id";
@@ -80,6 +84,7 @@ class RawPeer {
     rdma_conn_param param = ConnParam();
     param.retry_count = retry_count;
     if (rdma_connect(id_, &param) != 0) return "connect";
+    if (stall_before_rtu) return "";
     switch (NextEvent()) {
       case RDMA_CM_EVENT_ESTABLISHED:
         return "";
@@ -193,6 +198,10 @@ class RawPeer {
   bool Disconnected(absl::Duration timeout) {
     return Await(RDMA_CM_EVENT_DISCONNECTED, timeout, nullptr, RDMA_CM_EVENT_REJECTED);
   }
+  // A stall_before_rtu peer goes on: the event its connect ends with
+  // (ESTABLISHED once its RTU is out), RDMA_CM_EVENT_TIMEWAIT_EXIT when
+  // none comes in 10 s.
+  rdma_cm_event_type GoOn() { return NextEvent(); }
   // The CM events that came while this peer waited for others, for a failed
   // test to show.
   const std::string& OtherEvents() const { return other_events_; }
@@ -718,6 +727,42 @@ struct ServerWithGoodClient {
     EXPECT_TRUE(good_observer.Call(*good, closed).ok()) << "the good client was not served";
   }
 };
+
+// A client that stops between its connect request and its RTU: the server
+// has accepted, and without accept_timeout_ms would hold that connection,
+// its QP and credits, for minutes (measured: still held after 150 s, as the
+// client's kernel answers each REP with an MRA worth 68 s). It drops that
+// connection alone, UNAVAILABLE, and counts it.
+TEST(RdmaBadInput, ClientThatNeverCompletesItsConnectionIsDroppedAtTheAcceptTimeout) {
+  GoodClient good_observer;
+  Server server;
+  RdmaOptions options;
+  options.accept_timeout_ms = 1000;
+  ASSERT_TRUE(server.Start(1u << 20, options));
+  auto good = server.ConnectGoodClient(&good_observer);
+  ASSERT_TRUE(good.ok()) << good.status();
+  const uint64_t unfinished_before = Counters().accepts_unfinished;
+  RawPeer stalled;
+  stalled.stall_before_rtu = true;
+  ASSERT_EQ(stalled.Connect(server.listener->address()), "");
+  const absl::Time asked = absl::Now();
+  auto why = server.answerer.ClosedAfter(0);
+  ASSERT_TRUE(why.has_value()) << "the server still holds the connection after 10 s";
+  EXPECT_GE(absl::Now() - asked, absl::Milliseconds(900)) << "dropped before its timeout";
+  EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
+  EXPECT_TRUE(absl::StrContains(why->message(), "did not complete its connection within 1s"))
+      << *why;
+  EXPECT_TRUE(absl::StrContains(why->message(), "rdma://")) << *why;
+  EXPECT_EQ(Counters().accepts_unfinished, unfinished_before + 1);
+  // The good client's connection, made before and so past the timeout
+  // too, stays: its client completed it.
+  EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
+  EXPECT_EQ(server.answerer.closed_count(), 1u) << "other connections were closed too";
+  // The client, when it goes on, learns that its connection failed.
+  const rdma_cm_event_type outcome = stalled.GoOn();
+  EXPECT_EQ(outcome, RDMA_CM_EVENT_CONNECT_ERROR) << rdma_event_str(outcome);
+  (*good)->Close();
+}
 
 // A client whose machine vanishes (its QP stops answering, no disconnect
 // comes) while the server has nothing to send it: the server's keepalive

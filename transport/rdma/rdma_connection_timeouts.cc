@@ -6,7 +6,8 @@
 //   - the lost-READ backstop ("Stalled READs" in rdma_connection.h);
 //   - READs of buffers the peer has revoked (its release_timeout_ms);
 //   - our own advertised payloads left unreleased (release_timeout_ms);
-//   - a kShrink left unanswered (shrink_answer_timeout_ms).
+//   - a kShrink left unanswered (shrink_answer_timeout_ms);
+//   - an accepted connection its client never completed (accept_timeout_ms).
 // The send path is in rdma_connection.cc, the receive path in
 // rdma_connection_receive.cc.
 #include <algorithm>
@@ -59,6 +60,10 @@ std::string RdmaConnection::DescribeRetryPolicy() {
 }
 
 bool RdmaConnection::TimeoutsDue(absl::Time now) {
+  if (now >= establish_by_) {
+    if (!established_.load(std::memory_order_acquire)) return true;
+    establish_by_ = absl::InfiniteFuture();
+  }
   if (now >= next_give_up_ || KeepaliveDue(now) || ShrinkAnswerOverdue(now)) return true;
   std::lock_guard<InlineMutex> lock(mu_);
   if (KeepaliveOverdueLocked(now) || ReadOverdueLocked(now)) return true;
@@ -73,7 +78,10 @@ bool RdmaConnection::KeepaliveOverdueLocked(absl::Time now) const {
 }
 
 void RdmaConnection::ExpireTimeouts(absl::Time now) {
-  if (FailLostRead(now) || FailStalledReads(now) || FailUnansweredKeepalive(now)) return;
+  if (FailUnestablished(now) || FailLostRead(now) || FailStalledReads(now) ||
+      FailUnansweredKeepalive(now)) {
+    return;
+  }
   ExpireUnreleased(now);
   if (ShrinkAnswerOverdue(now)) WriteOffUnansweredShrink();
   if (KeepaliveDue(now)) SendKeepalive(now);
@@ -161,6 +169,21 @@ bool RdmaConnection::FailUnansweredKeepalive(absl::Time now) {
       absl::StrCat("keepalive to ", peer_, " neither acknowledged nor failed by the device in ",
                    Rounded(now - keepalive_sent_), " (twice its retry time, ~", Rounded(limit),
                    "): the peer's machine, device or link is down")));
+  return true;
+}
+
+bool RdmaConnection::FailUnestablished(absl::Time now) {
+  if (torn_down_ || now < establish_by_ || established_.load(std::memory_order_acquire)) {
+    return false;
+  }
+  // Counted first: a test that sees the close may look at the count.
+  Count(&RdmaCounters::accepts_unfinished);
+  Fail(absl::UnavailableError(absl::StrCat(
+      peer_, " did not complete its connection within ",
+      Rounded(absl::Milliseconds(endpoint_->options().accept_timeout_ms)),
+      " of our accept (no RTU came, so rdma_cm never said ESTABLISHED): its process stalled, "
+      "or its machine or link went down, after its connect request; dropped with its queue "
+      "pair and credits (RdmaOptions::accept_timeout_ms)")));
   return true;
 }
 

@@ -43,6 +43,7 @@ RdmaOptions RdmaOptionsFromEnv(RdmaOptions o) {
   OverrideFromEnv("RDMARPC_RDMA_PEER_TIMEOUT_MS", &o.peer_timeout_ms);
   OverrideFromEnv("RDMARPC_RDMA_RNR_WAIT_US", &o.rnr_wait_us);
   OverrideFromEnv("RDMARPC_RDMA_KEEPALIVE_MS", &o.keepalive_ms);
+  OverrideFromEnv("RDMARPC_RDMA_ACCEPT_TIMEOUT_MS", &o.accept_timeout_ms);
   if (uint32_t strict = 0; OverrideFromEnv("RDMARPC_RDMA_STRICT_CREDITS", &strict)) {
     o.strict_credits = strict != 0;
   }

@@ -30,7 +30,9 @@ TEST(RdmaOptionsFromEnv, ReadsWellFormedValues) {
   EnvVar rnr("RDMARPC_RDMA_RNR_WAIT_US", "100");
   EnvVar tos("RDMARPC_RDMA_TOS", "104");
   EnvVar strict("RDMARPC_RDMA_STRICT_CREDITS", "1");
+  EnvVar accept("RDMARPC_RDMA_ACCEPT_TIMEOUT_MS", "2500");
   const RdmaOptions o = RdmaOptionsFromEnv();
+  EXPECT_EQ(o.accept_timeout_ms, 2500u);
   EXPECT_TRUE(o.trace);
   EXPECT_TRUE(o.strict_credits);
   EXPECT_EQ(o.type_of_service, 104);

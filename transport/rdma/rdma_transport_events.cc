@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "base/steady_clock.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_selection.h"
 #include "transport/rdma/fault_injection.h"
@@ -300,6 +301,9 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   if (absl::Status s = conn->CreateQp(); !s.ok()) {
     conn->ReleaseId();  // the id goes after the ack instead
     return refuse(absl::StrCat(s.message(), absl::IsInvalidArgument(s) ? kClientGaveUpHint : ""));
+  }
+  if (rdma_.accept_timeout_ms != 0) {
+    conn->set_establish_by(SteadyNow() + absl::Milliseconds(rdma_.accept_timeout_ms));
   }
   ConnectionObserver* observer = listener->on_accept()(conn);
   if (observer == nullptr) {
