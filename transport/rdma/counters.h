@@ -74,7 +74,8 @@ struct RdmaCounters {
   uint64_t connections_opened = 0;
   uint64_t connections_closed = 0;
   // Accepted connections whose client did not complete them within
-  // RdmaOptions::accept_timeout_ms, dropped (of connections_closed).
+  // RdmaOptions::accept_timeout_ms nor answer the probe sent then, ended
+  // (of connections_closed).
   uint64_t accepts_unfinished = 0;
   // Currently registered. A gauge: added to on registration and taken from
   // on deregistration (Uncount), possibly on different threads; the shards

@@ -50,6 +50,7 @@ class RawPeer {
 
   ~RawPeer() {
     if (id_ != nullptr && id_->qp != nullptr) rdma_destroy_qp(id_);
+    if (lose_rtu && qp_ != nullptr) ibv_destroy_qp(qp_);
     if (send_mr_) ibv_dereg_mr(send_mr_);
     if (recv_mr_) ibv_dereg_mr(recv_mr_);
     if (read_mr_) ibv_dereg_mr(read_mr_);
@@ -61,11 +62,15 @@ class RawPeer {
     if (channel_) rdma_destroy_event_channel(channel_);
   }
 
-  // Connects with a valid rdmarpc handshake, asking for `retry_count`
-  // transport retries; "" or what failed.
   // Connect returns once its request is out, and reads no CM event after:
   // as a client process that stops there, it never sends the RTU.
   bool stall_before_rtu = false;
+  // Connect readies its QP on the server's REP, as rdma_cm would, and then
+  // sends no RTU: as if the RTU were lost on the way.
+  bool lose_rtu = false;
+
+  // Connects with a valid rdmarpc handshake, asking for `retry_count`
+  // transport retries; "" or what failed.
   std::string Connect(const Address& server, uint8_t retry_count = 7) {
     if (!(channel_ = rdma_create_event_channel())) return "rdma_create_event_channel";
     if (rdma_create_id(channel_, &id_, nullptr, RDMA_PS_TCP) != 0) return "rdma_create_id";
@@ -83,8 +88,18 @@ class RawPeer {
     if (std::string error = CreateQp(); !error.empty()) return error;
     rdma_conn_param param = ConnParam();
     param.retry_count = retry_count;
+    if (lose_rtu) param.qp_num = qp_->qp_num;
     if (rdma_connect(id_, &param) != 0) return "connect";
     if (stall_before_rtu) return "";
+    if (lose_rtu) {
+      // rdma_cm leaves a QP it did not make to us: it reports the REP and
+      // waits for rdma_establish, the RTU, which never comes.
+      if (!Await(RDMA_CM_EVENT_CONNECT_RESPONSE)) return "no connect response";
+      // INIT again first, as librdmacm does: only now does rdma_cm know the
+      // access the connection grants (the server's keepalive WRITEs).
+      return MoveQp(IBV_QPS_INIT) && MoveQp(IBV_QPS_RTR) && MoveQp(IBV_QPS_RTS) ? ""
+                                                                                : "ready the QP";
+    }
     switch (NextEvent()) {
       case RDMA_CM_EVENT_ESTABLISHED:
         return "";
@@ -124,7 +139,7 @@ class RawPeer {
   bool Vanish() {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_ERR;
-    return ibv_modify_qp(id_->qp, &attr, IBV_QP_STATE) == 0;
+    return ibv_modify_qp(qp_, &attr, IBV_QP_STATE) == 0;
   }
 
   // One SEND of exactly `frame`; true once the device has sent it.
@@ -139,7 +154,7 @@ class RawPeer {
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND;
     wr.send_flags = IBV_SEND_SIGNALED;
-    if (ibv_post_send(id_->qp, &wr, &bad) != 0) return false;
+    if (ibv_post_send(qp_, &wr, &bad) != 0) return false;
     return Completion(kSendId) == IBV_WC_SUCCESS;
   }
 
@@ -156,7 +171,7 @@ class RawPeer {
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.wr.rdma.remote_addr = remote.addr;
     wr.wr.rdma.rkey = remote.rkey;
-    if (ibv_post_send(id_->qp, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
+    if (ibv_post_send(qp_, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
     const ibv_wc_status status = Completion(kReadId);
     if (status == IBV_WC_SUCCESS) out->assign(read_buf_.data(), length);
     return status;
@@ -239,9 +254,24 @@ class RawPeer {
     qa.cap.max_send_wr = 8;
     qa.cap.max_recv_wr = kRawRecvs;
     qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
-    if (rdma_create_qp(id_, pd_, &qa) != 0) return "rdma_create_qp";
+    if (lose_rtu) {
+      qp_ = ibv_create_qp(pd_, &qa);
+      if (qp_ == nullptr || !MoveQp(IBV_QPS_INIT)) return "ibv_create_qp";
+    } else {
+      if (rdma_create_qp(id_, pd_, &qa) != 0) return "rdma_create_qp";
+      qp_ = id_->qp;
+    }
     for (int i = 0; i < kRawRecvs; ++i) PostRecv(i);
     return "";
+  }
+
+  // Moves a QP this peer made itself (lose_rtu) to `state`, with the
+  // attributes rdma_cm has for it.
+  bool MoveQp(ibv_qp_state state) {
+    ibv_qp_attr attr{};
+    int mask = 0;
+    attr.qp_state = state;
+    return rdma_init_qp_attr(id_, &attr, &mask) == 0 && ibv_modify_qp(qp_, &attr, mask) == 0;
   }
 
   // One READ each way at a time, with a valid rdmarpc handshake or, when
@@ -268,7 +298,7 @@ class RawPeer {
     wr.wr_id = static_cast<uint64_t>(i);
     wr.sg_list = &sge;
     wr.num_sge = 1;
-    ibv_post_recv(id_->qp, &wr, &bad);
+    ibv_post_recv(qp_, &wr, &bad);
   }
 
   void OnRecv(const ibv_wc& wc) {
@@ -322,6 +352,7 @@ class RawPeer {
   rdma_event_channel* channel_ = nullptr;
   rdma_cm_id* id_ = nullptr;
   rdma_cm_id* listen_id_ = nullptr;
+  ibv_qp* qp_ = nullptr;  // id_->qp, or one made without rdma_cm (lose_rtu)
   Handshake handshake_;  // what rdma_connect / rdma_accept send
   ibv_pd* pd_ = nullptr;
   ibv_cq* cq_ = nullptr;
@@ -384,7 +415,10 @@ class Answerer : public ConnectionObserver {
   }
   // The next connection end after the first `seen`, waiting up to 10 s.
   std::optional<absl::Status> ClosedAfter(size_t seen) {
-    const absl::Time until = absl::Now() + absl::Seconds(10);
+    return ClosedWithin(seen, absl::Seconds(10));
+  }
+  std::optional<absl::Status> ClosedWithin(size_t seen, absl::Duration wait) {
+    const absl::Time until = absl::Now() + wait;
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -729,14 +763,16 @@ struct ServerWithGoodClient {
 };
 
 // A client that stops between its connect request and its RTU: the server
-// has accepted, and without accept_timeout_ms would hold that connection,
-// its QP and credits, for minutes (measured: still held after 150 s, as the
-// client's kernel answers each REP with an MRA worth 68 s). It drops that
-// connection alone, UNAVAILABLE, and counts it.
-TEST(RdmaBadInput, ClientThatNeverCompletesItsConnectionIsDroppedAtTheAcceptTimeout) {
+// has accepted, and rdma_cm alone would hold that connection, its QP and
+// credits, for minutes (measured: still held after 150 s, as the client's
+// kernel answers each REP with an MRA worth 68 s). At accept_timeout_ms the
+// server probes it with a keepalive, which the client's QP, never readied,
+// does not acknowledge: the server ends that connection alone,
+// UNAVAILABLE, and counts it. The client learns it when it goes on.
+TEST(RdmaBadInput, ClientThatNeverCompletesItsConnectionIsDroppedAfterTheAcceptTimeout) {
   GoodClient good_observer;
   Server server;
-  RdmaOptions options;
+  RdmaOptions options = KeepaliveOptions();
   options.accept_timeout_ms = 1000;
   ASSERT_TRUE(server.Start(1u << 20, options));
   auto good = server.ConnectGoodClient(&good_observer);
@@ -744,7 +780,7 @@ TEST(RdmaBadInput, ClientThatNeverCompletesItsConnectionIsDroppedAtTheAcceptTime
   const uint64_t unfinished_before = Counters().accepts_unfinished;
   RawPeer stalled;
   stalled.stall_before_rtu = true;
-  ASSERT_EQ(stalled.Connect(server.listener->address()), "");
+  ASSERT_EQ(stalled.Connect(server.listener->address(), /*retry_count=*/6), "");
   const absl::Time asked = absl::Now();
   auto why = server.answerer.ClosedAfter(0);
   ASSERT_TRUE(why.has_value()) << "the server still holds the connection after 10 s";
@@ -752,16 +788,42 @@ TEST(RdmaBadInput, ClientThatNeverCompletesItsConnectionIsDroppedAtTheAcceptTime
   EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
   EXPECT_TRUE(absl::StrContains(why->message(), "did not complete its connection within 1s"))
       << *why;
+  EXPECT_TRUE(absl::StrContains(why->message(), "did not answer a probe")) << *why;
   EXPECT_TRUE(absl::StrContains(why->message(), "rdma://")) << *why;
   EXPECT_EQ(Counters().accepts_unfinished, unfinished_before + 1);
   // The good client's connection, made before and so past the timeout
   // too, stays: its client completed it.
   EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
   EXPECT_EQ(server.answerer.closed_count(), 1u) << "other connections were closed too";
-  // The client, when it goes on, learns that its connection failed.
   const rdma_cm_event_type outcome = stalled.GoOn();
   EXPECT_EQ(outcome, RDMA_CM_EVENT_CONNECT_ERROR) << rdma_event_str(outcome);
   (*good)->Close();
+}
+
+// A client whose RTU is lost: its QP runs, so it acknowledges the probe,
+// and the server keeps the connection and serves it (rdma_cm would resend
+// the REP for another RTU only after the MRA's 68 s).
+TEST(RdmaBadInput, ClientWhoseRtuIsLostKeepsItsConnection) {
+  Server server;
+  RdmaOptions options = KeepaliveOptions();
+  options.accept_timeout_ms = 1000;
+  ASSERT_TRUE(server.Start(1u << 20, options));
+  const uint64_t keepalives_before = Counters().keepalives;
+  RawPeer peer;
+  peer.lose_rtu = true;
+  ASSERT_EQ(peer.Connect(server.listener->address(), /*retry_count=*/6), "");
+  // The probe goes out at the timeout; unanswered, it would end the
+  // connection within the device's retry time (peer_timeout_ms, 500 ms).
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (Counters().keepalives == keepalives_before && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_GT(Counters().keepalives, keepalives_before) << "no probe in 10 s";
+  EXPECT_FALSE(server.answerer.ClosedWithin(0, absl::Seconds(3)).has_value())
+      << "a client whose QP runs lost its connection";
+  ASSERT_TRUE(peer.Send(Frame(SmallRequest(1, 0))));
+  EXPECT_TRUE(peer.NextFrame(absl::Seconds(10)).has_value()) << "not answered";
+  EXPECT_EQ(server.answerer.closed_count(), 0u);
 }
 
 // A client whose machine vanishes (its QP stops answering, no disconnect

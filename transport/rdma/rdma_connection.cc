@@ -704,6 +704,17 @@ absl::Status RdmaConnection::RevocationHint(absl::Status why) {
 
 void RdmaConnection::Fail(absl::Status why) {
   if (torn_down_) return;  // ended already, and said why then
+  if (accept_probed_ && !established_.load(std::memory_order_acquire)) {
+    Count(&RdmaCounters::accepts_unfinished);
+    why = absl::Status(
+        why.code(),
+        absl::StrCat(peer_, " did not complete its connection within ",
+                     Rounded(absl::Milliseconds(endpoint_->options().accept_timeout_ms)),
+                     " of our accept (no RTU, so rdma_cm never said ESTABLISHED), and its device "
+                     "did not answer a probe: its process stopped, or its machine or link went "
+                     "down, after its connect request (RdmaOptions::accept_timeout_ms); ",
+                     why.message()));
+  }
   why = absl::Status(why.code(), absl::StrCat(why.message(), LocationNote()));
   fprintf(stderr, "rdmarpc[%s]: closing connection to %s: %s\n", options_.name.c_str(),
           peer_.c_str(), std::string(why.message()).c_str());

@@ -306,9 +306,10 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // posted before the QP is ready to send would fail the connection), and
   // kShrinks (CreditsOverWindow).
   void MarkEstablished() { established_.store(true, std::memory_order_release); }
-  // A listener's connection, before the endpoint sees it: ExpireTimeouts
-  // drops it if rdma_cm has not said ESTABLISHED by `deadline`
-  // (RdmaOptions::accept_timeout_ms).
+  // A listener's connection, before the endpoint sees it: if rdma_cm has
+  // not said ESTABLISHED by `deadline` (RdmaOptions::accept_timeout_ms),
+  // ExpireTimeouts sends the client a keepalive, and the connection ends
+  // when that fails.
   void set_establish_by(absl::Time deadline) { establish_by_ = deadline; }
   // True when ExpireTimeouts has something to do at `now`: a release
   // timeout passed, a READ, keepalive, kShrink answer or accept's RTU
@@ -321,8 +322,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // well past the device's retry time. Sends a keepalive when the peer has
   // been silent for RdmaOptions::keepalive_ms. Writes off what a peer
   // holds past its window when it has not answered a kShrink within
-  // RdmaOptions::shrink_answer_timeout_ms. Closes an accepted connection
-  // its client did not complete by set_establish_by's deadline. I/O context.
+  // RdmaOptions::shrink_answer_timeout_ms. Probes an accepted connection
+  // its client has not completed by set_establish_by's deadline. I/O
+  // context.
   void ExpireTimeouts(absl::Time now);
   // Called (I/O context) when the connection is fully gone, with its
   // rdma_cm id for the owner to destroy; without it the id is destroyed here.
@@ -490,7 +492,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   bool FailLostRead(absl::Time now);
   bool FailStalledReads(absl::Time now);
   bool FailUnansweredKeepalive(absl::Time now);
-  bool FailUnestablished(absl::Time now);
+  void ProbeUnestablished(absl::Time now);
   // True when the peer has been silent for keepalive_ms and neither a
   // keepalive nor a READ (which would be answered or fail the same way) is
   // in flight. Notes whether the peer was heard from since the last look.
@@ -611,8 +613,11 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // last look saw, and since when it has not moved.
   const absl::Duration keepalive_;
   std::atomic<bool> established_{false};
-  // set_establish_by's deadline; InfiniteFuture once established_ is seen.
+  // set_establish_by's deadline; InfiniteFuture once established_ is seen
+  // or the probe sent at the deadline is acknowledged. accept_probed_:
+  // that probe is out, and a failure now is its (Fail says so).
   absl::Time establish_by_ = absl::InfiniteFuture();
+  bool accept_probed_ = false;
   uint64_t heard_ = 0;
   uint64_t heard_at_check_ = 0;
   absl::Time silent_since_;

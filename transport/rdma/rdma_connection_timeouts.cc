@@ -7,7 +7,8 @@
 //   - READs of buffers the peer has revoked (its release_timeout_ms);
 //   - our own advertised payloads left unreleased (release_timeout_ms);
 //   - a kShrink left unanswered (shrink_answer_timeout_ms);
-//   - an accepted connection its client never completed (accept_timeout_ms).
+//   - an accepted connection its client has not completed: probed at
+//     accept_timeout_ms, and ended when the probe fails.
 // The send path is in rdma_connection.cc, the receive path in
 // rdma_connection_receive.cc.
 #include <algorithm>
@@ -78,10 +79,8 @@ bool RdmaConnection::KeepaliveOverdueLocked(absl::Time now) const {
 }
 
 void RdmaConnection::ExpireTimeouts(absl::Time now) {
-  if (FailUnestablished(now) || FailLostRead(now) || FailStalledReads(now) ||
-      FailUnansweredKeepalive(now)) {
-    return;
-  }
+  if (FailLostRead(now) || FailStalledReads(now) || FailUnansweredKeepalive(now)) return;
+  ProbeUnestablished(now);
   ExpireUnreleased(now);
   if (ShrinkAnswerOverdue(now)) WriteOffUnansweredShrink();
   if (KeepaliveDue(now)) SendKeepalive(now);
@@ -172,19 +171,26 @@ bool RdmaConnection::FailUnansweredKeepalive(absl::Time now) {
   return true;
 }
 
-bool RdmaConnection::FailUnestablished(absl::Time now) {
-  if (torn_down_ || now < establish_by_ || established_.load(std::memory_order_acquire)) {
-    return false;
+void RdmaConnection::ProbeUnestablished(absl::Time now) {
+  if (torn_down_ || now < establish_by_) return;
+  if (established_.load(std::memory_order_acquire)) {
+    establish_by_ = absl::InfiniteFuture();
+    return;
   }
-  // Counted first: a test that sees the close may look at the count.
-  Count(&RdmaCounters::accepts_unfinished);
-  Fail(absl::UnavailableError(absl::StrCat(
-      peer_, " did not complete its connection within ",
-      Rounded(absl::Milliseconds(endpoint_->options().accept_timeout_ms)),
-      " of our accept (no RTU came, so rdma_cm never said ESTABLISHED): its process stalled, "
-      "or its machine or link went down, after its connect request; dropped with its queue "
-      "pair and credits (RdmaOptions::accept_timeout_ms)")));
-  return true;
+  if (!accept_probed_) {
+    // The client's QP runs once its process has read our REP, and then its
+    // device acknowledges a keepalive: only its RTU was lost, and rdma_cm
+    // will resend our REP for another. A client stopped before that never
+    // acknowledges it, so the keepalive fails and Fail says why.
+    SendKeepalive(now);
+    accept_probed_ = keepalive_outstanding_;  // not sent (a full queue): next sweep
+    return;
+  }
+  if (keepalive_outstanding_) return;
+  // Acknowledged: the connection is its client's, and a later failure
+  // is not the accept's.
+  establish_by_ = absl::InfiniteFuture();
+  accept_probed_ = false;
 }
 
 bool RdmaConnection::ReadOverdueLocked(absl::Time now) const {

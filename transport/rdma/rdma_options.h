@@ -188,14 +188,15 @@ struct RdmaOptions {
   // "Stalled READs" in rdma_connection.h). 0: no keepalive.
   uint32_t keepalive_ms = 1000;
   // A connection a listener accepted that its client has not completed
-  // (rdma_cm's RTU, which makes it ESTABLISHED) within this long is dropped,
-  // with one line on stderr and accepts_unfinished in the counters: its
-  // client stalled or vanished between its connect request and our answer.
-  // Without it the connection would hold its queue pair and credits for
-  // minutes: the client's kernel answers our REP for its process with an
-  // MRA worth 68 s, and rdma_cm resends the REP up to 15 times. Normally
-  // an RTU takes milliseconds; a client that cannot send one this long has
-  // given up its connect too. 0: leave it to rdma_cm.
+  // (rdma_cm's RTU, which makes it ESTABLISHED) within this long gets a
+  // keepalive. A client whose QP runs acknowledges it (only its RTU was
+  // lost) and keeps its connection; one that stopped or vanished between
+  // its connect request and our answer does not, and its connection ends
+  // within peer_timeout_ms more, with one line on stderr and
+  // accepts_unfinished in the counters. Without it the connection would
+  // hold its queue pair and credits for minutes: the client's kernel
+  // answers our REP with an MRA worth 68 s, and rdma_cm resends the REP up
+  // to 15 times. Normally an RTU takes milliseconds. 0: leave it to rdma_cm.
   uint32_t accept_timeout_ms = 10000;
   // One line on stderr per step of each connection's life: the address and
   // route resolved (device, port, GID, MTU), the QP and the terms both sides
