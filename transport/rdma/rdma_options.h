@@ -192,7 +192,8 @@ struct RdmaOptions {
   // keepalive. A client whose QP runs acknowledges it (only its RTU was
   // lost) and keeps its connection; one that stopped or vanished between
   // its connect request and our answer does not, and its connection ends
-  // within peer_timeout_ms more, with one line on stderr and
+  // about peer_timeout_ms later (twice that where Soft-RoCE retries for
+  // ever, as with any keepalive), with one line on stderr and
   // accepts_unfinished in the counters. Without it the connection would
   // hold its queue pair and credits for minutes: the client's kernel
   // answers our REP with an MRA worth 68 s, and rdma_cm resends the REP up
