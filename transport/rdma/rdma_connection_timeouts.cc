@@ -61,10 +61,8 @@ std::string RdmaConnection::DescribeRetryPolicy() {
 }
 
 bool RdmaConnection::TimeoutsDue(absl::Time now) {
-  if (now >= establish_by_) {
-    if (!established_.load(std::memory_order_acquire)) return true;
-    establish_by_ = absl::InfiniteFuture();
-  }
+  // ProbeUnestablished clears establish_by_ once the client is in.
+  if (now >= establish_by_) return true;
   if (now >= next_give_up_ || KeepaliveDue(now) || ShrinkAnswerOverdue(now)) return true;
   std::lock_guard<InlineMutex> lock(mu_);
   if (KeepaliveOverdueLocked(now) || ReadOverdueLocked(now)) return true;
