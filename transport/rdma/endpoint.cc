@@ -39,6 +39,8 @@ constexpr int kPollBatch = 32;
 // whole time slice when more threads want one than there are cores
 // (milliseconds per call).
 constexpr int kIdlePollsPerYield = 64;
+// What Soft-RoCE (rdma_rxe) reports as its vendor (RXE_VENDOR_ID).
+constexpr uint32_t kSoftRoceVendorId = 0xffffff;
 
 void IdleSpin(int& idle_polls) {
   if (++idle_polls % kIdlePollsPerYield == 0) std::this_thread::yield();
@@ -149,6 +151,7 @@ absl::Status Endpoint::Init() {
   }
   pool_ =
       std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_, windows);
+  binds_wait_for_quiet_queue_ = windows && device_attr_.vendor_id == kSoftRoceVendorId;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   while (slot_count_.load() < target_) {
     if (absl::Status s = GrowSlots(); !s.ok()) return s;

@@ -258,6 +258,15 @@ class Endpoint {
   // waits in its connection's backlog; the connection registers with
   // WaitForResponseRoom and is flushed when room comes back. Any thread.
   bool bounds_responses() const { return side_ == Side::kClient; }
+  // Whether a frame that binds a memory window waits until nothing that
+  // goes on the wire is outstanding ahead of it on its queue pair. Soft-RoCE
+  // (Linux 6.1) runs a bind again when it retries its send queue from a
+  // work request ahead of it (after an RNR NAK or an ACK timeout); the
+  // second run finds the window bound under its new rkey, fails, and takes
+  // the queue pair down (MW_BIND_ERR, or a flush with no error completion).
+  // A bind with only local work ahead of it is retired before any retry.
+  // Hardware runs a bind once, so there frames do not wait. Set at Init.
+  bool binds_wait_for_quiet_queue() const { return binds_wait_for_quiet_queue_; }
   bool TakeResponseRoom();
   void ReturnResponseRoom(uint32_t n);
   void WaitForResponseRoom(std::weak_ptr<RdmaConnection> conn);
@@ -448,6 +457,7 @@ class Endpoint {
   // or have in flight, and the connections waiting for room with what each
   // lacked when it asked (in all, waiters_short_). I/O context.
   bool shares_credits_ = false;  // set once, at construction
+  bool binds_wait_for_quiet_queue_ = false;  // set once, at Init
   ReceiveShare credit_share_;
   int64_t credits_out_ = 0;
   std::deque<std::pair<std::weak_ptr<RdmaConnection>, int64_t>> credit_waiters_;

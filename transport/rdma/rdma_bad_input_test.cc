@@ -366,6 +366,54 @@ TEST(RdmaBadInput, WithoutMemoryWindowsAnUnreleasedResponseClosesItsConnection) 
   (*good)->Close();
 }
 
+// A peer that grants credits it has not backed with receives (or falls
+// behind posting them) makes the server's SENDs meet RNR NAKs, which the
+// device retries. Responses queued behind such a SEND advertise payloads
+// through windows bound behind it; a retry must not cost them their windows
+// (Soft-RoCE on Linux 6.1 executes such a bind again on retry, and the
+// second bind fails: MW_BIND_ERR ended the connection). Once the peer posts
+// its receives, every response arrives and every payload reads.
+TEST(RdmaBadInput, ResponsesQueuedBehindASendThePeerRefusedKeepTheirWindows) {
+  GoodClient good_observer;
+  Server server;
+  server.answerer.response_bytes = kLargeResponse;
+  ASSERT_TRUE(server.Start(1u << 20));
+  auto good = server.ConnectGoodClient(&good_observer);
+  ASSERT_TRUE(good.ok()) << good.status();
+  RawPeer peer;
+  peer.withhold_receives = true;
+  ASSERT_EQ(peer.Connect(server.listener->address()), "");
+  const DeviceRnrNaks before = ReadDeviceRnrNaks();
+  ASSERT_GE(before.received, 0) << "this test needs the device's count of RNR NAKs (rxe)";
+  constexpr int kResponses = 4;
+  for (uint64_t id = 1; id <= kResponses; ++id) {
+    ASSERT_TRUE(peer.Send(Frame(SmallRequest(id, 0)))) << "request " << id;
+  }
+  // The first refusal: the device retries from there once the peer's RNR
+  // timer has run, with the later responses' binds behind.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (ReadDeviceRnrNaks().received == before.received && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_GT(ReadDeviceRnrNaks().received, before.received)
+      << "the server's responses were not refused for want of receives";
+  peer.PostReceives();
+  for (uint64_t id = 1; id <= kResponses; ++id) {
+    auto h = peer.NextFrame(absl::Seconds(10));
+    ASSERT_TRUE(h.has_value())
+        << "response " << id << " never came; the server's side ended: "
+        << server.answerer.ClosedWithin(0, absl::ZeroDuration()).value_or(absl::OkStatus());
+    ASSERT_EQ(h->call_id, id);
+    ASSERT_TRUE(h->remote_payload());
+    std::string bytes;
+    EXPECT_EQ(peer.Read(h->remote, h->payload_len, &bytes), IBV_WC_SUCCESS) << "response " << id;
+    EXPECT_EQ(bytes, ResponseBytes(kLargeResponse)) << "response " << id;
+  }
+  EXPECT_EQ(server.answerer.closed_count(), 0u);
+  EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
+  (*good)->Close();
+}
+
 constexpr uint32_t kKeepaliveMs = 200;
 constexpr uint32_t kPeerTimeoutMs = 500;
 // keepalive_ms + peer_timeout_ms, the sweep's 100 ms and the VM's slowness,

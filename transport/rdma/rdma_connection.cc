@@ -282,10 +282,16 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
 }
 
 bool RdmaConnection::CanPostLocked(const Header& h) {
+  if (h.remote_payload()) hold_reads_ = false;
   if (CostsCredit(h.kind) && credits_ <= 0) return false;
   // A frame that advertises a window needs a second entry for the bind.
   const uint32_t entries = h.remote_payload() ? 2 : 1;
   if (sq_used_ + rd_atom_ + entries > sq_depth_) return false;
+  if (h.remote_payload() && endpoint_->binds_wait_for_quiet_queue() && !QueueQuietForBindLocked()) {
+    // READs started now would keep the queue from going quiet.
+    hold_reads_ = true;
+    return false;
+  }
   const size_t frame = kHeaderSize + h.metadata_len + (h.remote_payload() ? 0 : h.payload_len);
   if (frame > max_inline_ && free_send_slots_.empty() &&
       !(send_slots_held_ < endpoint_->options().send_slots && TakeSendSlotLocked())) {
@@ -299,6 +305,29 @@ bool RdmaConnection::CanPostLocked(const Header& h) {
   if (endpoint_->TakeResponseRoom()) return true;
   endpoint_->SayRoomRanOut();
   return false;
+}
+
+bool RdmaConnection::QueueQuietForBindLocked() {
+  if (sq_used_ == invalidating_.size()) return true;
+  if (!posted_.empty() && last_signaled_seq_ != next_seq_ - 1 &&
+      sq_used_ + rd_atom_ + 1 <= sq_depth_) {
+    QueueRetiringWriteLocked();
+  }
+  return false;
+}
+
+void RdmaConnection::QueueRetiringWriteLocked() {
+  const uint32_t seq = next_seq_++;
+  ibv_send_wr& wr = QueueLocked().wr;
+  wr.wr_id = WrId(kWrSend, serial_, seq, true);
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  Posted& posted = posted_.emplace_back();
+  posted.seq = seq;
+  posted.slot = -1;
+  ++sq_used_;
+  ++signaled_outstanding_;
+  last_signaled_seq_ = seq;
 }
 
 void RdmaConnection::RetryBacklog() {
@@ -388,7 +417,10 @@ absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
   const bool signaled = ++unsignaled_ >= endpoint_->options().signal_every ||
                         (!inl && free_send_slots_.size() == 1) ||
                         sq_used_ + rd_atom_ + 2 > sq_depth_;
-  if (signaled) unsignaled_ = 0;
+  if (signaled) {
+    unsignaled_ = 0;
+    last_signaled_seq_ = seq;
+  }
   // An advertised payload is exposed only now, through a type-2 window bound
   // to this QP over exactly its bytes; the bind is queued just before the
   // SEND, and the SQ runs in order, so the window exists before the peer
@@ -557,21 +589,9 @@ bool RdmaConnection::Delivered() {
     if (posted_.empty()) return true;
     // Unsignaled SENDs complete only with a later signaled work request.
     // With none outstanding, the tail would wait for the idle keepalive (or
-    // for ever, with keepalive_ms = 0): post a signaled zero-byte WRITE
-    // behind it. It takes a SEND sequence number, so its completion retires
-    // the SENDs before it; it needs no address or rkey (IBA C9-88) and uses
-    // no receive slot or credit of the peer's.
+    // for ever, with keepalive_ms = 0).
     if (signaled_outstanding_ != 0 || sq_used_ + rd_atom_ + 1 > sq_depth_) return false;
-    const uint32_t seq = next_seq_++;
-    ibv_send_wr& wr = QueueLocked().wr;
-    wr.wr_id = WrId(kWrSend, serial_, seq, true);
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    Posted& posted = posted_.emplace_back();
-    posted.seq = seq;
-    posted.slot = -1;
-    ++sq_used_;
-    ++signaled_outstanding_;
+    QueueRetiringWriteLocked();
   }
   FlushOutbox().IgnoreError();
   return false;

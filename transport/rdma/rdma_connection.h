@@ -406,11 +406,20 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // payload that goes by READ (moving it out of `m`), then queues the frame
   // or, without credit, send slot or SQ room, moves `m` to the backlog.
   absl::Status SendLocked(OutboundMessage& m);
-  // Credit, SQ room and, for a frame that does not go inline, a free send
+  // Credit, SQ room, for a frame that binds a window where the device needs
+  // it a quiet queue, and, for a frame that does not go inline, a free send
   // slot, taking one more from the endpoint when none is free and fewer than
   // RdmaOptions::send_slots are held; last, for a request on a client
   // endpoint, room for its response, taken (the caller queues the frame).
   bool CanPostLocked(const Header& h);
+  // True when only LOCAL_INVs (which rxe runs at the head of the queue
+  // alone) are outstanding. Otherwise makes sure a completion will retire
+  // what is: a signaled zero-byte WRITE behind unsignaled SENDs.
+  bool QueueQuietForBindLocked();
+  // A signaled zero-byte WRITE: it takes a SEND sequence number, so its
+  // completion retires the SENDs before it; it needs no address or rkey
+  // (IBA C9-88) and uses no receive slot or credit of the peer's.
+  void QueueRetiringWriteLocked();
   // One more send slot from the endpoint, free; false when it has none.
   bool TakeSendSlotLocked();
   // An idle connection (silent long enough for a keepalive) gives its free
@@ -551,6 +560,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t unsignaled_ = 0;            // guarded by mu_
   uint32_t sq_used_ = 0;               // guarded by mu_
   uint32_t signaled_outstanding_ = 0;  // guarded by mu_
+  // The last signaled SEND or WRITE: the posted_ entries up to it retire
+  // with its completion.
+  uint32_t last_signaled_seq_ = 0;  // guarded by mu_
+  // A frame that binds a window waits for a quiet queue
+  // (Endpoint::binds_wait_for_quiet_queue): no new READ starts meanwhile.
+  bool hold_reads_ = false;  // guarded by mu_
   uint32_t sq_depth_ = 0;
   // The endpoint's CQ this QP is on; its room there is sq_depth_.
   ibv_cq* cq_ = nullptr;

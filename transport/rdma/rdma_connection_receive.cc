@@ -304,7 +304,7 @@ void RdmaConnection::StartReads() {
     }
     const size_t chunk_max = read_chunk_;
     std::lock_guard<InlineMutex> lock(mu_);
-    while (op.next < len && reads_in_flight_.size() < rd_atom_) {
+    while (op.next < len && reads_in_flight_.size() < rd_atom_ && !hold_reads_) {
       const size_t chunk = std::min(len - op.next, chunk_max);
       Outgoing& out = QueueLocked();
       out.sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(op.block->data + op.next),
@@ -424,6 +424,8 @@ void RdmaConnection::OnCompletion(const ibv_wc& wc) {
     if (wc.status == IBV_WC_SUCCESS) StartReads();
   }
   if (queued) FlushOutbox().IgnoreError();
+  // The queue may have gone quiet for a frame that held READs back.
+  if (wc.status == IBV_WC_SUCCESS && (kind == kWrSend || kind == kWrInvalidate)) StartReads();
   if (wc.status != IBV_WC_SUCCESS && !torn_down_) {
     if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) Count(&RdmaCounters::rnr_retry_exhausted);
     const char* what = kind == kWrRead         ? "RDMA READ from"

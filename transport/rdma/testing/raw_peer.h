@@ -66,6 +66,10 @@ class RawPeer {
   // sends no RTU: as if the RTU were lost on the way.
   bool lose_rtu = false;
 
+  // Posts no receive until PostReceives: the credits the handshake grants
+  // are not backed, and the server's SENDs meet RNR NAKs until then.
+  bool withhold_receives = false;
+
   // Connects with a valid rdmarpc handshake, asking for `retry_count`
   // transport retries; "" or what failed.
   std::string Connect(const Address& server, uint8_t retry_count = 7) {
@@ -129,6 +133,11 @@ class RawPeer {
     rdma_conn_param param = ConnParam();
     if (rdma_accept(id_, &param) != 0 || !Await(RDMA_CM_EVENT_ESTABLISHED)) return "accept";
     return "";
+  }
+
+  // Posts the receives that withhold_receives kept back.
+  void PostReceives() {
+    for (int i = 0; i < kRawRecvs; ++i) PostRecv(i);
   }
 
   // As if this machine died: the QP stops answering, and no disconnect is
@@ -258,7 +267,7 @@ class RawPeer {
       if (rdma_create_qp(id_, pd_, &qa) != 0) return "rdma_create_qp";
       qp_ = id_->qp;
     }
-    for (int i = 0; i < kRawRecvs; ++i) PostRecv(i);
+    if (!withhold_receives) PostReceives();
     return "";
   }
 
