@@ -56,8 +56,8 @@ struct RdmaCounters {
   uint64_t srq_slots_consumed = 0;
   uint64_t srq_short = 0;            // times the SRQ could not be refilled
   uint64_t rnr_retry_exhausted = 0;  // RNR retries ran out (the safety net failed)
-  // Sends queued for lack of credit, a send slot or (a client's requests)
-  // response room.
+  // Sends queued for lack of credit, a send slot, (a client's requests)
+  // response room or (a window to bind, on Soft-RoCE) a quiet send queue.
   uint64_t credit_stalls = 0;
   uint64_t credit_messages = 0;      // credit-only frames sent
   // kShrink frames sent to take back credits past a peer's window, as a

@@ -83,7 +83,9 @@
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
 // connection's QP (no other QP can use its rkey) over exactly the payload's
-// bytes, by a bind posted just before the SEND that advertises it. It stays
+// bytes, by a bind posted just before the SEND that advertises it (on
+// Soft-RoCE only once nothing on the wire is outstanding ahead of it:
+// Endpoint::binds_wait_for_quiet_queue). It stays
 // bound, untouched and out of the pool until
 //   - for a request: the response to that call id arrives on this connection
 //     (even when the caller already gave up: cancel and timeout do not free
@@ -561,8 +563,8 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t sq_used_ = 0;               // guarded by mu_
   uint32_t signaled_outstanding_ = 0;  // guarded by mu_
   // The last signaled SEND or WRITE: the posted_ entries up to it retire
-  // with its completion.
-  uint32_t last_signaled_seq_ = 0;  // guarded by mu_
+  // with its completion. Not 0, the first frame's sequence number.
+  uint32_t last_signaled_seq_ = ~uint32_t{0};  // guarded by mu_
   // A frame that binds a window waits for a quiet queue
   // (Endpoint::binds_wait_for_quiet_queue): no new READ starts meanwhile.
   bool hold_reads_ = false;  // guarded by mu_
