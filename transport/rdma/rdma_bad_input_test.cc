@@ -8,7 +8,9 @@
 // a peer that vanishes without a disconnect, as when its machine dies, is
 // noticed by the keepalive, and one that stops before its RTU by the probe at
 // the accept timeout; a peer whose rdma_cm private data is not our handshake
-// is refused (a client) or named in a clear connect error (a server).
+// is refused (a client) or named in a clear connect error (a server); a peer
+// that grants credits before it posts receives gets every response, windows
+// intact, once it does.
 // Throughout, a good client is served.
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
