@@ -32,7 +32,8 @@ struct TcpOptions {
   // Bytes one connection may hold queued for a peer that does not read
   // (beyond what its socket buffer took): the memory a stalled peer can pin.
   // A Send that would queue more fails RESOURCE_EXHAUSTED naming the bound;
-  // a frame sent when nothing is queued is always taken.
+  // a frame sent when nothing is queued is always taken, and so is a
+  // control frame (a cancel, a GOAWAY, a kHello: a header each).
   size_t max_queued_send_bytes = 256u << 20;
 };
 

@@ -292,8 +292,15 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
   if (send_closed_ || closing_.load()) {
     return RefusedUnsent(absl::StrCat("connection to ", peer_, " is closed"));
   }
+  // A control frame (a cancel, a GOAWAY or its acknowledgment, a kHello) is
+  // taken past the bound: refusing it would lose what it says, and it is a
+  // header that stands for a call in flight or a one-time event, so the
+  // queue stays bounded.
+  const bool control = msg.header.kind != MessageKind::kRequest &&
+                       msg.header.kind != MessageKind::kResponse && h.payload_len == 0 &&
+                       h.metadata_len == 0;
   const size_t bound = transport_->tcp_.max_queued_send_bytes;
-  if (!queue_.empty() && queued_bytes_ + out.size() > bound) {
+  if (!control && !queue_.empty() && queued_bytes_ + out.size() > bound) {
     return absl::ResourceExhaustedError(
         absl::StrCat("more than ", bound, " bytes queued for ", peer_,
                      " (TcpOptions::max_queued_send_bytes; is the peer reading?)"));
@@ -582,8 +589,8 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
         if (conn->listener() != id_) continue;
         OutboundMessage hello;
         hello.header.kind = MessageKind::kHello;
-        // Refused only where the connection is closing, or its peer has not
-        // read a full queue: that client stays on TCP.
+        // Refused only where the connection is closing: a full queue takes
+        // it (Send), so a client that reads slowly still hears of RDMA.
         (void)conn->Send(std::move(hello));
       }
     });

@@ -3,8 +3,9 @@
 // connect that waits on a peer that does not answer; the keepalive and peer timeout the
 // connection's socket gets; a connect that returns only once the server took
 // the connection (kHello); Delivered waiting for the peer's acknowledgment;
-// what the kHello said of the server's port; a listener destroyed while
-// its events are due; a server out of file descriptors.
+// what the kHello said of the server's port, even to a client that reads
+// slowly; a listener destroyed while its events are due; a server out of
+// file descriptors.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
@@ -181,7 +182,8 @@ absl::Status SendRequest(Connection& conn, size_t payload_bytes) {
 
 // A peer that stops reading pins at most TcpOptions::max_queued_send_bytes of the
 // sender's memory: Send refuses RESOURCE_EXHAUSTED naming the bound, loses
-// nothing it took, and takes frames again once the peer reads.
+// nothing it took, and takes frames again once the peer reads. A cancel is
+// taken past the bound: refused, the server would work on for nothing.
 TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   SilentPeer peer;
   NoObserver observer;  // outlives the transport, which calls it
@@ -210,8 +212,17 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   EXPECT_NE(refused.message().find("TcpOptions::max_queued_send_bytes"), absl::string_view::npos)
       << refused;
   printf("%zu frames of %zu bytes taken before the bound refused one\n", taken, kFrame);
+  // Header-only requests fill the queue to within a header of the bound.
+  size_t headers = 0;
+  while (SendRequest(**conn, 0).ok()) ++headers;
+  OutboundMessage cancel;
+  cancel.header.kind = MessageKind::kCancel;
+  cancel.header.call_id = 1;
+  EXPECT_TRUE((*conn)->Send(std::move(cancel)).ok()) << "a full queue refused a cancel";
+  EXPECT_FALSE(SendRequest(**conn, 0).ok()) << "the cancel reopened the queue to requests";
 
-  EXPECT_EQ(peer.ReadUpTo(taken * kFrame), taken * kFrame) << "frames Send took were lost";
+  const size_t sent = taken * kFrame + (headers + 1) * kHeaderSize;
+  EXPECT_EQ(peer.ReadUpTo(sent), sent) << "frames Send took were lost";
   EXPECT_TRUE(send_one().ok()) << "the connection stayed refused after its peer read";
   EXPECT_EQ(peer.ReadUpTo(kFrame), kFrame);
 }
@@ -482,6 +493,96 @@ TEST(TcpTransport, AConnectionKnowsWhetherTcpAloneListensAtTheServer) {
   send_to(1, 10);
   EXPECT_EQ(late_observer.FirstCallId(absl::Seconds(10)), 10u) << "the frame never arrived";
   EXPECT_EQ(late_observer.told.load(), 0) << "a kHello that said nothing new was reported";
+}
+
+// The kHello that tells a connection's client RDMA now listens beside TCP
+// is taken even when the client has not read a full queue: refused, that
+// client would have stayed on TCP for good.
+TEST(TcpTransport, AClientThatReadsSlowlyStillHearsThatRdmaListens) {
+  NoObserver server_observer;
+  TcpOptions tcp;
+  tcp.max_queued_send_bytes = 1 << 20;
+  TcpTransport server(TransportOptions{}, tcp);
+  std::mutex mu;
+  std::shared_ptr<Connection> taken;  // guarded by mu
+  auto listener = server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
+                                [&](std::shared_ptr<Connection> c) -> ConnectionObserver* {
+                                  std::lock_guard<std::mutex> lock(mu);
+                                  taken = std::move(c);
+                                  return &server_observer;
+                                });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 64 << 10;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons((*listener)->address().port);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  // Reads one frame's header and skips its body; false on EOF or 20 s of
+  // silence.
+  const auto read_frame = [fd](Header* h) {
+    std::string bytes;
+    const auto read_n = [&](size_t n) {
+      bytes.resize(n);
+      for (size_t got = 0; got < n;) {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 20000) <= 0) return false;
+        const ssize_t r = read(fd, bytes.data() + got, n - got);
+        if (r <= 0) return false;
+        got += static_cast<size_t>(r);
+      }
+      return true;
+    };
+    if (!read_n(kHeaderSize) || !DecodeHeader(bytes.data(), bytes.size(), h).ok()) return false;
+    return read_n(h->metadata_len + h->payload_len);
+  };
+  Header first;
+  ASSERT_TRUE(read_frame(&first));
+  ASSERT_EQ(first.kind, MessageKind::kHello);
+  ASSERT_EQ(first.call_id, kHelloTcpAlone);
+
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    conn = taken;
+  }
+  ASSERT_NE(conn, nullptr);
+  size_t responses = 0;
+  absl::Status refused;
+  while (responses < 2048) {
+    auto payload = conn->AllocatePayload(64 << 10);
+    ASSERT_TRUE(payload.ok()) << payload.status();
+    OutboundMessage m;
+    m.header.kind = MessageKind::kResponse;
+    m.payload = std::move(*payload);
+    refused = conn->Send(std::move(m));
+    if (!refused.ok()) break;
+    ++responses;
+  }
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted)
+      << "the queue never filled: this tests nothing; " << refused;
+  // Header-only responses fill it to within a header of the bound.
+  for (;;) {
+    OutboundMessage m;
+    m.header.kind = MessageKind::kResponse;
+    if (!conn->Send(std::move(m)).ok()) break;
+    ++responses;
+  }
+  (*listener)->SharePortWithRdma();
+
+  for (size_t i = 0; i < responses; ++i) {
+    Header h;
+    ASSERT_TRUE(read_frame(&h)) << "response " << i << " of " << responses << " never came";
+    ASSERT_EQ(h.kind, MessageKind::kResponse);
+  }
+  Header hello;
+  ASSERT_TRUE(read_frame(&hello)) << "no kHello followed the queue the client had not read";
+  EXPECT_EQ(hello.kind, MessageKind::kHello);
+  EXPECT_EQ(hello.call_id & kHelloTcpAlone, 0u);
+  close(fd);
 }
 
 // Delivered means acknowledged by the peer, not written to the socket: a
