@@ -66,7 +66,10 @@ class ClientContext {
   absl::Time deadline() const { return ToWallClock(deadline_); }  // InfiniteFuture() if unset
 
   // Keys: 1..256 bytes of [a-z0-9-_.]; invalid metadata fails the call with
-  // INVALID_ARGUMENT.
+  // INVALID_ARGUMENT. TCP carries up to 64 KiB of encoded metadata a call;
+  // over RDMA it goes with the header in one receive slot (8 KiB by default,
+  // RdmaOptions::slot_size, the smaller of both ends'), and more fails the
+  // call RESOURCE_EXHAUSTED naming the slot.
   void AddMetadata(std::string key, std::string value) {
     metadata_.emplace_back(std::move(key), std::move(value));
   }

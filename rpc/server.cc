@@ -1,6 +1,8 @@
 #include "rpc/server.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -504,8 +506,23 @@ void Server::Reply(Connection& conn, uint64_t call_id, const Status& status, con
       const absl::string_view text = status.message().substr(0, kMaxErrorMessage);
       out.payload = Buffer::CopyOf(text.data(), text.size());
     }
-    // A failed send means the connection is gone; OnClosed deals with that.
-    conn.Send(std::move(out)).IgnoreError();
+    const bool with_metadata = !out.metadata.empty();
+    const absl::Status sent = conn.Send(std::move(out));
+    // UNAVAILABLE: the connection is gone, and OnClosed deals with that.
+    if (sent.ok() || absl::IsUnavailable(sent)) return;
+    // The transport cannot take this answer: its metadata does not fit an
+    // RDMA receive slot, or a TCP peer has read nothing for so long that
+    // even errors have no room. Without the metadata, the error goes as it
+    // is (as when the metadata cannot go on the wire); failing that, the
+    // call could wait for ever, so its connection ends, and with it the
+    // peer's calls, UNAVAILABLE.
+    if (with_metadata) return Reply(conn, call_id, status);
+    fprintf(stderr,
+            "rdmarpc[server]: closing the connection to %s: the answer to call %llu could not be "
+            "sent: %s\n",
+            conn.peer().c_str(), static_cast<unsigned long long>(call_id),
+            std::string(sent.message()).c_str());
+    conn.Close();
     return;
   }
   const Status sent =

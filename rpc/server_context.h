@@ -73,7 +73,9 @@ class ServerContext {
   const std::string& peer() const { return peer_; }
 
   // Keys as ClientContext::AddMetadata takes them; metadata that is not
-  // valid turns an OK answer into INTERNAL, naming what is wrong.
+  // valid turns an OK answer into INTERNAL, naming what is wrong, and more
+  // than the transport carries (ClientContext::AddMetadata) turns it into
+  // RESOURCE_EXHAUSTED. An error goes without such metadata.
   void AddResponseMetadata(std::string key, std::string value) {
     std::lock_guard<std::mutex> lock(mu_);
     response_metadata_.emplace_back(std::move(key), std::move(value));

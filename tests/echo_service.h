@@ -77,6 +77,10 @@ class EchoService : public Service {
       if (k == "echo-me") ctx->AddResponseMetadata("echoed", v);
       if (k == "respond-with-key") ctx->AddResponseMetadata(v, "x");
     }
+    if (req.response_metadata_size() > 0) {
+      ctx->AddResponseMetadata("padding",
+                               std::string(static_cast<size_t>(req.response_metadata_size()), 'm'));
+    }
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.sleep_ms());
     while (std::chrono::steady_clock::now() < until) {
       if (ctx->IsCancelled()) {

@@ -80,6 +80,18 @@ class RawConnection {
     pollfd p{fd_, POLLIN, 0};
     return poll(&p, 1, timeout_ms) > 0;
   }
+  // Reads until the peer closes this connection (EOF or a reset): the bytes
+  // read, or nullopt after a silence of `silence_ms`.
+  std::optional<size_t> ReadUntilClosed(int silence_ms = 10000) {
+    size_t got = 0;
+    char buf[1 << 16];
+    for (;;) {
+      if (!Readable(silence_ms)) return std::nullopt;
+      const ssize_t r = read(fd_, buf, sizeof buf);
+      if (r <= 0) return got;
+      got += static_cast<size_t>(r);
+    }
+  }
   // True when the peer closed this connection (EOF within `timeout_ms`).
   bool ClosedByPeer(int timeout_ms = 10000) {
     char c;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -81,6 +82,61 @@ TEST_P(RpcSuite, InvalidResponseMetadataIsAnErrorNotDroppedQuietly) {
   ASSERT_TRUE(s.ok()) << s;
   ASSERT_EQ(ctx.server_metadata().size(), 1u);
   EXPECT_EQ(ctx.server_metadata()[0], (std::pair<std::string, std::string>("fine-key", "x")));
+}
+
+// Metadata larger than an RDMA receive slot (8 KiB) and within the wire's
+// limit (64 KiB): TCP carries it; RDMA cannot, and the call still ends, with
+// the error naming the slot for a request or an answer, and with the
+// handler's own error (as it is, without the metadata) for an error.
+TEST_P(RpcSuite, MetadataTheTransportCannotCarryStillEndsTheCall) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  const bool over_tcp = absl::StartsWith(GetParam().name, "tcp");
+  constexpr size_t kPadding = 12 << 10;
+  for (const bool fails : {false, true}) {
+    SCOPED_TRACE(fails ? "an error" : "an answer");
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(20));
+    EchoRequest req = Req("x");
+    req.set_response_metadata_size(kPadding);
+    if (fails) {
+      req.set_fail_code(static_cast<int>(StatusCode::kNotFound));
+      req.set_fail_message("no such thing");
+    }
+    EchoResponse resp;
+    const Status s = ch->Call(kEcho, &ctx, req, &resp);
+    if (over_tcp) {
+      EXPECT_EQ(s.code(), fails ? StatusCode::kNotFound : StatusCode::kOk) << s;
+      ASSERT_EQ(ctx.server_metadata().size(), 1u);
+      EXPECT_EQ(ctx.server_metadata()[0].second.size(), kPadding);
+    } else if (fails) {
+      EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+      EXPECT_EQ(s.message(), "no such thing");
+      EXPECT_TRUE(ctx.server_metadata().empty());
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+      EXPECT_NE(s.message().find("does not fit a receive slot"), absl::string_view::npos) << s;
+      EXPECT_TRUE(ctx.server_metadata().empty());
+    }
+  }
+  {
+    SCOPED_TRACE("a request");
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(20));
+    ctx.AddMetadata("echo-me", std::string(kPadding, 'c'));
+    EchoResponse resp;
+    const Status s = ch->Call(kEcho, &ctx, Req("x"), &resp);
+    if (over_tcp) {
+      EXPECT_TRUE(s.ok()) << s;
+      ASSERT_EQ(ctx.server_metadata().size(), 1u);
+      EXPECT_EQ(ctx.server_metadata()[0].second.size(), kPadding);
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+      EXPECT_NE(s.message().find("does not fit a receive slot"), absl::string_view::npos) << s;
+    }
+  }
+  EXPECT_TRUE(EchoOn(*ch, "after").ok());
 }
 
 TEST_P(RpcSuite, ManyThreadsThousandsOfCallsInFlight) {

@@ -2,8 +2,10 @@
 // call (or closes that one connection when framing is lost) and keeps serving
 // everyone else.
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/echo_service.h"
 #include "tests/raw_connection.h"
+#include "transport/tcp/tcp_options.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc::testing {
@@ -480,6 +483,92 @@ TEST(ServerShutdown, WaitsWithinItsGraceForASlowAcknowledgmentFromAClientThatSen
   EXPECT_LT(returned - acked, absl::Seconds(10))
       << "Shutdown waited out its grace for the peer that sent no call";
   EXPECT_EQ(echo.started.load(), 2);
+}
+
+// A client that stops reading while a 32 MiB answer is on its way: the
+// server's send queue (bound: 1 MiB) is full, so the answers after it are
+// refused, and each such call is still answered, with the error naming the
+// bound, which goes past the bound (transport::kQueuedErrorHeadroom).
+class ClientThatStopsReading : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    transport::TransportTunables tunables;
+    tunables.tcp.max_queued_send_bytes = 1 << 20;
+    server_ = std::make_unique<TestServer>("tcp://127.0.0.1:0", 64u << 20, 4, tunables);
+    ASSERT_TRUE(server_->server);
+    port_ = std::stoi(server_->address.substr(server_->address.rfind(':') + 1));
+  }
+  // Asks for the 32 MiB answer, and returns once its first bytes came: it
+  // is in the server's queue, far past the bound, until `raw` reads.
+  static void StartTheLargeAnswer(RawClient& raw) {
+    EchoRequest large;
+    large.set_response_size(32 << 20);
+    raw.SendFrame(Request(1, kEcho.id), "", large.SerializeAsString());
+    ASSERT_TRUE(raw.Readable(10000)) << "the large answer did not start";
+  }
+  static void ExpectTheLargeAnswer(RawClient& raw) {
+    auto f = raw.ReadFrame();
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f->header.call_id, 1u);
+    EXPECT_EQ(f->header.status, 0) << f->payload.substr(0, 200);
+    EXPECT_GT(f->payload.size(), size_t{32} << 20);
+  }
+  static void ExpectRefusedNamingTheBound(const RawConnection::Frame& f) {
+    EXPECT_EQ(f.header.kind, MessageKind::kResponse);
+    EXPECT_EQ(f.header.status, static_cast<uint16_t>(StatusCode::kResourceExhausted)) << f.payload;
+    EXPECT_NE(f.payload.find("TcpOptions::max_queued_send_bytes"), std::string::npos) << f.payload;
+  }
+  void ExpectOthersServed() {
+    auto ch = Channel::Create(server_->address);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    EXPECT_TRUE(EchoOn(**ch, "another client").ok());
+  }
+
+  std::unique_ptr<TestServer> server_;
+  int port_ = 0;
+};
+
+TEST_F(ClientThatStopsReading, ACallWhoseAnswerTheQueueRefusesGetsTheError) {
+  RawClient raw(port_);
+  StartTheLargeAnswer(raw);
+  raw.SendFrame(Request(2, kEcho.id), "", EchoBytes("small"));
+  ExpectTheLargeAnswer(raw);
+  auto refused = raw.ReadFrame();
+  ASSERT_TRUE(refused) << "the call whose answer the queue refused got no answer at all";
+  EXPECT_EQ(refused->header.call_id, 2u);
+  ExpectRefusedNamingTheBound(*refused);
+  raw.SendFrame(Request(3, kEcho.id), "", EchoBytes("read again"));
+  auto next = raw.ReadFrame();
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->header.call_id, 3u);
+  EXPECT_EQ(next->header.status, 0) << next->payload;
+  ExpectOthersServed();
+}
+
+// More refused calls than even their errors have room for: the server
+// closes the connection, and what it had queued goes with it (the large
+// answer too), rather than leave calls it cannot answer pending; the client's
+// calls then end UNAVAILABLE.
+TEST_F(ClientThatStopsReading, ErrorsPastTheirHeadroomCloseTheConnection) {
+  RawClient raw(port_);
+  StartTheLargeAnswer(raw);
+  // Each error is more than a header, so this many cannot all have room.
+  const size_t calls = transport::kQueuedErrorHeadroom / transport::kHeaderSize + 100;
+  std::string requests;
+  for (size_t i = 0; i < calls; ++i) {
+    std::string frame(transport::kHeaderSize, '\0');
+    Header h = Request(2 + i, kEcho.id);
+    const std::string payload = EchoBytes("small");
+    h.payload_len = static_cast<uint32_t>(payload.size());
+    transport::EncodeHeader(h, frame.data());
+    requests += frame + payload;
+  }
+  raw.SendBytes(requests);
+  const std::optional<size_t> got = raw.ReadUntilClosed();
+  ASSERT_TRUE(got) << calls << " calls the server could not answer, and it did not close";
+  EXPECT_LT(*got, size_t{32} << 20) << "the queue was sent, not dropped with the connection";
+  printf("%zu bytes came before the server closed the connection\n", *got);
+  ExpectOthersServed();
 }
 
 }  // namespace

@@ -235,6 +235,7 @@ class TcpConnection : public Connection,
     std::string prefix;  // header + metadata
     Buffer payload;
     size_t sent = 0;     // of prefix + payload
+    bool in_error_headroom = false;  // an error taken past the bound
     size_t size() const { return prefix.size() + payload.size(); }
   };
 
@@ -258,6 +259,8 @@ class TcpConnection : public Connection,
   std::mutex send_mu_;
   std::deque<Outgoing> queue_;  // guarded by send_mu_
   size_t queued_bytes_ = 0;     // guarded by send_mu_
+  // Of queued_bytes_, the errors taken past the bound. Guarded by send_mu_.
+  size_t error_headroom_used_ = 0;
   bool want_out_ = false;       // guarded by send_mu_
   bool send_closed_ = false;    // guarded by send_mu_
   bool hello_held_ = false;     // guarded by send_mu_
@@ -301,9 +304,17 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
                        h.metadata_len == 0;
   const size_t bound = transport_->tcp_.max_queued_send_bytes;
   if (!control && !queue_.empty() && queued_bytes_ + out.size() > bound) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("more than ", bound, " bytes queued for ", peer_,
-                     " (TcpOptions::max_queued_send_bytes; is the peer reading?)"));
+    // An error answers a call whose answer this bound may have refused: it
+    // has headroom of its own, so that the call does not go unanswered.
+    const bool error = msg.header.kind == MessageKind::kResponse && msg.header.status != 0;
+    if (!error || error_headroom_used_ + out.size() > kQueuedErrorHeadroom) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "more than ", bound, " bytes queued for ", peer_, " (TcpOptions::max_queued_send_bytes",
+          error ? ", and kQueuedErrorHeadroom of errors beyond it" : "",
+          "; is the peer reading?)"));
+    }
+    out.in_error_headroom = true;
+    error_headroom_used_ += out.size();
   }
   queued_bytes_ += out.size();
   queue_.push_back(std::move(out));
@@ -366,6 +377,7 @@ absl::Status TcpConnection::FlushLocked() {
       left -= take;
       if (front.sent == front.size()) {
         queued_bytes_ -= front.size();
+        if (front.in_error_headroom) error_headroom_used_ -= front.size();
         queue_.pop_front();
       }
     }
@@ -524,6 +536,7 @@ void TcpConnection::Finish(absl::Status why) {
     send_closed_ = true;
     queue_.clear();
     queued_bytes_ = 0;
+    error_headroom_used_ = 0;
   }
   closing_.store(true);
   epoll_ctl(transport_->epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
