@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/echo_service.h"
 #include "tests/raw_connection.h"
-#include "transport/tcp/tcp_options.h"
+#include "transport/transport.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc::testing {

@@ -118,6 +118,15 @@ inline absl::Status RefusedUnsent(absl::string_view message) {
 }
 inline bool NeverSent(const absl::Status& s) { return s.GetPayload(kNeverSent).has_value(); }
 
+// The bytes of errors (responses with a status other than OK) that one
+// connection may hold beyond the bound on what waits to be sent to a slow
+// peer (TcpOptions::max_queued_send_bytes, RdmaOptions::max_backlog_bytes),
+// so that a call whose answer that bound refused still ends with its error
+// at a peer that catches up. A server whose error does not fit even there
+// closes the connection (rpc/server.h), whose calls then end UNAVAILABLE:
+// the peer is that far behind.
+inline constexpr size_t kQueuedErrorHeadroom = size_t{1} << 20;
+
 class Connection {
  public:
   virtual ~Connection() = default;

@@ -67,7 +67,19 @@ class Answerer : public ConnectionObserver {
       memcpy(b->data(), bytes.data(), bytes.size());
       r.payload = std::move(*b);
     }
-    conn.Send(std::move(r)).IgnoreError();
+    const absl::Status sent = conn.Send(std::move(r));
+    std::lock_guard<std::mutex> lock(mu_);
+    ++requests_;
+    if (!sent.ok()) refused_.push_back(sent);
+  }
+  // The requests answered or refused so far, and the refusals.
+  size_t requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+  std::vector<absl::Status> refused() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return refused_;
   }
   void OnClosed(Connection&, const absl::Status& why) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -97,6 +109,8 @@ class Answerer : public ConnectionObserver {
  private:
   std::mutex mu_;
   std::vector<absl::Status> closed_;
+  size_t requests_ = 0;
+  std::vector<absl::Status> refused_;
 };
 
 // A well-behaved client: one request at a time, answered or not.
@@ -413,6 +427,59 @@ TEST(RdmaBadInput, ResponsesQueuedBehindASendThePeerRefusedKeepTheirWindows) {
   }
   EXPECT_EQ(server.answerer.closed_count(), 0u);
   EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
+  (*good)->Close();
+}
+
+// A peer that sends requests and returns no credits: past the credits its
+// handshake granted, the answers wait in the server's backlog, which holds at
+// most RdmaOptions::max_backlog_bytes; answers past that are refused
+// RESOURCE_EXHAUSTED naming the bound (the runtime then sends that error,
+// rpc/server.h), and the connection goes on: once the peer returns credits,
+// every answer the backlog held comes, in order.
+TEST(RdmaBadInput, APeerThatReturnsNoCreditsPinsNoMoreThanTheBacklogBound) {
+  GoodClient good_observer;
+  Server server;
+  constexpr size_t kAnswer = 1000;  // by SEND: too large to go inline, within a slot
+  server.answerer.response_bytes = kAnswer;
+  RdmaOptions options;
+  options.max_backlog_bytes = 64 << 10;
+  ASSERT_TRUE(server.Start(1u << 20, options));
+  auto good = server.ConnectGoodClient(&good_observer);
+  ASSERT_TRUE(good.ok()) << good.status();
+  RawPeer peer;
+  ASSERT_EQ(peer.Connect(server.listener->address()), "");
+  // The first answer to wait is taken whatever its size; each further one
+  // while the backlog stays within its bound.
+  const size_t held = options.max_backlog_bytes / (kHeaderSize + kAnswer);
+  const size_t requests = kRawRecvs + held + 16;
+  for (uint64_t id = 1; id <= requests; ++id) {
+    ASSERT_TRUE(peer.Send(Frame(SmallRequest(id, 0)))) << "request " << id;
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (server.answerer.requests() < requests && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(server.answerer.requests(), requests);
+  const std::vector<absl::Status> refused = server.answerer.refused();
+  EXPECT_EQ(refused.size(), requests - kRawRecvs - held);
+  for (const absl::Status& s : refused) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "RdmaOptions::max_backlog_bytes")) << s;
+  }
+  EXPECT_EQ(server.answerer.closed_count(), 0u);
+  EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
+
+  Header credit;
+  credit.kind = MessageKind::kCredit;
+  credit.credits = static_cast<uint32_t>(requests);
+  ASSERT_TRUE(peer.Send(Frame(credit)));
+  for (uint64_t id = 1; id <= kRawRecvs + held; ++id) {
+    auto h = peer.NextFrame(absl::Seconds(10));
+    ASSERT_TRUE(h.has_value()) << "answer " << id << " never came";
+    EXPECT_EQ(h->call_id, id);
+    EXPECT_EQ(h->payload_len, kAnswer);
+  }
+  EXPECT_EQ(server.answerer.closed_count(), 0u);
   (*good)->Close();
 }
 

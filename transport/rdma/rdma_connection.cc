@@ -222,6 +222,11 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
   const bool remote = payload.size() > read_threshold_ ||
                       kHeaderSize + metadata.size() + payload.size() > frame_limit_;
   const size_t frame = kHeaderSize + metadata.size() + (remote ? 0 : payload.size());
+  if (!backlog_.empty()) {
+    // Checked before anything is advertised or taken: a refused frame
+    // leaves nothing behind.
+    if (absl::Status room = RoomInBacklogLocked(h, frame); !room.ok()) return room;
+  }
   if (frame > max_inline_ && send_slots_held_ == 0) {
     // The connection's first slot, taken now: a frame that waits in the
     // backlog for a slot needs one of its own to come back, and one that
@@ -274,11 +279,34 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
     Count(&RdmaCounters::payloads_advertised);
   }
   if (!backlog_.empty() || !CanPostLocked(h)) {
+    backlog_bytes_ += BacklogBytes(m);
     backlog_.push_back(std::move(m));
     Count(&RdmaCounters::credit_stalls);
     return absl::OkStatus();
   }
   return QueueFrameLocked(m);
+}
+
+size_t RdmaConnection::BacklogBytes(const OutboundMessage& m) {
+  return kHeaderSize + m.metadata.size() + m.payload.size();
+}
+
+absl::Status RdmaConnection::RoomInBacklogLocked(const Header& h, size_t frame) const {
+  // A control frame stands for a call in flight or a one-time event; an
+  // error answers a call whose answer this bound may have refused, and has
+  // headroom of its own so that the call does not go unanswered.
+  const bool control =
+      h.kind != MessageKind::kRequest && h.kind != MessageKind::kResponse && frame == kHeaderSize;
+  const bool error = h.kind == MessageKind::kResponse && h.status != 0;
+  const size_t bound = endpoint_->options().max_backlog_bytes;
+  if (control || backlog_bytes_ + frame <= bound + (error ? kQueuedErrorHeadroom : 0)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("more than ", bound, " bytes of frames wait for credits from ", peer_, " on ",
+                   endpoint_->device_name(), " (RdmaOptions::max_backlog_bytes",
+                   error ? ", and kQueuedErrorHeadroom of errors beyond it" : "",
+                   "; is the peer returning credits?)"));
 }
 
 bool RdmaConnection::CanPostLocked(const Header& h) {
@@ -572,7 +600,9 @@ absl::Status RdmaConnection::PostTaken() {
 void RdmaConnection::FlushBacklogLocked() {
   if (ask_to_send_ != 0 || answer_to_send_ != 0) SendShrinkLocked();
   while (!backlog_.empty() && !closed_ && CanPostLocked(backlog_.front().header)) {
+    const size_t bytes = BacklogBytes(backlog_.front());  // before the payload moves out
     if (!QueueFrameLocked(backlog_.front()).ok()) return;
+    backlog_bytes_ -= bytes;
     backlog_.pop_front();
   }
 }
@@ -654,6 +684,7 @@ void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
       Count(&RdmaCounters::credit_messages);
       QueueFrameLocked(p).IgnoreError();
     } else if (!backlog_.empty() || !CanPostLocked(p.header)) {
+      backlog_bytes_ += BacklogBytes(p);
       backlog_.push_back(std::move(p));
       return;
     } else {
@@ -759,6 +790,7 @@ void RdmaConnection::Teardown(absl::Status why) {
     std::lock_guard<InlineMutex> lock(mu_);
     closed_ = true;
     backlog_.clear();
+    backlog_bytes_ = 0;
     room_back = std::exchange(responses_awaited_, 0);
   }
   endpoint_->ReturnResponseRoom(room_back);

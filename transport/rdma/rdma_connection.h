@@ -414,6 +414,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // RdmaOptions::send_slots are held; last, for a request on a client
   // endpoint, room for its response, taken (the caller queues the frame).
   bool CanPostLocked(const Header& h);
+  // OK when a `frame`-byte frame with header `h` may join a backlog that
+  // is not empty (RdmaOptions::max_backlog_bytes), else RESOURCE_EXHAUSTED
+  // naming the bound.
+  absl::Status RoomInBacklogLocked(const Header& h, size_t frame) const;
+  // What a frame in the backlog holds there.
+  static size_t BacklogBytes(const OutboundMessage& m);
   // True when only LOCAL_INVs (which rxe runs at the head of the queue
   // alone) are outstanding. Otherwise makes sure a completion will retire
   // what is: a signaled zero-byte WRITE behind unsignaled SENDs.
@@ -553,6 +559,9 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // them: a payload still in one travels in the SEND itself (one that goes
   // by READ was advertised and moved out).
   std::deque<OutboundMessage> backlog_;  // guarded by mu_
+  // The bytes backlog_ holds (BacklogBytes of each), which
+  // RdmaOptions::max_backlog_bytes bounds. Guarded by mu_.
+  size_t backlog_bytes_ = 0;
   // Send slots (Endpoint::TakeSendBlock): how many this connection holds,
   // and those not in a posted SEND; the others are in posted_.
   uint32_t send_slots_held_ = 0;           // guarded by mu_

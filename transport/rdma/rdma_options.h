@@ -84,6 +84,14 @@ struct RdmaOptions {
   // that one goes back too when the connection is silent for keepalive_ms
   // (with keepalive_ms = 0 it stays until the connection closes).
   uint32_t send_slots = 64;
+  // Bytes of frames (header, metadata and a payload that is not advertised)
+  // one connection may hold waiting for the peer's credits or send-queue
+  // room: the memory a peer that sends requests and returns no credits can
+  // pin. A Send that would hold more fails RESOURCE_EXHAUSTED naming the
+  // bound; a frame sent when none waits is always taken, and so is a
+  // control frame (a header each); errors have kQueuedErrorHeadroom beyond
+  // it (transport/transport.h). RDMARPC_RDMA_MAX_BACKLOG_BYTES.
+  size_t max_backlog_bytes = 256u << 20;
   // Request a completion for every n-th unsignaled SEND.
   uint32_t signal_every = 16;
   // RDMA READs one connection keeps outstanding (each at most the port's
@@ -343,7 +351,7 @@ uint32_t RnrTimerMicros(uint8_t code);
 // (adaptive|busy|event), RDMARPC_RDMA_SPIN_US, RDMARPC_RDMA_DEVICE,
 // RDMARPC_RDMA_PORT, RDMARPC_RDMA_GID_INDEX, RDMARPC_RDMA_TOS,
 // RDMARPC_RDMA_SLOT_SIZE,
-// RDMARPC_RDMA_CREDITS, RDMARPC_RDMA_READ_THRESHOLD,
+// RDMARPC_RDMA_CREDITS, RDMARPC_RDMA_MAX_BACKLOG_BYTES, RDMARPC_RDMA_READ_THRESHOLD,
 // RDMARPC_RDMA_RELEASE_TIMEOUT_MS, RDMARPC_RDMA_PEER_TIMEOUT_MS,
 // RDMARPC_RDMA_RNR_WAIT_US, RDMARPC_RDMA_KEEPALIVE_MS,
 // RDMARPC_RDMA_STRICT_CREDITS, RDMARPC_RDMA_TRACE.

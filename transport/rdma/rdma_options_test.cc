@@ -54,9 +54,11 @@ TEST(RdmaOptionsFromEnv, OverridesTheCodesOptionsOnlyWhereSet) {
   code.slot_size = 2048;
   code.device = "mlx5_1";
   EnvVar credits("RDMARPC_RDMA_CREDITS", "12");
+  EnvVar backlog("RDMARPC_RDMA_MAX_BACKLOG_BYTES", "65536");
   EnvVar poll("RDMARPC_RDMA_POLL", "sometimes");
   const RdmaOptions o = RdmaOptionsFromEnv(code);
   EXPECT_EQ(o.credits, 12u);
+  EXPECT_EQ(o.max_backlog_bytes, 65536u);
   EXPECT_EQ(o.poll_mode, PollMode::kEvent);
   EXPECT_EQ(o.slot_size, 2048u);
   EXPECT_EQ(o.device, "mlx5_1");

@@ -34,17 +34,9 @@ struct TcpOptions {
   // A Send that would queue more fails RESOURCE_EXHAUSTED naming the bound;
   // a frame sent when nothing is queued is always taken, and so is a
   // control frame (a cancel, a GOAWAY, a kHello: a header each); errors
-  // have kQueuedErrorHeadroom beyond it.
+  // have kQueuedErrorHeadroom beyond it (transport/transport.h).
   size_t max_queued_send_bytes = 256u << 20;
 };
-
-// The bytes of errors (responses with a status other than OK) that one
-// connection may queue beyond max_queued_send_bytes, so that a call whose
-// answer the bound refused still ends with its error at a peer that reads
-// again. A server whose error does not fit even there closes the connection
-// (rpc/server.h), whose calls then end UNAVAILABLE: the peer is that far
-// behind.
-inline constexpr size_t kQueuedErrorHeadroom = size_t{1} << 20;
 
 // `options` with what the environment sets: RDMARPC_TCP_KEEPALIVE_MS,
 // RDMARPC_TCP_PEER_TIMEOUT_MS (milliseconds, 0: the kernel's) and
