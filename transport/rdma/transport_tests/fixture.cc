@@ -119,12 +119,18 @@ BothEnds ConnectAndCall(Fixture& fx) {
 }
 
 bool EveryConnectionClosedSince(uint64_t opened, uint64_t closed) {
+  // One snapshot a look: with two, a connection opened between them read
+  // as none open.
   auto still_open = [&] {
-    return Counters().connections_opened - opened - (Counters().connections_closed - closed);
+    const RdmaCounters c = Counters();
+    return c.connections_opened - opened - (c.connections_closed - closed);
   };
   const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (still_open() != 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
-  return still_open() == 0;
+  for (;;) {
+    if (still_open() == 0) return true;
+    if (absl::Now() >= until) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
 void ExpectServesANewClient(Fixture& fx, size_t size) {
