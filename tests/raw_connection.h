@@ -40,6 +40,11 @@ class RawConnection {
       ASSERT_EQ(n, static_cast<ssize_t>(bytes.size()));
     }
   }
+  // False when the peer has closed the connection (EPIPE, ECONNRESET).
+  bool SendBytesUnlessClosed(const std::string& bytes) {
+    return send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
   // The header's lengths are the real ones unless `claimed_payload_len` lies.
   void SendFrame(transport::Header h, const std::string& metadata, const std::string& payload,
                  std::optional<uint32_t> claimed_payload_len = std::nullopt) {

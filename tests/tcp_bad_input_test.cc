@@ -532,6 +532,12 @@ TEST_F(ClientThatStopsReading, ACallWhoseAnswerTheQueueRefusesGetsTheError) {
   RawClient raw(port_);
   StartTheLargeAnswer(raw);
   raw.SendFrame(Request(2, kEcho.id), "", EchoBytes("small"));
+  // Answered before anything is read: reading drains the queue.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while ((server_->service.started.load() < 2 || server_->server->stats().calls_in_flight > 0) &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   ExpectTheLargeAnswer(raw);
   auto refused = raw.ReadFrame();
   ASSERT_TRUE(refused) << "the call whose answer the queue refused got no answer at all";
@@ -552,20 +558,26 @@ TEST_F(ClientThatStopsReading, ACallWhoseAnswerTheQueueRefusesGetsTheError) {
 TEST_F(ClientThatStopsReading, ErrorsPastTheirHeadroomCloseTheConnection) {
   RawClient raw(port_);
   StartTheLargeAnswer(raw);
-  // Each error is more than a header, so this many cannot all have room.
-  const size_t calls = transport::kQueuedErrorHeadroom / transport::kHeaderSize + 100;
-  std::string requests;
-  for (size_t i = 0; i < calls; ++i) {
-    std::string frame(transport::kHeaderSize, '\0');
-    Header h = Request(2 + i, kEcho.id);
-    const std::string payload = EchoBytes("small");
-    h.payload_len = static_cast<uint32_t>(payload.size());
-    transport::EncodeHeader(h, frame.data());
-    requests += frame + payload;
+  // Calls, in batches and reading nothing, until the server closes: each
+  // error is more than a header, so the first `enough` cannot all have room.
+  const size_t enough = transport::kQueuedErrorHeadroom / transport::kHeaderSize + 100;
+  const std::string payload = EchoBytes("small");
+  size_t calls = 0;
+  bool closed = false;
+  while (!closed && calls < 4 * enough) {
+    std::string batch;
+    for (int i = 0; i < 1000; ++i) {
+      std::string frame(transport::kHeaderSize, '\0');
+      Header h = Request(2 + calls++, kEcho.id);
+      h.payload_len = static_cast<uint32_t>(payload.size());
+      transport::EncodeHeader(h, frame.data());
+      batch += frame + payload;
+    }
+    closed = !raw.SendBytesUnlessClosed(batch);
   }
-  raw.SendBytes(requests);
+  ASSERT_TRUE(closed) << calls << " calls the server could not answer, and it did not close";
   const std::optional<size_t> got = raw.ReadUntilClosed();
-  ASSERT_TRUE(got) << calls << " calls the server could not answer, and it did not close";
+  ASSERT_TRUE(got) << "the server's end closed, and reading it did not end";
   EXPECT_LT(*got, size_t{32} << 20) << "the queue was sent, not dropped with the connection";
   printf("%zu bytes came before the server closed the connection\n", *got);
   ExpectOthersServed();
