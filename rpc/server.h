@@ -46,10 +46,10 @@
 // connection; an unknown method gets UNIMPLEMENTED, a request that does not
 // parse INVALID_ARGUMENT, an oversize one RESOURCE_EXHAUSTED. An answer the
 // transport cannot take (response metadata larger than an RDMA receive
-// slot, a TCP client that stopped reading) is replaced by the error, or an
-// error by itself without its metadata; a call that cannot be answered even
-// so (the TCP client is far behind) closes its connection, so that the
-// client's calls end UNAVAILABLE instead of waiting.
+// slot, a client that stopped reading or returning credits) is replaced by
+// the error, or an error by itself without its metadata; a call that cannot
+// be answered even so (the client is that far behind) closes its
+// connection, so that the client's calls end UNAVAILABLE instead of waiting.
 #ifndef RDMARPC_RPC_SERVER_H_
 #define RDMARPC_RPC_SERVER_H_
 
