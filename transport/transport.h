@@ -127,6 +127,20 @@ inline bool NeverSent(const absl::Status& s) { return s.GetPayload(kNeverSent).h
 // the peer is that far behind.
 inline constexpr size_t kQueuedErrorHeadroom = size_t{1} << 20;
 
+// A frame that such a bound never refuses: a header alone that is neither a
+// request nor a response (a cancel, a GOAWAY or its acknowledgment, a
+// kHello, a credit). Refusing it would lose what it says, and it stands for
+// a call in flight or a one-time event, so the queue stays bounded.
+inline bool IsControlFrame(const Header& h) {
+  return h.kind != MessageKind::kRequest && h.kind != MessageKind::kResponse &&
+         h.metadata_len == 0 && h.payload_len == 0;
+}
+// A frame that has kQueuedErrorHeadroom beyond such a bound: an error, which
+// answers a call whose answer the bound may have refused.
+inline bool IsErrorResponse(const Header& h) {
+  return h.kind == MessageKind::kResponse && h.status != 0;
+}
+
 class Connection {
  public:
   virtual ~Connection() = default;

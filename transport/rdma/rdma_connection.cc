@@ -292,14 +292,9 @@ size_t RdmaConnection::BacklogBytes(const OutboundMessage& m) {
 }
 
 absl::Status RdmaConnection::RoomInBacklogLocked(const Header& h, size_t frame) const {
-  // A control frame stands for a call in flight or a one-time event; an
-  // error answers a call whose answer this bound may have refused, and has
-  // headroom of its own so that the call does not go unanswered.
-  const bool control =
-      h.kind != MessageKind::kRequest && h.kind != MessageKind::kResponse && frame == kHeaderSize;
-  const bool error = h.kind == MessageKind::kResponse && h.status != 0;
+  const bool error = IsErrorResponse(h);
   const size_t bound = endpoint_->options().max_backlog_bytes;
-  if (control || backlog_bytes_ + frame <= bound + (error ? kQueuedErrorHeadroom : 0)) {
+  if (IsControlFrame(h) || backlog_bytes_ + frame <= bound + (error ? kQueuedErrorHeadroom : 0)) {
     return absl::OkStatus();
   }
   return absl::ResourceExhaustedError(

@@ -295,18 +295,9 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
   if (send_closed_ || closing_.load()) {
     return RefusedUnsent(absl::StrCat("connection to ", peer_, " is closed"));
   }
-  // A control frame (a cancel, a GOAWAY or its acknowledgment, a kHello) is
-  // taken past the bound: refusing it would lose what it says, and it is a
-  // header that stands for a call in flight or a one-time event, so the
-  // queue stays bounded.
-  const bool control = msg.header.kind != MessageKind::kRequest &&
-                       msg.header.kind != MessageKind::kResponse && h.payload_len == 0 &&
-                       h.metadata_len == 0;
   const size_t bound = transport_->tcp_.max_queued_send_bytes;
-  if (!control && !queue_.empty() && queued_bytes_ + out.size() > bound) {
-    // An error answers a call whose answer this bound may have refused: it
-    // has headroom of its own, so that the call does not go unanswered.
-    const bool error = msg.header.kind == MessageKind::kResponse && msg.header.status != 0;
+  if (!IsControlFrame(h) && !queue_.empty() && queued_bytes_ + out.size() > bound) {
+    const bool error = IsErrorResponse(h);
     if (!error || error_headroom_used_ + out.size() > kQueuedErrorHeadroom) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "more than ", bound, " bytes queued for ", peer_, " (TcpOptions::max_queued_send_bytes",
