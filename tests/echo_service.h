@@ -52,7 +52,7 @@ class EchoService : public Service {
     AddMethod(kEcho.full_name,
               UnaryHandler<EchoRequest, EchoResponse>(
                   [this](ServerContext* ctx, const EchoRequest* req, EchoResponse* resp,
-                         DoneCallback done) { std::move(done)(Handle(ctx, *req, resp)); }));
+                         DoneCallback done) { CountAndAnswer(Handle(ctx, *req, resp), done); }));
     // Finishes from a thread of its own, as an asynchronous handler may.
     AddMethod(kEchoLater.full_name,
               UnaryHandler<EchoRequest, EchoResponse>([this](ServerContext* ctx,
@@ -60,10 +60,9 @@ class EchoService : public Service {
                                                              EchoResponse* resp,
                                                              DoneCallback done) {
                 std::lock_guard<std::mutex> lock(mu_);
-                threads_.emplace_back(
-                    [this, ctx, req, resp, done = std::move(done)]() mutable {
-                      std::move(done)(Handle(ctx, *req, resp));
-                    });
+                threads_.emplace_back([this, ctx, req, resp, done = std::move(done)]() mutable {
+                  CountAndAnswer(Handle(ctx, *req, resp), done);
+                });
               }));
   }
   ~EchoService() override {
@@ -117,8 +116,15 @@ class EchoService : public Service {
 
   std::atomic<int> started{0};
   std::atomic<int> saw_cancel{0};
+  // Handlers that have returned, counted before their call is answered.
+  std::atomic<int> finished{0};
 
  private:
+  void CountAndAnswer(Status s, DoneCallback& done) {
+    finished.fetch_add(1);
+    std::move(done)(std::move(s));
+  }
+
   std::mutex mu_;
   std::vector<std::thread> threads_;
 };

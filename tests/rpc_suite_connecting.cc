@@ -554,5 +554,43 @@ TEST_P(RpcSuite, UnreachableServerIsUnavailable) {
       << "the error should name the server: " << s;
 }
 
+// An inline callback may run on the thread the channel's connection attempts
+// need: here the connector's, whose failed attempt ended the call. From
+// there WaitForConnected starts an attempt and returns without waiting for
+// it, and AllocateAttachment, which connects on its caller's thread, fails
+// saying why; waiting would wait for the callback's own thread.
+TEST_P(RpcSuite, AnInlineCallbackNeverWaitsForItsChannelsConnection) {
+  auto ch = MakeChannel(AddressNobodyListensOn(GetParam().listen_addr()), InlineCallbacks());
+  struct Seen {
+    Status call;
+    bool connected = true;
+    absl::Duration waited;
+    Status attachment;
+  };
+  std::promise<Seen> seen;
+  ClientContext ctx;
+  ctx.set_timeout(absl::Seconds(20));
+  EchoResponse resp;
+  ch->CallAsync(kEcho, &ctx, Req("x"), &resp, [&](Status s) {
+    Seen got;
+    got.call = s;
+    const absl::Time start = absl::Now();
+    got.connected = ch->WaitForConnected(start + absl::Seconds(30));
+    got.waited = absl::Now() - start;
+    got.attachment = ch->AllocateAttachment(1024).status();
+    seen.set_value(got);
+  });
+  auto f = seen.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "the callback never ended";
+  const Seen got = f.get();
+  EXPECT_EQ(got.call.code(), StatusCode::kUnavailable) << got.call;
+  EXPECT_FALSE(got.connected);
+  EXPECT_LT(got.waited, absl::Seconds(10)) << "WaitForConnected waited in an inline callback";
+  EXPECT_EQ(got.attachment.code(), StatusCode::kUnavailable) << got.attachment;
+  EXPECT_NE(got.attachment.message().find("inline callback"), absl::string_view::npos)
+      << got.attachment;
+}
+
 }  // namespace
 }  // namespace rdmarpc::testing

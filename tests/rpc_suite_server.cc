@@ -120,6 +120,37 @@ StatusOr<std::unique_ptr<Server>> BuildWithHealth(const std::string& address, Se
 // changes and adds statuses, and HealthService::Shutdown marks everything
 // NOT_SERVING for good while ordinary calls still work; once the server
 // shuts down, Check is UNAVAILABLE like any other call.
+// Server::Wait, as a server binary's main thread uses it: it blocks while
+// the server serves and returns once Shutdown has answered the calls in
+// flight, and at once on a server already shut down.
+TEST_P(RpcSuite, WaitReturnsOnceShutdownHasAnsweredTheCallsInFlight) {
+  auto ts = std::make_unique<TestServer>(GetParam().listen_addr());
+  ASSERT_TRUE(ts->server);
+  auto ch = MakeChannel(ts->address);
+  std::atomic<bool> returned{false};
+  std::atomic<int> finished_at_return{-1};
+  std::thread waiter([&] {
+    ts->server->Wait();
+    finished_at_return.store(ts->service.finished.load());
+    returned.store(true);
+  });
+  EXPECT_TRUE(EchoOn(*ch, "served while Wait blocks").ok());
+  auto calls = StartCalls(*ch, kEcho, 1, [](int) { return 300; });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (ts->service.started.load() < 2 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_FALSE(returned.load()) << "Wait returned while the server was serving";
+  ts->server->Shutdown(absl::Seconds(20));
+  waiter.join();
+  EXPECT_EQ(finished_at_return.load(), 2) << "Wait returned before the call in flight was answered";
+  auto f = calls[0]->result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_TRUE(f.get().ok());
+  auto again = std::async(std::launch::async, [&] { ts->server->Wait(); });
+  EXPECT_EQ(again.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "Wait on a server already shut down blocked";
+}
+
 TEST_P(RpcSuite, HealthServiceSaysWhatServesUntilTheServerDrains) {
   GeneratedEcho service;
   auto built = BuildWithHealth(GetParam().listen_addr(), &service);
