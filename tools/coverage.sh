@@ -2,12 +2,12 @@
 # Line coverage of the project's own code by its tests, to find what no test
 # reaches (error paths above all). Not part of CI: it rebuilds everything
 # with gcov instrumentation in an output base of its own (the usual build and
-# its cache stay as they are), runs the RDMA tests in one boot of the
-# Soft-RoCE VM (or on this machine's device) and the host tests with Bazel,
+# its cache stay as they are), runs each RDMA test in a boot of its own of
+# the Soft-RoCE VM (or on this machine's device) and the host tests with Bazel,
 # then prints each file's line coverage and writes every line no test ran to
 # .cache/coverage/uncovered.txt.
 #
-#   tools/coverage.sh             everything (~10 min on 2 cores)
+#   tools/coverage.sh             everything (~35 min on 2 cores)
 #   tools/coverage.sh --host      host tests only (no VM)
 #   tools/coverage.sh --report    the report again, from the last run's counts
 #
@@ -43,34 +43,43 @@ if [ "$mode" != --report ]; then
   rm -rf "$counts"
   mkdir -p "$counts"
   if [ "$mode" != --host ]; then
-    # The RDMA tests, one after another in one boot; the guest writes its
-    # counts to the VM's out directory, copied to $counts at the end.
+    # Each RDMA test in a boot of its own, as `make test` runs them: some
+    # leave the boot unusable for the tests after them (device_events_test
+    # takes the link down, and Soft-RoCE then makes no new connection;
+    # device_removed_test deletes the device). A boot's counts come back in
+    # a directory of its own; gcov-tool adds them up afterwards.
     universe=${targets[0]}
     for t in "${targets[@]:1}"; do universe+=" + $t"; done
     rdma="attr(tags, '[\[ ]rdma[,\]]', $universe)"
-    path() { local l=${1#//}; echo "${l%%:*}/${l##*:}"; }
-    script=$out/vm_tests.sh
-    {
-      echo 'export GCOV_PREFIX=$RDMARPC_VM_OUT GCOV_PREFIX_STRIP=3'
-      echo 'failed=0'
-      for t in $(bz query "kind(cc_test, $rdma)" 2>/dev/null); do
-        p=$(path "$t")
-        echo "echo \"coverage: $t\""
-        echo "(cd $bin/$p.runfiles/rdmarpc && $bin/$p) || failed=1"
-      done
-      # A script test runs the one program it depends on, named by its
-      # runfiles path (args = ["$(location ...)"]).
-      for t in $(bz query "kind(sh_test, $rdma)" 2>/dev/null); do
-        p=$(path "$t")
-        program=$(path "$(bz query "kind(cc_binary, labels(data, $t))" 2>/dev/null)")
-        echo "echo \"coverage: $t\""
-        echo "(cd $bin/$p.runfiles/rdmarpc && $bin/$p $program) || failed=1"
-      done
-      echo 'exit $failed'
-    } > "$script"
+    boots=$out/boots
+    rm -rf "$boots"
+    mkdir -p "$boots"
     export RDMARPC_VM_DIR=${RDMARPC_VM_DIR:-$PWD/.cache/vm}
-    RDMARPC_VM_KEEP=$counts tools/vm/run.sh bash "$script" \
-      || echo "coverage: an RDMA test failed (its counts still count)" >&2
+    n=0
+    for t in $(bz query "kind(test, $rdma)" 2>/dev/null); do
+      dir=$boots/$(printf '%02d' $((n++)))
+      # What `bazel test` would run, its arguments and environment included.
+      bz run "${gcov_flags[@]}" --script_path="$dir.sh" "$t" >/dev/null 2>&1
+      echo "coverage: $t (${dir##*/})"
+      RDMARPC_VM_KEEP=$dir tools/vm/run.sh bash -c \
+        'export GCOV_PREFIX=$RDMARPC_VM_OUT GCOV_PREFIX_STRIP=3; exec bash "$0"' "$dir.sh" ||
+        echo "coverage: $t failed (its counts still count)" >&2
+      [ -n "$(find "$dir" -name '*.gcda' -print -quit 2>/dev/null)" ] ||
+        echo "coverage: $t left no counts" >&2
+    done
+    merged=$boots/merged
+    for dir in "$boots"/[0-9]*/; do
+      dir=${dir%/}
+      if [ -z "$(find "$dir" -name '*.gcda' -print -quit)" ]; then
+        continue  # gcov-tool refuses a directory without counts
+      elif [ ! -d "$merged" ]; then
+        cp -a "$dir" "$merged"
+      else
+        gcov-tool merge -o "$merged.next" "$merged" "$dir" >/dev/null
+        rm -rf "$merged" && mv "$merged.next" "$merged"
+      fi
+    done
+    [ ! -d "$merged" ] || cp -a "$merged/." "$counts/"
   fi
   bz test "${gcov_flags[@]}" --nocache_test_results --test_tag_filters=-rdma,-rdma_two_vms \
     --test_env=GCOV_PREFIX="$counts" --test_env=GCOV_PREFIX_STRIP=3 "${targets[@]}" \
