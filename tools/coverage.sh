@@ -57,12 +57,14 @@ if [ "$mode" != --report ]; then
     export RDMARPC_VM_DIR=${RDMARPC_VM_DIR:-$PWD/.cache/vm}
     n=0
     for t in $(bz query "kind(test, $rdma)" 2>/dev/null); do
-      dir=$boots/$(printf '%02d' $((n++)))
+      dir=$boots/$(printf '%02d' "$n")
+      n=$((n + 1))
       # What `bazel test` would run, its arguments and environment included.
       bz run "${gcov_flags[@]}" --script_path="$dir.sh" "$t" >/dev/null 2>&1
       echo "coverage: $t (${dir##*/})"
       RDMARPC_VM_KEEP=$dir tools/vm/run.sh bash -c \
-        'export GCOV_PREFIX=$RDMARPC_VM_OUT GCOV_PREFIX_STRIP=3; exec bash "$0"' "$dir.sh" ||
+        '[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd  # Bazel'"'"'s test wrapper uses it
+         export GCOV_PREFIX=$RDMARPC_VM_OUT GCOV_PREFIX_STRIP=3; exec bash "$0"' "$dir.sh" ||
         echo "coverage: $t failed (its counts still count)" >&2
       [ -n "$(find "$dir" -name '*.gcda' -print -quit 2>/dev/null)" ] ||
         echo "coverage: $t left no counts" >&2
