@@ -7,7 +7,7 @@
 # then prints each file's line coverage and writes every line no test ran to
 # .cache/coverage/uncovered.txt.
 #
-#   tools/coverage.sh             everything (~35 min on 2 cores)
+#   tools/coverage.sh             everything (~20 min on 2 cores)
 #   tools/coverage.sh --host      host tests only (no VM)
 #   tools/coverage.sh --report    the report again, from the last run's counts
 #
