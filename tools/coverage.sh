@@ -60,7 +60,10 @@ if [ "$mode" != --report ]; then
       dir=$boots/$(printf '%02d' "$n")
       n=$((n + 1))
       # What `bazel test` would run, its arguments and environment included.
-      bz run "${gcov_flags[@]}" --script_path="$dir.sh" "$t" >/dev/null 2>&1
+      if ! bz run "${gcov_flags[@]}" --script_path="$dir.sh" "$t" >"$dir.log" 2>&1; then
+        echo "coverage: $t: no script to run it (bazel run --script_path; $dir.log)" >&2
+        continue
+      fi
       echo "coverage: $t (${dir##*/})"
       RDMARPC_VM_KEEP=$dir tools/vm/run.sh bash -c \
         '[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd  # Bazel'"'"'s test wrapper uses it
