@@ -107,19 +107,6 @@ StatusOr<HealthCheckResponse::ServingStatus> CheckHealth(health::v1::Health::Stu
   return resp.status();
 }
 
-StatusOr<std::unique_ptr<Server>> BuildWithHealth(const std::string& address, Service* service) {
-  return ServerBuilder()
-      .AddListeningPort(address)
-      .RegisterService(service)
-      .EnableHealthService()
-      .BuildAndStart();
-}
-
-// The standard health service: the server ("") and each registered service
-// are SERVING from the start, an unknown name is NOT_FOUND, the program
-// changes and adds statuses, and HealthService::Shutdown marks everything
-// NOT_SERVING for good while ordinary calls still work; once the server
-// shuts down, Check is UNAVAILABLE like any other call.
 // Server::Wait, as a server binary's main thread uses it: it blocks while
 // the server serves and returns once Shutdown has answered the calls in
 // flight, and at once on a server already shut down.
@@ -151,6 +138,19 @@ TEST_P(RpcSuite, WaitReturnsOnceShutdownHasAnsweredTheCallsInFlight) {
       << "Wait on a server already shut down blocked";
 }
 
+StatusOr<std::unique_ptr<Server>> BuildWithHealth(const std::string& address, Service* service) {
+  return ServerBuilder()
+      .AddListeningPort(address)
+      .RegisterService(service)
+      .EnableHealthService()
+      .BuildAndStart();
+}
+
+// The standard health service: the server ("") and each registered service
+// are SERVING from the start, an unknown name is NOT_FOUND, the program
+// changes and adds statuses, and HealthService::Shutdown marks everything
+// NOT_SERVING for good while ordinary calls still work; once the server
+// shuts down, Check is UNAVAILABLE like any other call.
 TEST_P(RpcSuite, HealthServiceSaysWhatServesUntilTheServerDrains) {
   GeneratedEcho service;
   auto built = BuildWithHealth(GetParam().listen_addr(), &service);
