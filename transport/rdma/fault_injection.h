@@ -1,13 +1,15 @@
 // Fault injection for the RDMA transport's tests, off unless a test arms it.
 //
 // Production code only reads these (one relaxed atomic load on the
-// large-payload path and per batch of posts); tests arm them to make a peer
-// misbehave, or a thread stop at a chosen point, on purpose.
+// large-payload path, per batch of posts and per connect); tests arm them
+// to make a peer misbehave, or a thread stop at a chosen point, on purpose.
 #ifndef RDMARPC_TRANSPORT_RDMA_FAULT_INJECTION_H_
 #define RDMARPC_TRANSPORT_RDMA_FAULT_INJECTION_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <thread>
 
@@ -77,6 +79,10 @@ struct FaultInjection {
   // before reaching the device, as ibv_post_send does with ENOMEM (a full
   // send queue) for the batch's first request.
   static void FailNextPostOfThisThread() { ArmPost(/*fail=*/true); }
+  // The same for the next batch that any thread posts: a poller's or a
+  // timer's, such as a keepalive, which ends its connection with no peer
+  // asking for it.
+  static void FailNextPostOfAnyThread() { ArmPost(/*fail=*/true, /*any_thread=*/true); }
   static void WaitUntilPostHeld() {
     Hold& h = HoldState();
     std::unique_lock<std::mutex> lock(h.mu);
@@ -88,6 +94,42 @@ struct FaultInjection {
     h.released = true;
     h.cv.notify_all();
   }
+
+  // Armed by a test: the next RDMA connect to succeed, its connection made
+  // and its observer attached, waits before returning to its caller until
+  // ReleaseHeldConnects, so that what the peer does meanwhile (a GOAWAY, a
+  // close) reaches the observer before the caller has the connection.
+  static void HoldNextConnect() { connect_armed_.store(true); }
+  // False when no connect was waiting within `within`.
+  static bool WaitUntilConnectHeld(std::chrono::milliseconds within) {
+    ConnectHold& h = ConnectHoldState();
+    std::unique_lock<std::mutex> lock(h.mu);
+    return h.cv.wait_for(lock, within, [&] { return h.held > h.released; });
+  }
+  // Lets the connects held so far return; one armed and not yet come is
+  // still held when it comes.
+  static void ReleaseHeldConnects() {
+    ConnectHold& h = ConnectHoldState();
+    std::lock_guard<std::mutex> lock(h.mu);
+    h.released = h.held;
+    h.cv.notify_all();
+  }
+  // For a test's way out: disarms, and releases what is held.
+  static void StopHoldingConnects() {
+    connect_armed_.store(false);
+    ReleaseHeldConnects();
+  }
+  // RdmaTransport, as a connect succeeds.
+  static void AfterConnect() {
+    if (!connect_armed_.load(std::memory_order_relaxed)) return;
+    ConnectHold& h = ConnectHoldState();
+    std::unique_lock<std::mutex> lock(h.mu);
+    if (!connect_armed_.exchange(false)) return;
+    const uint64_t ticket = ++h.held;
+    h.cv.notify_all();
+    h.cv.wait(lock, [&] { return h.released >= ticket; });
+  }
+
   // The poster, just before ibv_post_send; true when the post must fail.
   // One relaxed load of a constant-initialized flag when disarmed (no guard
   // for a function-local static, no call), since it runs on every post.
@@ -100,7 +142,7 @@ struct FaultInjection {
   struct Hold {
     std::mutex mu;
     std::condition_variable cv;
-    std::thread::id who;    // guarded by mu
+    std::thread::id who;    // guarded by mu; none: any thread
     bool fail = false;      // guarded by mu
     bool held = false;      // guarded by mu
     bool released = false;  // guarded by mu
@@ -109,12 +151,23 @@ struct FaultInjection {
     static Hold h;
     return h;
   }
+  struct ConnectHold {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t held = 0;      // guarded by mu: connects held, ever
+    uint64_t released = 0;  // guarded by mu: of those, the ones let go
+  };
+  static ConnectHold& ConnectHoldState() {
+    static ConnectHold h;
+    return h;
+  }
   static inline std::atomic<bool> post_armed_{false};
+  static inline std::atomic<bool> connect_armed_{false};
 
-  static void ArmPost(bool fail) {
+  static void ArmPost(bool fail, bool any_thread = false) {
     Hold& h = HoldState();
     std::lock_guard<std::mutex> lock(h.mu);
-    h.who = std::this_thread::get_id();
+    h.who = any_thread ? std::thread::id() : std::this_thread::get_id();
     h.fail = fail;
     h.held = h.released = false;
     post_armed_.store(true);
@@ -122,7 +175,10 @@ struct FaultInjection {
   static bool OnArmedPost() {
     Hold& h = HoldState();
     std::unique_lock<std::mutex> lock(h.mu);
-    if (!post_armed_.load() || h.who != std::this_thread::get_id()) return false;
+    if (!post_armed_.load() ||
+        (h.who != std::thread::id() && h.who != std::this_thread::get_id())) {
+      return false;
+    }
     post_armed_.store(false);
     if (h.fail) return true;
     h.held = true;

@@ -799,8 +799,9 @@ void RdmaConnection::Teardown(absl::Status why) {
     ibv_modify_qp(qp_, &error, IBV_QP_STATE);
   }
   read_queue_.clear();
-  Count(&RdmaCounters::connections_closed);
   if (observer_) observer_->OnClosed(*this, why);
+  // After the observer: a close counted is one its owner has heard of.
+  Count(&RdmaCounters::connections_closed);
   endpoint_->AddDraining(this);
 }
 

@@ -396,6 +396,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
         return ConnectTo(a.storage, *src, observer, by, give_up);
       },
       [](const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsCancelled(s); });
+  if (conn.ok()) FaultInjection::AfterConnect();
   if (conn.ok() || reachable.size() == 1) return conn;
   absl::Status each(conn.status().code(),
                     absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
