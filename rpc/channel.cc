@@ -677,12 +677,13 @@ void Channel::OnGoAway(Watch& watch, transport::Connection& conn) {
   // that is going away.
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    watch.go_away = true;
+    // Counted as it comes, whatever becomes of its connection: once the
+    // count shows it, the channel knows.
+    if (!std::exchange(watch.go_away, true)) ++stats_.go_aways;
     // Not conn_: draining already, or not adopted yet (EnsureConnected
-    // then sees go_away).
+    // and TryFasterWay then see go_away).
     if (conn_.get() != &conn) return;
     DrainLocked(std::move(conn_));  // leaves conn_ null
-    ++stats_.go_aways;
     faster_give_up_.store(true, std::memory_order_relaxed);
     conn_cleared_why_ =
         Status(StatusCode::kUnavailable, absl::StrCat(target_, " is shutting down (GOAWAY)"));

@@ -170,7 +170,9 @@ const char* ChannelStateName(ChannelState state);
 struct ChannelStats {
   uint64_t connect_attempts = 0;  // Transport::Connect calls, the failed ones included
   uint64_t connect_failures = 0;  // of those, the ones that did not end connected
-  uint64_t go_aways = 0;          // connections the server asked to drain (its shutdown)
+  // Connections the server asked to drain (its shutdown), counted as each
+  // GOAWAY comes: on the connection in use, or on one not yet taken.
+  uint64_t go_aways = 0;
   uint64_t retries = 0;           // attempts sent again by the RetryPolicy
   // Calls sent again, on a new connection, because the server never saw
   // them: the connection they were to go on was drained, lost, or closed as

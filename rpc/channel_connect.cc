@@ -149,7 +149,6 @@ void Channel::TryFasterWay() {
       watch->sending.fetch_or(1, std::memory_order_acq_rel);
       acknowledge = true;
       DrainLocked(*conn);
-      ++stats_.go_aways;
     } else if (!watch->lost && still_slower_locked()) {
       slower = std::move(conn_);
       Watch* slower_watch = conn_watch_;
@@ -411,7 +410,6 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
       watch->sending.fetch_or(1, std::memory_order_acq_rel);
       acknowledge = true;
       DrainLocked(*conn);
-      ++stats_.go_aways;
       failure =
           Status(StatusCode::kUnavailable,
                  absl::StrCat(target_, " is shutting down (GOAWAY as the connection was made)"));

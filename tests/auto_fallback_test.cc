@@ -5,6 +5,7 @@
 // TransportTunables::tcp_fallback = false keeps auto:// to RDMA
 // (transport/auto_transport.h). Runs in the Soft-RoCE VM, which has a device.
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <future>
 #include <memory>
@@ -23,12 +24,15 @@
 #include "tests/echo_service.h"
 #include "transport/fallback_memory.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/fault_injection.h"
+#include "transport/rdma/testing/lose_connection.h"
 #include "transport/rdma/testing/rdma_test_env.h"
 
 namespace rdmarpc::testing {
 namespace {
 
 using transport::rdma::Counters;
+using transport::rdma::FaultInjection;
 
 // On a channel of its own.
 Status Echo(const std::string& address, const std::string& data, ChannelOptions options = {}) {
@@ -38,6 +42,17 @@ Status Echo(const std::string& address, const std::string& data, ChannelOptions 
 }
 
 std::string Port(const std::string& address) { return address.substr(address.rfind(':') + 1); }
+
+// A channel to `server` that connects over TCP first, as after a device
+// went away (the process remembers that RDMA could not reach the server
+// lately), and tries RDMA `upgrade` after.
+StatusOr<std::shared_ptr<Channel>> ChannelOverTcpFirst(const TestServer& server,
+                                                       absl::Duration upgrade,
+                                                       ChannelOptions options = {}) {
+  transport::FallbackMemory::Process().Remember(server.address, SteadyNow());
+  options.transport.tcp_fallback_upgrade = upgrade;
+  return Channel::Create(server.address, options);
+}
 
 class AutoFallback : public ::testing::Test {
  protected:
@@ -166,10 +181,7 @@ TEST_F(AutoFallback, AChannelOverTcpMovesToRdmaOnceRdmaReachesTheServer) {
   TestServer server(absl::StrCat("auto://", ip_, ":0"));
   ASSERT_TRUE(server.server);
   const std::string port = Port(server.address);
-  transport::FallbackMemory::Process().Remember(server.address, SteadyNow());
-  ChannelOptions options;
-  options.transport.tcp_fallback_upgrade = absl::Milliseconds(500);
-  auto ch = Channel::Create(server.address, options);
+  auto ch = ChannelOverTcpFirst(server, absl::Milliseconds(500));
   ASSERT_TRUE(ch.ok()) << ch.status();
   const std::string large(100 << 10, 'u');
   const uint64_t reads_on_tcp = Counters().reads;
@@ -223,10 +235,7 @@ TEST_F(AutoFallback, AChannelOverTcpMovesToRdmaOnceRdmaReachesTheServer) {
 TEST_F(AutoFallback, CallsMadeAllAlongAsTheChannelMovesAllSucceed) {
   TestServer server(absl::StrCat("auto://", ip_, ":0"));
   ASSERT_TRUE(server.server);
-  transport::FallbackMemory::Process().Remember(server.address, SteadyNow());
-  ChannelOptions options;
-  options.transport.tcp_fallback_upgrade = absl::Milliseconds(300);
-  auto ch = Channel::Create(server.address, options);
+  auto ch = ChannelOverTcpFirst(server, absl::Milliseconds(300));
   ASSERT_TRUE(ch.ok()) << ch.status();
   std::atomic<bool> stop{false};
   std::atomic<int> ok_before{0}, ok_after{0}, failed{0};
@@ -264,6 +273,129 @@ TEST_F(AutoFallback, CallsMadeAllAlongAsTheChannelMovesAllSucceed) {
   EXPECT_EQ((*ch)->stats().transparent_retries, 0u);
   printf("calls: %d over TCP, %d after the move, %d failed\n", ok_before.load(), ok_after.load(),
          failed.load());
+}
+
+// A call whose callback runs inline, on the I/O thread of the channel's TCP
+// connection, and holds that thread until Open: what the server sends on
+// that connection meanwhile stays unread. Shared with the callback, which
+// may run after the test has given up on it.
+struct HeldCallback {
+  ClientContext ctx;
+  EchoRequest req;
+  EchoResponse resp;
+  std::promise<void> entered;
+  std::promise<Status> done;
+  std::promise<void> open;
+  std::shared_future<void> opened = open.get_future().share();
+  std::once_flag once;
+
+  static std::shared_ptr<HeldCallback> Start(Channel& channel) {
+    auto held = std::make_shared<HeldCallback>();
+    held->req.set_data("held");
+    channel.CallAsync(kEcho, &held->ctx, held->req, &held->resp, [held](Status s) {
+      held->entered.set_value();
+      held->opened.wait();
+      held->done.set_value(std::move(s));
+    });
+    return held;
+  }
+  void Open() {
+    std::call_once(once, [this] { open.set_value(); });
+  }
+};
+
+// Lets go of what a test held, on every way out of it: the channel's
+// destructor waits for those threads.
+struct LetGoOnExit {
+  std::shared_ptr<HeldCallback> callback;
+  ~LetGoOnExit() {
+    FaultInjection::StopHoldingConnects();
+    if (callback) callback->Open();
+  }
+};
+
+// The server begins to shut down as the channel's RDMA connection is made,
+// and its GOAWAY on that connection comes before the channel takes it (the
+// connect held there), while the GOAWAY on the TCP connection in use is
+// still unread: the channel does not move to a connection the server has
+// asked to drain. It acknowledges that GOAWAY and closes the connection, and
+// the TCP connection drains in turn once its GOAWAY is read.
+TEST_F(AutoFallback, AGoAwayOnTheRdmaConnectionBeforeTheChannelTakesItKeepsTheChannelOffIt) {
+  TestServer server(absl::StrCat("auto://", ip_, ":0"));
+  ASSERT_TRUE(server.server);
+  ChannelOptions inline_callbacks;
+  inline_callbacks.callback_threads = 0;
+  auto ch = ChannelOverTcpFirst(server, absl::Milliseconds(300), inline_callbacks);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  std::future<void> shutdown;
+  LetGoOnExit let_go;
+  FaultInjection::HoldNextConnect();
+  ASSERT_TRUE(EchoOn(**ch, "over tcp").ok());
+  let_go.callback = HeldCallback::Start(**ch);
+  ASSERT_EQ(let_go.callback->entered.get_future().wait_for(std::chrono::seconds(20)),
+            std::future_status::ready)
+      << "the call over TCP was never answered";
+  ASSERT_TRUE(FaultInjection::WaitUntilConnectHeld(std::chrono::seconds(10)))
+      << "the channel never tried RDMA";
+  const uint64_t closed = Counters().connections_closed;
+  shutdown = std::async(std::launch::async, [&] { server.server->Shutdown(absl::Seconds(10)); });
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while ((*ch)->stats().go_aways == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ((*ch)->stats().go_aways, 1u) << "no GOAWAY came on the RDMA connection";
+
+  FaultInjection::ReleaseHeldConnects();
+  const absl::Time decided_by = absl::Now() + absl::Seconds(10);
+  while ((*ch)->stats().upgrades == 0 && Counters().connections_closed < closed + 2 &&
+         absl::Now() < decided_by) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ((*ch)->stats().upgrades, 0u)
+      << "the channel moved to a connection the server had asked to drain";
+  EXPECT_GE(Counters().connections_closed, closed + 2) << "the RDMA connection was not closed";
+
+  let_go.callback->Open();
+  const Status held = let_go.callback->done.get_future().get();
+  EXPECT_TRUE(held.ok()) << held;
+  shutdown.get();
+  EXPECT_EQ((*ch)->stats().go_aways, 2u) << "the TCP connection's GOAWAY was not counted";
+}
+
+// The channel's RDMA connection is lost as soon as it is made, before the
+// channel takes it (a failed post ends it: the first keepalive on the
+// silent connection, of either side): the channel stays on TCP rather than
+// move to a dead connection, tries RDMA again later, and moves then.
+TEST_F(AutoFallback, AnRdmaConnectionLostBeforeTheChannelTakesItIsLeftAndTriedAgain) {
+  TestServer server(absl::StrCat("auto://", ip_, ":0"));
+  ASSERT_TRUE(server.server);
+  auto ch = ChannelOverTcpFirst(server, absl::Milliseconds(300));
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  LetGoOnExit let_go;
+  FaultInjection::HoldNextConnect();
+  ASSERT_TRUE(EchoOn(**ch, "over tcp").ok());
+  ASSERT_TRUE(FaultInjection::WaitUntilConnectHeld(std::chrono::seconds(10)))
+      << "the channel never tried RDMA";
+  ASSERT_TRUE(transport::rdma::testing::LoseTheOnlyConnection())
+      << "the RDMA connection was not lost";
+
+  FaultInjection::HoldNextConnect();  // the next try
+  FaultInjection::ReleaseHeldConnects();
+  EXPECT_TRUE(FaultInjection::WaitUntilConnectHeld(std::chrono::seconds(20)))
+      << "the channel did not try RDMA again";
+  EXPECT_EQ((*ch)->stats().upgrades, 0u) << "the channel moved to a connection already lost";
+  const Status on_tcp = EchoOn(**ch, "still over tcp");
+  EXPECT_TRUE(on_tcp.ok()) << on_tcp;
+  FaultInjection::ReleaseHeldConnects();
+  const absl::Time moved_by = absl::Now() + absl::Seconds(10);
+  while ((*ch)->stats().upgrades == 0 && absl::Now() < moved_by) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ((*ch)->stats().upgrades, 1u) << "the second try did not take";
+  const uint64_t reads = Counters().reads;
+  const Status on_rdma = EchoOn(**ch, std::string(100 << 10, 'r'));
+  EXPECT_TRUE(on_rdma.ok()) << on_rdma;
+  EXPECT_GE(Counters().reads, reads + 1) << "the call after the move did not go by READ";
 }
 
 // rdma:// means RDMA: no fallback to the TCP server, and the error says why.
