@@ -15,9 +15,10 @@
 // number of cores). Handlers run on workers; an asynchronous handler may
 // finish from any thread. SetWorkerThreads(0) runs handlers inline on the I/O
 // thread instead: the lowest latency (no thread hop), for handlers that never
-// block, since a blocked handler stalls every connection of that transport. A request whose
-// deadline passed while it waited in the queue is answered DEADLINE_EXCEEDED without running its
-// handler.
+// block, since a blocked handler stalls every connection of that transport,
+// and over TCP Shutdown too, which closes its listener on that thread before
+// it sends a GOAWAY. A request whose deadline passed while it waited in the
+// queue is answered DEADLINE_EXCEEDED without running its handler.
 //
 // Shutdown(grace): stops accepting connections, tells each client to send
 // no new call on its connection (a GOAWAY: its channel connects anew, to a

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,11 +18,14 @@
 #include "tests/echo_service.h"
 #include "tests/rpc_suite.h"
 #include "transport/rdma/counters.h"
+#include "transport/rdma/fault_injection.h"
+#include "transport/rdma/testing/lose_connection.h"
 #include "transport/rdma/testing/rdma_test_env.h"
 
 namespace rdmarpc::testing {
 
 using transport::rdma::Counters;
+using transport::rdma::FaultInjection;
 
 // Nothing answers rdma_cm's connect request there.
 StalledAddress StalledRdma() {
@@ -448,6 +453,164 @@ size_t CallerCompletionsFor(transport::rdma::PollMode mode, int calls,
     EXPECT_EQ(resp.data(), req.data());
   }
   return Counters().caller_completions - before;
+}
+
+// Holds its thread (the server's poller, where it runs handlers inline)
+// until Open, then leaves its call to finish later, from the test: an
+// inline handler that goes asynchronous only once Shutdown has begun.
+class HoldThenParkService : public Service {
+ public:
+  static constexpr MethodInfo kHoldThenPark{"/rdmarpc.test.HoldThenPark/Call",
+                                            MethodId("/rdmarpc.test.HoldThenPark/Call")};
+  HoldThenParkService() {
+    AddMethod(kHoldThenPark.full_name,
+              UnaryHandler<EchoRequest, EchoResponse>(
+                  [this](ServerContext*, const EchoRequest*, EchoResponse*, DoneCallback done) {
+                    entered_.set_value();
+                    opened_.wait();
+                    std::lock_guard<std::mutex> lock(mu_);
+                    parked_ = std::move(done);
+                  }));
+  }
+  ~HoldThenParkService() override { Open(); }
+  bool WaitUntilEntered() {
+    return entered_future_.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  }
+  void Open() {
+    std::call_once(once_, [this] { open_.set_value(); });
+  }
+  // The handler's `done`, called long after its call was answered.
+  void FinishLate() {
+    DoneCallback done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done = std::move(parked_);
+    }
+    if (done) std::move(done)(Status());
+  }
+
+ private:
+  std::promise<void> entered_;
+  std::future<void> entered_future_ = entered_.get_future();
+  std::promise<void> open_;
+  std::shared_future<void> opened_ = open_.get_future().share();
+  std::once_flag once_;
+  std::mutex mu_;
+  DoneCallback parked_;  // guarded by mu_
+};
+
+// An inline handler that returns without finishing its call after Shutdown
+// has cancelled the calls it found: its call is answered CANCELLED too,
+// rather than left to the connection's close, and its late `done` is
+// harmless. Another call, parked before Shutdown, shows when Shutdown has
+// cancelled what it found. Over RDMA alone: there inline handlers run on the
+// poller, which Shutdown does not wait for before it cancels; over TCP they
+// run on the I/O thread, which Shutdown waits for first, to close its
+// listener.
+TEST(RdmaServerShutdown,
+     AnInlineHandlerThatGoesAsynchronousAfterShutdownCancelledItsCallsIsCancelled) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  EchoService echo;
+  HoldThenParkService hold;
+  auto built = ServerBuilder()
+                   .AddListeningPort("rdma://" + ip + ":0")
+                   .RegisterService(&echo)
+                   .RegisterService(&hold)
+                   .SetWorkerThreads(0)
+                   .BuildAndStart();
+  ASSERT_TRUE(built.ok()) << built.status();
+  Server& server = **built;
+  std::future<void> shutdown;
+  struct OpenOnExit {  // before Shutdown and ~Server wait for the held poller
+    HoldThenParkService& hold;
+    ~OpenOnExit() { hold.Open(); }
+  } open_on_exit{hold};
+  struct Pending {
+    ClientContext ctx;
+    EchoRequest req;
+    EchoResponse resp;
+    std::promise<Status> result;
+    std::future<Status> ended = result.get_future();
+  };
+  const auto start = [](Channel& ch, const MethodInfo& method, Pending& call) {
+    ch.CallAsync(method, &call.ctx, call.req, &call.resp,
+                 [&call](Status s) { call.result.set_value(std::move(s)); });
+  };
+
+  Pending parked, held;  // before their channels, which end them on a way out
+  auto parked_ch = Channel::Create(server.addresses()[0]);
+  ASSERT_TRUE(parked_ch.ok()) << parked_ch.status();
+  parked.req.set_sleep_ms(60000);
+  start(**parked_ch, kEchoLater, parked);
+  // Behind the parked call on its connection: answered once that call is
+  // tracked.
+  EchoRequest after;
+  after.set_data("after");
+  EchoResponse resp;
+  ClientContext ctx;
+  ASSERT_TRUE((*parked_ch)->Call(kEcho, &ctx, after, &resp).ok());
+
+  auto held_ch = Channel::Create(server.addresses()[0]);
+  ASSERT_TRUE(held_ch.ok()) << held_ch.status();
+  start(**held_ch, HoldThenParkService::kHoldThenPark, held);
+  ASSERT_TRUE(hold.WaitUntilEntered()) << "the handler never ran";
+  shutdown = std::async(std::launch::async, [&] { server.Shutdown(absl::ZeroDuration()); });
+  ASSERT_EQ(parked.ended.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "Shutdown did not cancel the parked call";
+  const Status first = parked.ended.get();
+  EXPECT_EQ(first.code(), StatusCode::kCancelled) << first;
+
+  hold.Open();
+  ASSERT_EQ(held.ended.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const Status s = held.ended.get();
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s;
+  EXPECT_EQ(std::string(s.message()), "server shutting down") << s;
+  ASSERT_EQ(shutdown.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  hold.FinishLate();
+}
+
+// A connection lost as soon as it is made, before the channel has it (a
+// failed post ends it: the first keepalive on the silent connection, of
+// either side, with the connect held there), is a failed connect: the call
+// waiting for it ends UNAVAILABLE saying so, and the next attempt connects.
+TEST(RdmaConnect, AConnectionLostAsSoonAsItIsMadeIsAFailedConnect) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  TestServer ts("rdma://" + ip + ":0");
+  ASSERT_TRUE(ts.server);
+  ClientContext ctx;  // before the channel, which ends the call on a way out
+  ctx.set_timeout(absl::Seconds(30));
+  EchoRequest req;
+  req.set_data("first");
+  EchoResponse resp;
+  std::promise<Status> result;
+  auto ch = Channel::Create(ts.address);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  struct StopHoldingOnExit {  // ~Channel waits for the connect held
+    ~StopHoldingOnExit() { FaultInjection::StopHoldingConnects(); }
+  } stop_holding;
+  FaultInjection::HoldNextConnect();
+  (*ch)->CallAsync(kEcho, &ctx, req, &resp, [&](Status s) { result.set_value(std::move(s)); });
+  ASSERT_TRUE(FaultInjection::WaitUntilConnectHeld(std::chrono::seconds(10)))
+      << "the channel never connected";
+  ASSERT_TRUE(transport::rdma::testing::LoseTheOnlyConnection()) << "the connection was not lost";
+  FaultInjection::ReleaseHeldConnects();
+  auto ended = result.get_future();
+  ASSERT_EQ(ended.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const Status first = ended.get();
+  EXPECT_EQ(first.code(), StatusCode::kUnavailable) << first;
+  EXPECT_NE(first.message().find("lost as soon as it was made"), absl::string_view::npos) << first;
+  EXPECT_EQ(ts.service.started.load(), 0);
+  EXPECT_EQ((*ch)->stats().connect_failures, 1u);
+
+  ClientContext again;
+  again.set_timeout(absl::Seconds(20));
+  again.set_wait_for_ready(true);  // through the backoff
+  req.set_data("again");
+  const Status s = (*ch)->Call(kEcho, &again, req, &resp);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(resp.data(), "again");
 }
 
 using transport::rdma::PollMode;
