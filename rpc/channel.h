@@ -133,7 +133,9 @@ struct ChannelOptions {
   // connection run on the channel's connector thread when it ends them. A
   // callback that drops the channel's last reference has it destroyed on a
   // thread of its own, just after; a process that exits meanwhile waits for
-  // that destruction to end.
+  // that destruction to end. That reference must not be the one the caller
+  // of CallAsync holds while CallAsync runs: the callback may run before
+  // CallAsync has returned, on another thread.
   int callback_threads = 2;
   // Run around every call of the channel (rpc/interceptor.h), in this order
   // as calls start and in the reverse order as they end.

@@ -156,16 +156,23 @@ TEST_P(RpcSuite, DestroyingAGroupedChannelEndsOnlyItsCalls) {
 }
 
 // Makes a call whose callback drops `last`, the channel's last reference;
-// the call must succeed and the reference be gone.
+// the call must succeed and the reference be gone. It drops it only once
+// CallAsync has returned (ChannelOptions::callback_threads): it may run
+// before then, on another thread, while CallAsync still uses the channel.
 void ExpectDroppedByItsOwnCallback(std::shared_ptr<Channel> last) {
   Channel* raw = last.get();
   ClientContext ctx;
   EchoResponse resp;
   std::promise<Status> result;
-  raw->CallAsync(kEcho, &ctx, Req("last"), &resp, [&](Status s) {
-    last.reset();
-    result.set_value(s);
-  });
+  std::promise<void> returned;
+  raw->CallAsync(kEcho, &ctx, Req("last"), &resp,
+                 [&, call_returned = returned.get_future()](Status s) {
+                   // Bounded: a call that fails to start calls back on this thread.
+                   call_returned.wait_for(std::chrono::seconds(20));
+                   last.reset();
+                   result.set_value(s);
+                 });
+  returned.set_value();
   auto f = result.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
   EXPECT_TRUE(f.get().ok());
