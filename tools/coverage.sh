@@ -12,7 +12,8 @@
 #   tools/coverage.sh --report    the report again, from the last run's counts
 #
 # `bazel coverage` gives empty reports with Debian's Bazel 4 and gcc 12, hence
-# this. The two-VM test is left out (its path is also in the one-VM tests).
+# this. A two-VM test runs in two VMs, as `make test` runs it, and both
+# guests' counts count: some paths only a peer on another machine takes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,12 +52,16 @@ if [ "$mode" != --report ]; then
     universe=${targets[0]}
     for t in "${targets[@]:1}"; do universe+=" + $t"; done
     rdma="attr(tags, '[\[ ]rdma[,\]]', $universe)"
+    two="attr(tags, '[\[ ]rdma_two_vms[,\]]', $universe)"
+    two_vm_tests=" $(bz query "kind(test, $two)" 2>/dev/null | tr '\n' ' ') "
     boots=$out/boots
     rm -rf "$boots"
     mkdir -p "$boots"
     export RDMARPC_VM_DIR=${RDMARPC_VM_DIR:-$PWD/.cache/vm}
     n=0
-    for t in $(bz query "kind(test, $rdma)" 2>/dev/null); do
+    for t in $(bz query "kind(test, $rdma + $two)" 2>/dev/null); do
+      vms=1
+      [[ $two_vm_tests != *" $t "* ]] || vms=2
       dir=$boots/$(printf '%02d' "$n")
       n=$((n + 1))
       # What `bazel test` would run, its arguments and environment included.
@@ -65,12 +70,25 @@ if [ "$mode" != --report ]; then
         continue
       fi
       echo "coverage: $t (${dir##*/})"
-      RDMARPC_VM_KEEP=$dir tools/vm/run.sh bash -c \
+      RDMARPC_VM_KEEP=$dir tools/vm/run.sh --vms "$vms" bash -c \
         '[ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd  # Bazel'"'"'s test wrapper uses it
          export GCOV_PREFIX=$RDMARPC_VM_OUT GCOV_PREFIX_STRIP=3; exec bash "$0"' "$dir.sh" ||
         echo "coverage: $t failed (its counts still count)" >&2
-      [ -n "$(find "$dir" -name '*.gcda' -print -quit 2>/dev/null)" ] ||
-        echo "coverage: $t left no counts" >&2
+      kept=("$dir")
+      if [ "$vms" = 2 ]; then
+        # run.sh keeps each guest's files under its role: added up as two
+        # boots' counts are.
+        kept=()
+        for role in server client; do
+          [ ! -d "$dir/$role" ] || mv "$dir/$role" "$dir-$role"
+          kept+=("$dir-$role")
+        done
+        rm -rf "$dir"
+      fi
+      for k in "${kept[@]}"; do
+        [ -n "$(find "$k" -name '*.gcda' -print -quit 2>/dev/null)" ] ||
+          echo "coverage: $t left no counts (${k##*/})" >&2
+      done
     done
     merged=$boots/merged
     for dir in "$boots"/[0-9]*/; do

@@ -19,7 +19,9 @@
 #   RDMARPC_VM_OUT     a directory the command may write files to: where the
 #                      caller sets RDMARPC_VM_KEEP to a directory of this
 #                      machine, they are copied there at the end (the guest's
-#                      own writes go to a throw-away overlay and /tmp is its own)
+#                      own writes go to a throw-away overlay and /tmp is its own);
+#                      in two-VM mode each guest's go to a subdirectory named
+#                      by its role, since the same command writes the same names
 # In two-VM mode the same command runs in both VMs, joined by a virtual wire.
 #
 # A guest not booted within RDMARPC_VM_BOOT_TIMEOUT seconds (120) has its
@@ -362,6 +364,7 @@ write_env() {  # $1 = io dir, $2 = netdev kind, $3/$4 = self ip/ipv6
   [ "${RDMARPC_VM_FAKE_STUCK_BOOT:-}" != 1 ] || echo 'sleep 100000' >> "$1/vm.env"
 }
 
+role_of() { [ "$1" = 0 ] && echo server || echo client; }  # $1 = guest index, two-VM mode
 # Writes each guest's files, boots the VMs and returns when they are all off.
 boot_all() {  # the command
   local began elapsed i io role pids=()
@@ -377,7 +380,7 @@ boot_all() {  # the command
       write_cmd "$io" single 10.77.0.1 fd77::1 "" "" "$@"
       boot "$io" "" &
     else
-      role=$([ "$i" = 0 ] && echo server || echo client)
+      role=$(role_of "$i")
       write_env "$io" virtio "10.77.0.$((i + 1))" "fd77::$((i + 1))"
       write_cmd "$io" "$role" "10.77.0.$((i + 1))" "fd77::$((i + 1))" "10.77.0.$((2 - i))" "fd77::$((2 - i))" "$@"
       # shellcheck disable=SC2046
@@ -438,7 +441,15 @@ if [ -n "${XML_OUTPUT_FILE:-}" ] && [ -f "${ios[0]}/test.xml" ]; then
 fi
 if [ -n "${RDMARPC_VM_KEEP:-}" ]; then
   mkdir -p "$RDMARPC_VM_KEEP"
-  for io in "${ios[@]}"; do cp -a "$io/out/." "$RDMARPC_VM_KEEP/"; done
+  if [ "$vms" = 1 ]; then
+    cp -a "${ios[0]}/out/." "$RDMARPC_VM_KEEP/"
+  else
+    for (( i = 0; i < vms; i++ )); do
+      role=$(role_of "$i")
+      mkdir -p "$RDMARPC_VM_KEEP/$role"
+      cp -a "${ios[$i]}/out/." "$RDMARPC_VM_KEEP/$role/"
+    done
+  fi
 fi
 echo "rdmavm: guest exit status $rc after $(( $(date +%s) - start )) s" >&2
 exit "$rc"
