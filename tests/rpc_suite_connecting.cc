@@ -220,6 +220,14 @@ TEST_P(RpcSuite, NegativeCallbackThreadsAndBackoffsOrRetriesThatCannotWorkAreRef
     EXPECT_NE(refused.status().message().find("reconnect_backoff"), absl::string_view::npos)
         << refused.status();
   }
+  ChannelOptions u;
+  u.transport.tcp_fallback_upgrade = absl::Seconds(-1);
+  auto no_upgrade = Channel::Create(GetParam().listen_addr(), u);
+  ASSERT_FALSE(no_upgrade.ok());
+  EXPECT_EQ(no_upgrade.status().code(), StatusCode::kInvalidArgument) << no_upgrade.status();
+  EXPECT_NE(no_upgrade.status().message().find("tcp_fallback_upgrade is -1s"),
+            absl::string_view::npos)
+      << no_upgrade.status();
   for (int bad = 0; bad < 4; ++bad) {
     ChannelOptions r;
     r.retry.max_attempts = bad == 0 ? 0 : 3;

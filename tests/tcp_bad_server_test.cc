@@ -9,7 +9,8 @@
 // more connection, and a draining connection is closed once its last call
 // ends. Calls a lost connection kept from being sent go on the next one.
 // A server that never reads pins no more of the client's memory than the
-// channel's TcpOptions allow.
+// channel's TcpOptions allow. An address that is no rdmarpc server's fails
+// the connect, naming what came.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -60,15 +61,15 @@ class RawServer {
   const std::string& address() const { return address_; }
   void Listen() { EXPECT_EQ(listen(fd_, 4), 0) << strerror(errno); }
 
-  // The next connection, taken (its kHello sent), or null when none comes
-  // within `timeout_ms`.
-  std::unique_ptr<RawConnection> Accept(int timeout_ms = 10000) {
+  // The next connection, taken (its kHello sent unless not `hello`), or
+  // null when none comes within `timeout_ms`.
+  std::unique_ptr<RawConnection> Accept(int timeout_ms = 10000, bool hello = true) {
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, timeout_ms) <= 0) return nullptr;
     const int c = accept(fd_, nullptr, nullptr);
     if (c < 0) return nullptr;
     auto conn = std::make_unique<RawConnection>(c);
-    conn->SendHello();
+    if (hello) conn->SendHello();
     return conn;
   }
 
@@ -276,6 +277,30 @@ TEST_F(BadServerTest, GarbageEndsPendingCallsUnavailableAndTheChannelReconnects)
   EXPECT_TRUE(peer_->ClosedByPeer());
   peer_.reset();
   ExpectNextCallServed();  // on a new connection
+}
+
+// A tcp:// address that is not an rdmarpc server's (an HTTP server's here)
+// fails the connect at the first bytes that come: the call ends UNAVAILABLE
+// naming them as no rdmarpc peer's, at once rather than at its deadline.
+TEST(NotAnRdmarpcServer, ItsFirstBytesFailTheConnectNamingWhatCame) {
+  RawServer server;
+  auto ch = Channel::Create(server.address());
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  PendingCall call(**ch, "anyone?");
+  auto http = server.Accept(10000, /*hello=*/false);
+  ASSERT_TRUE(http);
+  // No more than the client reads: it closes with nothing unread, by a FIN.
+  std::string answer = "HTTP/1.1 400 Bad Request\r\n\r\n";
+  answer.resize(transport::kHeaderSize, 'z');
+  http->SendBytes(answer);
+  ASSERT_TRUE(call.Ended(std::chrono::seconds(10))) << "the call waited on";
+  const Status s = call.Wait();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("not an rdmarpc kHello: bad magic 0x5448 (not an rdmarpc peer?)"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ((*ch)->stats().connect_failures, 1u);
+  EXPECT_TRUE(http->ClosedByPeer());
 }
 
 // A channel's options that send a failed call once more, 10 ms later.
