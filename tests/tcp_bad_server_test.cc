@@ -284,17 +284,18 @@ TEST_F(BadServerTest, GarbageEndsPendingCallsUnavailableAndTheChannelReconnects)
 // naming them as no rdmarpc peer's, at once rather than at its deadline.
 TEST(NotAnRdmarpcServer, ItsFirstBytesFailTheConnectNamingWhatCame) {
   RawServer server;
+  std::optional<PendingCall> call;  // before the channel, which ends it on a way out
   auto ch = Channel::Create(server.address());
   ASSERT_TRUE(ch.ok()) << ch.status();
-  PendingCall call(**ch, "anyone?");
+  call.emplace(**ch, "anyone?");
   auto http = server.Accept(10000, /*hello=*/false);
   ASSERT_TRUE(http);
   // No more than the client reads: it closes with nothing unread, by a FIN.
   std::string answer = "HTTP/1.1 400 Bad Request\r\n\r\n";
   answer.resize(transport::kHeaderSize, 'z');
   http->SendBytes(answer);
-  ASSERT_TRUE(call.Ended(std::chrono::seconds(10))) << "the call waited on";
-  const Status s = call.Wait();
+  ASSERT_TRUE(call->Ended(std::chrono::seconds(10))) << "the call waited on";
+  const Status s = call->Wait();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("not an rdmarpc kHello: bad magic 0x5448 (not an rdmarpc peer?)"),
             absl::string_view::npos)
