@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "rpc/channel.h"
 #include "tests/echo_service.h"
+#include "tests/gate.h"
 #include "transport/fallback_memory.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
@@ -276,31 +277,26 @@ TEST_F(AutoFallback, CallsMadeAllAlongAsTheChannelMovesAllSucceed) {
 }
 
 // A call whose callback runs inline, on the I/O thread of the channel's TCP
-// connection, and holds that thread until Open: what the server sends on
-// that connection meanwhile stays unread. Shared with the callback, which
-// may run after the test has given up on it.
+// connection, and holds that thread until its gate opens: what the server
+// sends on that connection meanwhile stays unread. Shared with the callback,
+// which may run after the test has given up on it.
 struct HeldCallback {
   ClientContext ctx;
   EchoRequest req;
   EchoResponse resp;
   std::promise<void> entered;
   std::promise<Status> done;
-  std::promise<void> open;
-  std::shared_future<void> opened = open.get_future().share();
-  std::once_flag once;
+  Gate gate;
 
   static std::shared_ptr<HeldCallback> Start(Channel& channel) {
     auto held = std::make_shared<HeldCallback>();
     held->req.set_data("held");
     channel.CallAsync(kEcho, &held->ctx, held->req, &held->resp, [held](Status s) {
       held->entered.set_value();
-      held->opened.wait();
+      held->gate.Wait();
       held->done.set_value(std::move(s));
     });
     return held;
-  }
-  void Open() {
-    std::call_once(once, [this] { open.set_value(); });
   }
 };
 
@@ -310,7 +306,7 @@ struct LetGoOnExit {
   std::shared_ptr<HeldCallback> callback;
   ~LetGoOnExit() {
     FaultInjection::StopHoldingConnects();
-    if (callback) callback->Open();
+    if (callback) callback->gate.Open();
   }
 };
 
@@ -355,7 +351,7 @@ TEST_F(AutoFallback, AGoAwayOnTheRdmaConnectionBeforeTheChannelTakesItKeepsTheCh
       << "the channel moved to a connection the server had asked to drain";
   EXPECT_GE(Counters().connections_closed, closed + 2) << "the RDMA connection was not closed";
 
-  let_go.callback->Open();
+  let_go.callback->gate.Open();
   const Status held = let_go.callback->done.get_future().get();
   EXPECT_TRUE(held.ok()) << held;
   shutdown.get();

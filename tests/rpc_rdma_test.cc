@@ -16,6 +16,7 @@
 #include "base/sanitizers.h"
 #include "rpc/channel_group.h"
 #include "tests/echo_service.h"
+#include "tests/gate.h"
 #include "tests/rpc_suite.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
@@ -467,7 +468,7 @@ class HoldThenParkService : public Service {
               UnaryHandler<EchoRequest, EchoResponse>(
                   [this](ServerContext*, const EchoRequest*, EchoResponse*, DoneCallback done) {
                     entered_.set_value();
-                    opened_.wait();
+                    gate_.Wait();
                     std::lock_guard<std::mutex> lock(mu_);
                     parked_ = std::move(done);
                   }));
@@ -476,9 +477,7 @@ class HoldThenParkService : public Service {
   bool WaitUntilEntered() {
     return entered_future_.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
   }
-  void Open() {
-    std::call_once(once_, [this] { open_.set_value(); });
-  }
+  void Open() { gate_.Open(); }
   // The handler's `done`, called long after its call was answered.
   void FinishLate() {
     DoneCallback done;
@@ -492,9 +491,7 @@ class HoldThenParkService : public Service {
  private:
   std::promise<void> entered_;
   std::future<void> entered_future_ = entered_.get_future();
-  std::promise<void> open_;
-  std::shared_future<void> opened_ = open_.get_future().share();
-  std::once_flag once_;
+  Gate gate_;
   std::mutex mu_;
   DoneCallback parked_;  // guarded by mu_
 };
