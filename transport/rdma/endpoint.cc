@@ -251,15 +251,32 @@ absl::StatusOr<ibv_cq*> Endpoint::ReserveCompletions(uint32_t entries) {
         reserved, " of ", total, " entries reserved on ", count, " completion queue",
         count == 1 ? "" : "s", ", ", entries, " more needed)"));
   };
-  for (size_t i = 0; i < count; ++i) {
+  // Why a CQ could not grow (ENOMEM, say), for the refusal; the next
+  // connection tries again.
+  std::string resize_failure;
+  for (size_t i = 0; i < count && cq_resizable_; ++i) {
     CompletionQueue& q = cqs_[i];
     const size_t needed = q.reserved + entries;
     if (needed > cq_bound_) continue;
     // Doubling, so that a server taking connections one by one resizes
     // rarely; each resize copies the queue.
     const size_t grown = std::min(cq_bound_, std::max(needed, 2 * q.entries));
-    if (ibv_resize_cq(q.cq, static_cast<int>(grown)) != 0) {
-      return full(absl::StrCat("ibv_resize_cq to ", grown, " entries failed: ", strerror(errno)));
+    // ibv_resize_cq returns the error; errno need not be set.
+    int err = FaultInjection::TakeFailedCqResize();
+    if (err == 0) err = ibv_resize_cq(q.cq, static_cast<int>(grown));
+    if (err == EOPNOTSUPP || err == ENOSYS) {
+      // siw and some NICs have no resize: from now on a full CQ is
+      // followed by a new one, each twice the last.
+      cq_resizable_ = false;
+      fprintf(stderr,
+              "rdmarpc[%s]: %s cannot resize a completion queue (ibv_resize_cq: %s); a new one "
+              "is opened when those open are full, up to max_completion_queues (%u)\n",
+              owner_.c_str(), device_name_.c_str(), strerror(err), options_.max_completion_queues);
+      break;
+    }
+    if (err != 0) {
+      resize_failure = absl::StrCat("ibv_resize_cq to ", grown, " entries failed: ", strerror(err));
+      continue;
     }
     fprintf(stderr, "rdmarpc[%s]: completion queue %zu on %s grown from %zu to %d entries\n",
             owner_.c_str(), i + 1, device_name_.c_str(), q.entries, q.cq->cqe);
@@ -274,17 +291,28 @@ absl::StatusOr<ibv_cq*> Endpoint::ReserveCompletions(uint32_t entries) {
   if (srq_room_ + entries > cq_bound_) {
     return full(absl::StrCat("its bound of ", bound, " is too small for one connection"));
   }
+  // Why the CQs open could not take the connection, for the refusal and
+  // the log.
+  std::string not_grown = absl::StrCat("at their bound of ", bound);
+  if (!cq_resizable_) not_grown = "full, and the device cannot resize them";
+  if (!resize_failure.empty()) not_grown = absl::StrCat("full (", resize_failure, ")");
   if (count == options_.max_completion_queues) {
-    return full(absl::StrCat(count, " open (max_completion_queues), each at its bound of ", bound));
+    const std::string open = absl::StrCat(count, " open (max_completion_queues)");
+    if (!resize_failure.empty()) return full(absl::StrCat(resize_failure, "; ", open));
+    return full(absl::StrCat(open, ", ", not_grown));
   }
-  if (absl::Status s = OpenCompletionQueue(std::max(cq_initial_, srq_room_ + entries)); !s.ok()) {
+  // A CQ that will never grow begins as large as the growth would have
+  // made it, so that connections do not each need a CQ of their own.
+  size_t size = std::max(cq_initial_, srq_room_ + entries);
+  if (!cq_resizable_) size = std::min(cq_bound_, std::max(size, 2 * cqs_[count - 1].entries));
+  if (absl::Status s = OpenCompletionQueue(size); !s.ok()) {
     return full(std::string(s.message()));
   }
   CompletionQueue& q = cqs_[count];
-  fprintf(stderr,
-          "rdmarpc[%s]: completion queue %zu opened on %s (%zu entries): the %zu before it are "
-          "at their bound of %s\n",
-          owner_.c_str(), count + 1, device_name_.c_str(), q.entries, count, bound.c_str());
+  fprintf(
+      stderr,
+      "rdmarpc[%s]: completion queue %zu opened on %s (%zu entries): the %zu before it are %s\n",
+      owner_.c_str(), count + 1, device_name_.c_str(), q.entries, count, not_grown.c_str());
   q.reserved += entries;
   return q.cq;
 }

@@ -61,10 +61,11 @@
 // (ibv_resize_cq) up to RdmaOptions::max_cq_entries or the device's max_cqe;
 // when none can grow, a new CQ is opened, up to max_completion_queues; past
 // that the QP is refused with RESOURCE_EXHAUSTED, and the connection with
-// it, while the others go on. Most endpoints never open a second CQ: on a
-// NIC the first holds millions of entries. A destroyed QP's room comes back
-// only once a poll has found its CQ empty: its last completions may still
-// be queued behind others.
+// it, while the others go on. A device that cannot resize (siw and some
+// NICs answer EOPNOTSUPP) gets a new CQ instead, each twice the size of the
+// last; a resize that fails otherwise (ENOMEM) is tried again next time. Most endpoints never open
+// a second CQ: on a NIC the first holds millions of entries. A destroyed QP's room comes back only
+// once a poll has found its CQ empty: its last completions may still be queued behind others.
 //
 // Work-request ids: RECV wr_id is the slot index; every other wr_id is
 // (connection serial << 32 | per-connection index), looked up in a map, so a
@@ -376,6 +377,7 @@ class Endpoint {
   size_t cq_bound_ = 0;    // max_cq_entries, or the device's max_cqe
   size_t cq_initial_ = 0;  // what each CQ begins with
   size_t srq_room_ = 0;    // reserved on each CQ for the SRQ's receives
+  bool cq_resizable_ = true;  // cq_mu_; false once the device said it cannot
   absl::Status failed_;    // cq_mu_; FailAll's reason
   ibv_srq* srq_ = nullptr;
   std::unique_ptr<RegisteredPool> pool_;

@@ -55,6 +55,20 @@ struct FaultInjection {
   }
   static bool TakeFailedQpCreation() { return Take(FailQpCreations()); }
 
+  // The next N resizes of a completion queue fail with CqResizeError()
+  // (Endpoint::ReserveCompletions): EOPNOTSUPP, as on a device that has no
+  // resize (siw), or ENOMEM, as when the kernel cannot allocate the queue.
+  static std::atomic<int>& FailCqResizes() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  static std::atomic<int>& CqResizeError() {
+    static std::atomic<int> err{0};
+    return err;
+  }
+  // The error the next resize must fail with, or 0.
+  static int TakeFailedCqResize() { return Take(FailCqResizes()) ? CqResizeError().load() : 0; }
+
   // The next N connection requests a server accepts fail to be accepted, as
   // rdma_accept does when the device or the CM gives up (ENOMEM here).
   static std::atomic<int>& FailAccepts() {

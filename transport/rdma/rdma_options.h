@@ -122,7 +122,8 @@ struct RdmaOptions {
   size_t max_cq_entries = 0;
   // Completion queues one device's endpoint may open, from 1 to
   // kMaxCompletionQueues. A further one is opened only when the others are
-  // at max_cq_entries: on Soft-RoCE (max_cqe 32767) one holds ~335
+  // at max_cq_entries, or cannot grow (a device without ibv_resize_cq, such
+  // as siw: then each new one is twice the last): on Soft-RoCE (max_cqe 32767) one holds ~335
   // connections with the default send queue; on a NIC with millions of
   // entries one is all there is. The poller polls each in turn.
   uint32_t max_completion_queues = 8;

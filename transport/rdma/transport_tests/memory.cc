@@ -3,6 +3,9 @@
 // and given back, the registered-memory bound and the idle memory it takes
 // back, slots the application holds, and registrations or refills that fail
 // without losing a frame.
+#include <errno.h>
+#include <string.h>
+
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
@@ -240,6 +243,95 @@ TEST(RdmaTransport, ConnectionsPastOneCompletionQueueOpenAnother) {
   absl::Status again = conns.Add();
   EXPECT_TRUE(again.ok()) << "no room after a connection on the second CQ closed: " << again;
   conns.CallEach(4);
+  conns.CloseAll();
+}
+
+// A server whose first CQ holds a few connections and a client whose
+// CQ never needs to grow, so that every resize is the server's.
+struct ResizeFixture {
+  Fixture fx;
+  bool Start(uint32_t max_queues) {
+    RdmaOptions server;
+    server.server_receive_slots = 64;
+    server.cq_entries = 128;
+    server.max_cq_entries = 4096;
+    server.max_completion_queues = max_queues;
+    RdmaOptions client;
+    client.cq_entries = kListeningCqEntries;
+    return fx.Start(server, client);
+  }
+  // The next resize fails with `err`.
+  static void FailNextResize(int err) {
+    FaultInjection::CqResizeError() = err;
+    FaultInjection::FailCqResizes() = 1;
+  }
+  ~ResizeFixture() { FaultInjection::FailCqResizes() = 0; }
+};
+
+// A device that cannot resize a completion queue (siw and some NICs answer
+// ibv_resize_cq with EOPNOTSUPP) still takes connections past its first
+// CQ's room: new CQs are opened, each twice the size of the last, so that a
+// few hold them all, and no resize is tried again.
+TEST(RdmaTransport, ADeviceThatCannotResizeCompletionQueuesOpensLargerOnes) {
+  constexpr size_t kConnections = 12;
+  ResizeFixture rf;
+  ASSERT_TRUE(rf.Start(/*max_queues=*/8));
+  ResizeFixture::FailNextResize(EOPNOTSUPP);
+  AnsweringConnections conns{rf.fx};
+  ASSERT_TRUE(conns.Add().ok());
+  Endpoint::CompletionQueueUse last = rf.fx.server->completion_queue_use();
+  const size_t first_entries = last.entries;
+  while (conns.conns.size() < kConnections) {
+    absl::Status s = conns.Add();
+    ASSERT_TRUE(s.ok()) << "connection " << conns.conns.size() << ": " << s;
+    const Endpoint::CompletionQueueUse now = rf.fx.server->completion_queue_use();
+    if (now.entries != last.entries) {
+      EXPECT_EQ(now.queues, last.queues + 1)
+          << "a CQ was resized after the device said it cannot, at connection "
+          << conns.conns.size();
+    }
+    EXPECT_LE(now.reserved, now.entries);
+    last = now;
+  }
+  EXPECT_EQ(FaultInjection::FailCqResizes().load(), 0) << "no resize was tried";
+  printf("%zu connections on %zu completion queues of %zu entries together (the first %zu)\n",
+         kConnections, last.queues, last.entries, first_entries);
+  EXPECT_GE(last.queues, 2u);
+  EXPECT_LE(last.queues, 4u) << "the new CQs were not larger than the first";
+  conns.CallEach(2);
+  conns.CloseAll();
+}
+
+// A resize that fails otherwise (ENOMEM: the kernel could not allocate the
+// larger queue) refuses only the connection that needed it, naming why,
+// when no other CQ may be opened; the connections there are served on, and
+// the next connection tries the resize again, which then grows the CQ.
+TEST(RdmaTransport, AResizeThatFailsRefusesThatConnectionAndIsTriedAgain) {
+  ResizeFixture rf;
+  ASSERT_TRUE(rf.Start(/*max_queues=*/1));
+  AnsweringConnections conns{rf.fx};
+  ASSERT_TRUE(conns.Add().ok());
+  const Endpoint::CompletionQueueUse first = rf.fx.server->completion_queue_use();
+  ResizeFixture::FailNextResize(ENOMEM);
+  absl::Status refused;
+  while ((refused = conns.Add()).ok()) {
+    ASSERT_LT(conns.conns.size(), 10u) << "the CQ never needed to grow";
+    ASSERT_EQ(rf.fx.server->completion_queue_use().entries, first.entries);
+  }
+  EXPECT_EQ(FaultInjection::FailCqResizes().load(), 0);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  const char* const parts[] = {"refused", "ibv_resize_cq", strerror(ENOMEM)};
+  for (const char* part : parts) {
+    EXPECT_NE(refused.message().find(part), absl::string_view::npos)
+        << "\"" << part << "\" not in: " << refused;
+  }
+  conns.CallEach(2);
+  absl::Status again = conns.Add();
+  ASSERT_TRUE(again.ok()) << "the resize was not tried again: " << again;
+  const Endpoint::CompletionQueueUse grown = rf.fx.server->completion_queue_use();
+  EXPECT_EQ(grown.queues, 1u);
+  EXPECT_GT(grown.entries, first.entries);
+  conns.CallEach(3);
   conns.CloseAll();
 }
 
