@@ -15,6 +15,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -262,16 +263,22 @@ absl::StatusOr<ibv_cq*> Endpoint::ReserveCompletions(uint32_t entries) {
     // rarely; each resize copies the queue.
     const size_t grown = std::min(cq_bound_, std::max(needed, 2 * q.entries));
     // ibv_resize_cq returns the error; errno need not be set.
-    int err = FaultInjection::TakeFailedCqResize();
-    if (err == 0) err = ibv_resize_cq(q.cq, static_cast<int>(grown));
+    const std::optional<int> faked = FaultInjection::TakeFakedCqResize();
+    const int err = faked ? *faked : ibv_resize_cq(q.cq, static_cast<int>(grown));
+    std::string cannot;
     if (err == EOPNOTSUPP || err == ENOSYS) {
-      // siw and some NICs have no resize: from now on a full CQ is
-      // followed by a new one, each twice the last.
+      cannot = absl::StrCat("ibv_resize_cq: ", strerror(err));
+    } else if (err == 0 && static_cast<size_t>(q.cq->cqe) < needed) {
+      // qedr answers success and leaves the queue as it was.
+      cannot = absl::StrCat("ibv_resize_cq to ", grown, " entries left it at ", q.cq->cqe);
+    }
+    if (!cannot.empty()) {
+      // From now on a full CQ is followed by a new one, each twice the last.
       cq_resizable_ = false;
       fprintf(stderr,
-              "rdmarpc[%s]: %s cannot resize a completion queue (ibv_resize_cq: %s); a new one "
-              "is opened when those open are full, up to max_completion_queues (%u)\n",
-              owner_.c_str(), device_name_.c_str(), strerror(err), options_.max_completion_queues);
+              "rdmarpc[%s]: %s cannot resize a completion queue (%s); a new one is opened when "
+              "those open are full, up to max_completion_queues (%u)\n",
+              owner_.c_str(), device_name_.c_str(), cannot.c_str(), options_.max_completion_queues);
       break;
     }
     if (err != 0) {

@@ -61,9 +61,10 @@
 // (ibv_resize_cq) up to RdmaOptions::max_cq_entries or the device's max_cqe;
 // when none can grow, a new CQ is opened, up to max_completion_queues; past
 // that the QP is refused with RESOURCE_EXHAUSTED, and the connection with
-// it, while the others go on. A device that cannot resize (siw and some
-// NICs answer EOPNOTSUPP) gets a new CQ instead, each twice the size of the
-// last; a resize that fails otherwise (ENOMEM) is tried again next time. Most endpoints never open
+// it, while the others go on. A device that cannot resize (siw answers
+// EOPNOTSUPP; qedr success, leaving the CQ as it was) gets a new CQ
+// instead, each twice the size of the last; a resize that fails otherwise
+// (ENOMEM) is tried again next time. Most endpoints never open
 // a second CQ: on a NIC the first holds millions of entries. A destroyed QP's room comes back only
 // once a poll has found its CQ empty: its last completions may still be queued behind others.
 //

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace rdmarpc::transport::rdma {
@@ -55,19 +56,23 @@ struct FaultInjection {
   }
   static bool TakeFailedQpCreation() { return Take(FailQpCreations()); }
 
-  // The next N resizes of a completion queue fail with CqResizeError()
-  // (Endpoint::ReserveCompletions): EOPNOTSUPP, as on a device that has no
-  // resize (siw), or ENOMEM, as when the kernel cannot allocate the queue.
-  static std::atomic<int>& FailCqResizes() {
+  // The next N resizes of a completion queue are not made; ibv_resize_cq
+  // answers CqResizeAnswer() instead (Endpoint::ReserveCompletions):
+  // EOPNOTSUPP, as a device without resize (siw) does; ENOMEM, as when the
+  // kernel cannot allocate the larger queue; or 0, success with the queue
+  // left as it was, as qedr does.
+  static std::atomic<int>& FakeCqResizes() {
     static std::atomic<int> n{0};
     return n;
   }
-  static std::atomic<int>& CqResizeError() {
-    static std::atomic<int> err{0};
-    return err;
+  static std::atomic<int>& CqResizeAnswer() {
+    static std::atomic<int> answer{0};
+    return answer;
   }
-  // The error the next resize must fail with, or 0.
-  static int TakeFailedCqResize() { return Take(FailCqResizes()) ? CqResizeError().load() : 0; }
+  static std::optional<int> TakeFakedCqResize() {
+    if (!Take(FakeCqResizes())) return std::nullopt;
+    return CqResizeAnswer().load();
+  }
 
   // The next N connection requests a server accepts fail to be accepted, as
   // rdma_accept does when the device or the CM gives up (ENOMEM here).

@@ -260,46 +260,50 @@ struct ResizeFixture {
     client.cq_entries = kListeningCqEntries;
     return fx.Start(server, client);
   }
-  // The next resize fails with `err`.
-  static void FailNextResize(int err) {
-    FaultInjection::CqResizeError() = err;
-    FaultInjection::FailCqResizes() = 1;
+  // The next resize is not made, and answers `answer`.
+  static void FakeNextResize(int answer) {
+    FaultInjection::CqResizeAnswer() = answer;
+    FaultInjection::FakeCqResizes() = 1;
   }
-  ~ResizeFixture() { FaultInjection::FailCqResizes() = 0; }
+  ~ResizeFixture() { FaultInjection::FakeCqResizes() = 0; }
 };
 
-// A device that cannot resize a completion queue (siw and some NICs answer
-// ibv_resize_cq with EOPNOTSUPP) still takes connections past its first
-// CQ's room: new CQs are opened, each twice the size of the last, so that a
-// few hold them all, and no resize is tried again.
+// A device that cannot resize a completion queue still takes connections
+// past its first CQ's room: new CQs are opened, each twice the size of the
+// last, so that a few hold them all, and no resize is tried again. Such a
+// device answers ibv_resize_cq with EOPNOTSUPP (siw), or with success and
+// the CQ left as it was (qedr).
 TEST(RdmaTransport, ADeviceThatCannotResizeCompletionQueuesOpensLargerOnes) {
   constexpr size_t kConnections = 12;
-  ResizeFixture rf;
-  ASSERT_TRUE(rf.Start(/*max_queues=*/8));
-  ResizeFixture::FailNextResize(EOPNOTSUPP);
-  AnsweringConnections conns{rf.fx};
-  ASSERT_TRUE(conns.Add().ok());
-  Endpoint::CompletionQueueUse last = rf.fx.server->completion_queue_use();
-  const size_t first_entries = last.entries;
-  while (conns.conns.size() < kConnections) {
-    absl::Status s = conns.Add();
-    ASSERT_TRUE(s.ok()) << "connection " << conns.conns.size() << ": " << s;
-    const Endpoint::CompletionQueueUse now = rf.fx.server->completion_queue_use();
-    if (now.entries != last.entries) {
-      EXPECT_EQ(now.queues, last.queues + 1)
-          << "a CQ was resized after the device said it cannot, at connection "
-          << conns.conns.size();
+  for (const int answer : {EOPNOTSUPP, 0}) {
+    SCOPED_TRACE(answer == 0 ? "success, not resized" : strerror(answer));
+    ResizeFixture rf;
+    ASSERT_TRUE(rf.Start(/*max_queues=*/8));
+    ResizeFixture::FakeNextResize(answer);
+    AnsweringConnections conns{rf.fx};
+    ASSERT_TRUE(conns.Add().ok());
+    Endpoint::CompletionQueueUse last = rf.fx.server->completion_queue_use();
+    const size_t first_entries = last.entries;
+    while (conns.conns.size() < kConnections) {
+      absl::Status s = conns.Add();
+      ASSERT_TRUE(s.ok()) << "connection " << conns.conns.size() << ": " << s;
+      const Endpoint::CompletionQueueUse now = rf.fx.server->completion_queue_use();
+      if (now.entries != last.entries) {
+        EXPECT_EQ(now.queues, last.queues + 1)
+            << "a CQ was resized after the device said it cannot, at connection "
+            << conns.conns.size();
+      }
+      EXPECT_LE(now.reserved, now.entries);
+      last = now;
     }
-    EXPECT_LE(now.reserved, now.entries);
-    last = now;
+    EXPECT_EQ(FaultInjection::FakeCqResizes().load(), 0) << "no resize was tried";
+    printf("%zu connections on %zu completion queues of %zu entries together (the first %zu)\n",
+           kConnections, last.queues, last.entries, first_entries);
+    EXPECT_GE(last.queues, 2u);
+    EXPECT_LE(last.queues, 4u) << "the new CQs were not larger than the first";
+    conns.CallEach(2);
+    conns.CloseAll();
   }
-  EXPECT_EQ(FaultInjection::FailCqResizes().load(), 0) << "no resize was tried";
-  printf("%zu connections on %zu completion queues of %zu entries together (the first %zu)\n",
-         kConnections, last.queues, last.entries, first_entries);
-  EXPECT_GE(last.queues, 2u);
-  EXPECT_LE(last.queues, 4u) << "the new CQs were not larger than the first";
-  conns.CallEach(2);
-  conns.CloseAll();
 }
 
 // A resize that fails otherwise (ENOMEM: the kernel could not allocate the
@@ -312,13 +316,13 @@ TEST(RdmaTransport, AResizeThatFailsRefusesThatConnectionAndIsTriedAgain) {
   AnsweringConnections conns{rf.fx};
   ASSERT_TRUE(conns.Add().ok());
   const Endpoint::CompletionQueueUse first = rf.fx.server->completion_queue_use();
-  ResizeFixture::FailNextResize(ENOMEM);
+  ResizeFixture::FakeNextResize(ENOMEM);
   absl::Status refused;
   while ((refused = conns.Add()).ok()) {
     ASSERT_LT(conns.conns.size(), 10u) << "the CQ never needed to grow";
     ASSERT_EQ(rf.fx.server->completion_queue_use().entries, first.entries);
   }
-  EXPECT_EQ(FaultInjection::FailCqResizes().load(), 0);
+  EXPECT_EQ(FaultInjection::FakeCqResizes().load(), 0);
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
   const char* const parts[] = {"refused", "ibv_resize_cq", strerror(ENOMEM)};
   for (const char* part : parts) {
