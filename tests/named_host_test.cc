@@ -205,6 +205,31 @@ TEST(RdmaNamedHost, AServerOnTheNameListensOnEachOfItsAddresses) {
   }
 }
 
+// No server on either of the name's addresses: rdma_cm's connect is
+// rejected on each, and the error says that both were tried, and each.
+TEST(RdmaNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  const std::string ip6 = rdma::testing::RequireRdmaTestAddress6();
+  ASSERT_FALSE(ip.empty() || ip6.empty());
+  NameTwoAddresses(ip6, ip);
+  // A port just freed: nothing listens there on either family.
+  uint16_t port;
+  {
+    TestServer ts("rdma://" + ip + ":0");
+    ASSERT_TRUE(ts.server);
+    port = PortOf(ts.address);
+    ts.server->Shutdown();
+  }
+  const Status s = EchoOnce(absl::StrCat("rdma://", kName, ":", port), "none");
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  for (const std::string& part :
+       {absl::StrCat(kName, ":", port, ", each of its 2 addresses in turn"),
+        absl::StrCat("rdma://[", ip6, "]:", port, ": rejected"),
+        absl::StrCat("rdma://", ip, ":", port, ": rejected")}) {
+    EXPECT_NE(s.message().find(part), absl::string_view::npos) << part << "\n" << s;
+  }
+}
+
 // The name's first address is a host of the interface's IPv6 network that
 // does not exist: nothing answers there, and the attempt hangs until its
 // share of connect_timeout is over; the second address gets the rest.
