@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
   rdma::RdmaOptions rdma = rdma::RdmaOptionsFromEnv(tunables.rdma);
   // Here rather than at the first connect, so that a channel or server
   // whose options cannot work is refused as it is made, not call by call.
-  if (absl::Status s = rdma::CheckRdmaOptions(rdma); !s.ok()) return s;
+  if (absl::Status s = rdma::CheckRdmaOptions(rdma, options.listening); !s.ok()) return s;
   std::unique_ptr<Transport> made;
   AutoTransport::MakeRdma make_rdma;
   if (*kind == "rdma") {

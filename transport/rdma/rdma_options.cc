@@ -56,7 +56,7 @@ void TraceLine(const std::string& name, const std::string& what) {
   fprintf(stderr, "rdmarpc[%s] trace: %s\n", name.c_str(), what.c_str());
 }
 
-absl::Status CheckRdmaOptions(const RdmaOptions& o) {
+absl::Status CheckRdmaOptions(const RdmaOptions& o, bool listening) {
   const auto bad = [](const char* option, const char* env, auto value, absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("RdmaOptions::", option, env, " is ", value,
                                                    ": ", why));
@@ -91,6 +91,19 @@ absl::Status CheckRdmaOptions(const RdmaOptions& o) {
   if (o.max_completion_queues == 0 || o.max_completion_queues > kMaxCompletionQueues) {
     return bad("max_completion_queues", "", o.max_completion_queues,
                absl::StrCat("it must be from 1 to ", kMaxCompletionQueues, " (default 8)"));
+  }
+  // A CQ holds room for the receives the SRQ keeps posted and, per
+  // connection, its whole send queue (endpoint.h); with one READ in flight
+  // the queue is shortest.
+  const size_t receives = listening ? o.server_receive_slots : o.client_receive_slots;
+  const size_t least = receives + SendQueueDepth(o, 1);
+  if (o.max_cq_entries != 0 && o.max_cq_entries < least) {
+    return bad(
+        "max_cq_entries", "", o.max_cq_entries,
+        absl::StrCat("a completion queue must hold the ", receives, " receives kept posted (",
+                     listening ? "server" : "client", "_receive_slots) and a connection's ",
+                     least - receives, " send queue entries or more: at least ", least,
+                     ", or 0 for the device's max_cqe"));
   }
   if (o.gid_index < -1) {
     return bad("gid_index", " (RDMARPC_RDMA_GID_INDEX)", o.gid_index,

@@ -108,7 +108,8 @@ struct RdmaOptions {
   size_t max_registered_bytes = size_t{1} << 30;
   // Entries of a completion queue of the transport (shared by the SRQ's
   // receives and the send queues of the connections on it) to begin with,
-  // and their bound (0: the device's max_cqe). Each connection holds room
+  // and their bound (0: the device's max_cqe; else at least the role's
+  // receive slots and one connection's send queue). Each connection holds room
   // for its whole send queue (SendQueueDepth); a CQ grows as they need, a
   // connection that no CQ can grow to fit gets a new CQ, up to
   // max_completion_queues, and past those it is refused (endpoint.h,
@@ -333,8 +334,10 @@ inline constexpr size_t kMinSlotSize = kHeaderSize + 64;
 // handshake can carry, no receive or send slots, no credits, no completion
 // queue or more than kMaxCompletionQueues, a GID index below -1, a type of
 // service outside -1 to 255, an RNR wait outside the table's 1 to
-// kLongestRnrWaitUs. Listen and Connect check this first, device or not.
-absl::Status CheckRdmaOptions(const RdmaOptions& options);
+// kLongestRnrWaitUs, a max_cq_entries too small for the role's receive
+// slots and one connection (`listening`: a server's). Listen and Connect
+// check this first, device or not.
+absl::Status CheckRdmaOptions(const RdmaOptions& options, bool listening);
 
 // The QP ACK timeout exponent (4.096 us x 2^e per try) that keeps
 // kTransportRetries + 1 tries within peer_timeout_ms; -1 when it is 0.

@@ -90,26 +90,53 @@ TEST(RdmaOptionsFromEnv, MalformedValuesChangeNothing) {
 }
 
 TEST(CheckRdmaOptions, AcceptsTheDefaultsAndTheSmallestSlot) {
-  EXPECT_TRUE(CheckRdmaOptions(RdmaOptions{}).ok());
+  for (const bool listening : {true, false}) {
+    SCOPED_TRACE(listening ? "server" : "client");
+    EXPECT_TRUE(CheckRdmaOptions(RdmaOptions{}, listening).ok());
+    RdmaOptions o;
+    o.slot_size = kMinSlotSize;
+    EXPECT_TRUE(CheckRdmaOptions(o, listening).ok());
+    for (uint32_t queues : {1u, kMaxCompletionQueues}) {
+      o.max_completion_queues = queues;
+      EXPECT_TRUE(CheckRdmaOptions(o, listening).ok()) << queues << " completion queues";
+    }
+    for (int tos : {-1, 0, 255}) {
+      o.type_of_service = tos;
+      EXPECT_TRUE(CheckRdmaOptions(o, listening).ok()) << "type of service " << tos;
+    }
+    for (uint32_t wait : {1u, kLongestRnrWaitUs}) {
+      o.rnr_wait_us = wait;
+      EXPECT_TRUE(CheckRdmaOptions(o, listening).ok()) << wait << " us RNR wait";
+    }
+    for (uint32_t ms : {1u, (1u << 31) - 1}) {
+      o.connect_timeout_ms = ms;
+      EXPECT_TRUE(CheckRdmaOptions(o, listening).ok()) << ms << " ms to resolve";
+    }
+  }
+}
+
+// A completion queue must hold the receives its role keeps posted and one
+// connection's send queue, at its shortest (one READ in flight): a server's
+// bound of that less one is refused, naming the option and the least that
+// works, while a client, with fewer receive slots, may have it.
+TEST(CheckRdmaOptions, ACompletionQueueBoundMustHoldTheReceivesAndOneConnection) {
   RdmaOptions o;
-  o.slot_size = kMinSlotSize;
-  EXPECT_TRUE(CheckRdmaOptions(o).ok());
-  for (uint32_t queues : {1u, kMaxCompletionQueues}) {
-    o.max_completion_queues = queues;
-    EXPECT_TRUE(CheckRdmaOptions(o).ok()) << queues << " completion queues";
+  const size_t least = o.server_receive_slots + SendQueueDepth(o, 1);
+  ASSERT_GT(o.server_receive_slots, o.client_receive_slots);
+  o.max_cq_entries = least;
+  EXPECT_TRUE(CheckRdmaOptions(o, /*listening=*/true).ok());
+  o.max_cq_entries = least - 1;
+  const absl::Status s = CheckRdmaOptions(o, /*listening=*/true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  for (const std::string& part :
+       {std::string("RdmaOptions::max_cq_entries is "), absl::StrCat("at least ", least),
+        std::string("server_receive_slots")}) {
+    EXPECT_NE(s.message().find(part), std::string::npos) << part << "\n" << s;
   }
-  for (int tos : {-1, 0, 255}) {
-    o.type_of_service = tos;
-    EXPECT_TRUE(CheckRdmaOptions(o).ok()) << "type of service " << tos;
-  }
-  for (uint32_t wait : {1u, kLongestRnrWaitUs}) {
-    o.rnr_wait_us = wait;
-    EXPECT_TRUE(CheckRdmaOptions(o).ok()) << wait << " us RNR wait";
-  }
-  for (uint32_t ms : {1u, (1u << 31) - 1}) {
-    o.connect_timeout_ms = ms;
-    EXPECT_TRUE(CheckRdmaOptions(o).ok()) << ms << " ms to resolve";
-  }
+  EXPECT_TRUE(CheckRdmaOptions(o, /*listening=*/false).ok());
+  o.max_cq_entries = o.client_receive_slots + SendQueueDepth(o, 1) - 1;
+  EXPECT_NE(CheckRdmaOptions(o, /*listening=*/false).message().find("client_receive_slots"),
+            std::string::npos);
 }
 
 // The wait asked for is rounded up to IBA's table, never down (a shorter
@@ -163,7 +190,7 @@ TEST(CheckRdmaOptions, NamesTheOptionThatCannotWork) {
   for (const Case& c : cases) {
     RdmaOptions o;
     c.spoil(o);
-    const absl::Status s = CheckRdmaOptions(o);
+    const absl::Status s = CheckRdmaOptions(o, /*listening=*/true);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.named;
     EXPECT_NE(s.message().find(absl::StrCat("RdmaOptions::", c.named)), std::string::npos)
         << s.message();

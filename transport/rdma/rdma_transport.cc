@@ -351,7 +351,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::Connect(const Address
 absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
     const Address& addr, ConnectionObserver* observer, absl::Time deadline,
     const std::atomic<bool>& give_up) {
-  if (absl::Status s = CheckRdmaOptions(rdma_); !s.ok()) return s;
+  if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
   if (!channel_) {
     return absl::UnavailableError(
         absl::StrCat("rdma_create_event_channel failed: ", strerror(channel_errno_),
@@ -508,7 +508,7 @@ void RdmaTransport::AbandonAttempt(Attempt* at) {
 
 absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& addr,
                                                                 AcceptCallback on_accept) {
-  if (absl::Status s = CheckRdmaOptions(rdma_); !s.ok()) return s;
+  if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
   if (!channel_) {
     return absl::UnavailableError(
         absl::StrCat("rdma_create_event_channel failed: ", strerror(channel_errno_),
