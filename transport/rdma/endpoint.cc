@@ -269,7 +269,8 @@ absl::StatusOr<ibv_cq*> Endpoint::ReserveCompletions(uint32_t entries) {
     if (err == EOPNOTSUPP || err == ENOSYS) {
       cannot = absl::StrCat("ibv_resize_cq: ", strerror(err));
     } else if (err == 0 && static_cast<size_t>(q.cq->cqe) < needed) {
-      // qedr answers success and leaves the queue as it was.
+      // Success with the queue left as it was: qedr's kernel driver once
+      // answered so.
       cannot = absl::StrCat("ibv_resize_cq to ", grown, " entries left it at ", q.cq->cqe);
     }
     if (!cannot.empty()) {

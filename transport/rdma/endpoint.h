@@ -62,11 +62,12 @@
 // when none can grow, a new CQ is opened, up to max_completion_queues; past
 // that the QP is refused with RESOURCE_EXHAUSTED, and the connection with
 // it, while the others go on. A device that cannot resize (siw answers
-// EOPNOTSUPP; qedr success, leaving the CQ as it was) gets a new CQ
-// instead, each twice the size of the last; a resize that fails otherwise
-// (ENOMEM) is tried again next time. Most endpoints never open
-// a second CQ: on a NIC the first holds millions of entries. A destroyed QP's room comes back only
-// once a poll has found its CQ empty: its last completions may still be queued behind others.
+// EOPNOTSUPP; a driver may answer success and leave the CQ as it was, as
+// qedr's once did) gets a new CQ instead, each twice the size of the last;
+// a resize that fails otherwise (ENOMEM) is tried again next time. Most
+// endpoints never open a second CQ: on a NIC the first holds millions of
+// entries. A destroyed QP's room comes back only once a poll has found its
+// CQ empty: its last completions may still be queued behind others.
 //
 // Work-request ids: RECV wr_id is the slot index; every other wr_id is
 // (connection serial << 32 | per-connection index), looked up in a map, so a

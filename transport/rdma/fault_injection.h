@@ -60,7 +60,7 @@ struct FaultInjection {
   // answers CqResizeAnswer() instead (Endpoint::ReserveCompletions):
   // EOPNOTSUPP, as a device without resize (siw) does; ENOMEM, as when the
   // kernel cannot allocate the larger queue; or 0, success with the queue
-  // left as it was, as qedr does.
+  // left as it was, as qedr's kernel driver once did.
   static std::atomic<int>& FakeCqResizes() {
     static std::atomic<int> n{0};
     return n;

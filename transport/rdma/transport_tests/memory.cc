@@ -272,7 +272,7 @@ struct ResizeFixture {
 // past its first CQ's room: new CQs are opened, each twice the size of the
 // last, so that a few hold them all, and no resize is tried again. Such a
 // device answers ibv_resize_cq with EOPNOTSUPP (siw), or with success and
-// the CQ left as it was (qedr).
+// the CQ left as it was (qedr's kernel driver once did).
 TEST(RdmaTransport, ADeviceThatCannotResizeCompletionQueuesOpensLargerOnes) {
   constexpr size_t kConnections = 12;
   for (const int answer : {EOPNOTSUPP, 0}) {
