@@ -53,6 +53,16 @@ void NameTwoAddresses(const std::string& first, const std::string& second) {
 
 uint16_t PortOf(const std::string& address) { return transport::ParseAddress(address)->port; }
 
+// A port that a server on `address` has just given up, so that nothing
+// listens there on either family; 0 when no server could start.
+uint16_t JustFreedPort(const std::string& address) {
+  TestServer ts(address);
+  if (!ts.server) return 0;
+  const uint16_t port = PortOf(ts.address);
+  ts.server->Shutdown();
+  return port;
+}
+
 Status EchoOnce(const std::string& target, const std::string& data, ChannelOptions options = {}) {
   auto ch = Channel::Create(target, std::move(options));
   if (!ch.ok()) return ch.status();
@@ -116,14 +126,8 @@ TEST(TcpNamedHost, AnAddressThatHangsLeavesTimeForTheNext) {
 
 TEST(TcpNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
   NameTwoAddresses("::1", "127.0.0.1");
-  // A port just freed: nothing listens there on either family.
-  uint16_t port;
-  {
-    TestServer ts("tcp://127.0.0.1:0");
-    ASSERT_TRUE(ts.server);
-    port = PortOf(ts.address);
-    ts.server->Shutdown();
-  }
+  const uint16_t port = JustFreedPort("tcp://127.0.0.1:0");
+  ASSERT_NE(port, 0);
   const Status s = EchoOnce(absl::StrCat("tcp://", kName, ":", port), "none");
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
   for (const std::string& tried : {absl::StrCat("[::1]:", port, ": Connection refused"),
@@ -212,14 +216,8 @@ TEST(RdmaNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
   const std::string ip6 = rdma::testing::RequireRdmaTestAddress6();
   ASSERT_FALSE(ip.empty() || ip6.empty());
   NameTwoAddresses(ip6, ip);
-  // A port just freed: nothing listens there on either family.
-  uint16_t port;
-  {
-    TestServer ts("rdma://" + ip + ":0");
-    ASSERT_TRUE(ts.server);
-    port = PortOf(ts.address);
-    ts.server->Shutdown();
-  }
+  const uint16_t port = JustFreedPort("rdma://" + ip + ":0");
+  ASSERT_NE(port, 0);
   const Status s = EchoOnce(absl::StrCat("rdma://", kName, ":", port), "none");
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
   for (const std::string& part :
