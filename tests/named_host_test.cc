@@ -18,7 +18,9 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
@@ -209,8 +211,19 @@ TEST(RdmaNamedHost, AServerOnTheNameListensOnEachOfItsAddresses) {
   }
 }
 
+// How many times `part` is in `text`.
+size_t Count(absl::string_view text, absl::string_view part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != absl::string_view::npos; at = text.find(part, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
 // No server on either of the name's addresses: rdma_cm's connect is
-// rejected on each, and the error says that both were tried, and each.
+// rejected on each, and the error says that both were tried, and each, then
+// once the devices there are and what to try, as the error of a connect to
+// one address does.
 TEST(RdmaNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
   const std::string ip = rdma::testing::RequireRdmaTestAddress();
   const std::string ip6 = rdma::testing::RequireRdmaTestAddress6();
@@ -225,6 +238,13 @@ TEST(RdmaNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
         absl::StrCat("rdma://[", ip6, "]:", port, ": rejected"),
         absl::StrCat("rdma://", ip, ":", port, ": rejected")}) {
     EXPECT_NE(s.message().find(part), absl::string_view::npos) << part << "\n" << s;
+  }
+  const Status one = EchoOnce(absl::StrCat("rdma://", ip, ":", port), "none");
+  EXPECT_EQ(one.code(), StatusCode::kUnavailable) << one;
+  for (const Status& each : {s, one}) {
+    EXPECT_EQ(Count(each.message(), "Devices: "), 1u) << each;
+    EXPECT_EQ(Count(each.message(), "Try: "), 1u) << each;
+    EXPECT_TRUE(absl::EndsWith(each.message(), "or use tcp:// (or auto://).")) << each;
   }
 }
 

@@ -390,20 +390,36 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
   // Each address in turn, sharing the deadline: a name may resolve to an
   // address no device routes, or one the server does not listen on ([::1]
   // for "localhost", where the server took 127.0.0.1).
+  bool end_with_devices = false;
   auto conn = TryEachAddress<std::shared_ptr<Connection>>(
       reachable, deadline, /*name_each=*/false,
-      [&](const SocketAddress& a, absl::Time by) {
-        return ConnectTo(a.storage, *src, observer, by, give_up);
+      [&](const SocketAddress& a, absl::Time by) -> absl::StatusOr<std::shared_ptr<Connection>> {
+        auto attempt = ConnectTo(a.storage, *src, observer, by, give_up);
+        if (attempt.ok() || !attempt.status().GetPayload(internal::kEndWithDevices)) {
+          return attempt;
+        }
+        end_with_devices = true;
+        absl::Status why = attempt.status();
+        why.ErasePayload(internal::kEndWithDevices);
+        return why;
       },
       [](const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsCancelled(s); });
-  if (conn.ok()) FaultInjection::AfterConnect();
-  if (conn.ok() || reachable.size() == 1) return conn;
-  absl::Status each(conn.status().code(),
-                    absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
-                                 " addresses in turn: ", conn.status().message()));
+  if (conn.ok()) {
+    FaultInjection::AfterConnect();
+    return conn;
+  }
+  std::string message(conn.status().message());
+  if (reachable.size() > 1) {
+    message = absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
+                           " addresses in turn: ", message);
+  }
+  if (end_with_devices) {
+    absl::StrAppend(&message, ". Devices: ", DescribeDevices(), ". ", internal::kTry);
+  }
+  absl::Status error(conn.status().code(), message);
   conn.status().ForEachPayload(
-      [&](absl::string_view url, const absl::Cord& payload) { each.SetPayload(url, payload); });
-  return each;
+      [&](absl::string_view url, const absl::Cord& payload) { error.SetPayload(url, payload); });
+  return error;
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(

@@ -132,7 +132,8 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
     absl::Status why = absl::UnavailableError(
         absl::StrCat("rdma_cm could not connect to ", at->target, ": ", what,
                      not_rdma_there && at->loopback ? internal::kLoopbackHint : "", " (", event,
-                     ", status ", status, "). Devices: ", DescribeDevices(), ". ", internal::kTry));
+                     ", status ", status, ")"));
+    why.SetPayload(internal::kEndWithDevices, absl::Cord());
     if (not_rdma_there) why.SetPayload(kNotReachableThisWay, absl::Cord(no_path ? what : event));
     if (rdma_.trace)
       TraceLine(options_.name, absl::StrCat(at->target, ": connect failed: ", why.message()));

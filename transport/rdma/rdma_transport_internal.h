@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "transport/rdma/rdma_transport.h"
 
 namespace rdmarpc::transport::rdma {
@@ -33,6 +34,12 @@ inline constexpr char kTry[] =
     "Try: `rdma link` and `ibv_devinfo` to see devices and ports; make sure the address "
     "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
     "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
+
+// The payload of a connect attempt's error that the whole connect's error
+// should end with the devices and kTry. ConnectUnless adds them once, after
+// every address's attempt, and erases the payload: said after each attempt,
+// they would repeat ~450 characters per address.
+inline constexpr absl::string_view kEndWithDevices = "type.rdmarpc.dev/rdma.EndWithDevices";
 
 }  // namespace internal
 
