@@ -166,18 +166,23 @@ TEST(TcpNamedHost, AnAddressTheServerCannotBindIsLeftOut) {
   EXPECT_TRUE(s.ok()) << at << ": " << s;
 }
 
-TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEach) {
-  NameTwoAddresses("192.0.2.1", "198.51.100.1");
+// Why a server on kName over `scheme` did not start; OK if it did.
+Status StartOnName(const std::string& scheme) {
   EchoService service;
   auto server = ServerBuilder()
-                    .AddListeningPort(absl::StrCat("tcp://", kName, ":0"))
+                    .AddListeningPort(absl::StrCat(scheme, "://", kName, ":0"))
                     .RegisterService(&service)
                     .BuildAndStart();
-  ASSERT_FALSE(server.ok());
-  EXPECT_EQ(server.status().code(), StatusCode::kUnavailable) << server.status();
+  return server.status();
+}
+
+TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEach) {
+  NameTwoAddresses("192.0.2.1", "198.51.100.1");
+  const Status s = StartOnName("tcp");
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
   for (const char* tried : {"192.0.2.1:0: Cannot assign requested address",
                             "198.51.100.1:0: Cannot assign requested address"}) {
-    EXPECT_NE(server.status().message().find(tried), absl::string_view::npos) << server.status();
+    EXPECT_NE(s.message().find(tried), absl::string_view::npos) << s;
   }
 }
 
@@ -246,6 +251,19 @@ TEST(RdmaNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
     EXPECT_EQ(Count(each.message(), "Try: "), 1u) << each;
     EXPECT_TRUE(absl::EndsWith(each.message(), "or use tcp:// (or auto://).")) << each;
   }
+}
+
+// Neither of the name's addresses is this machine's: the error names each,
+// then once the devices there are and what to try.
+TEST(RdmaNamedHost, AServerThatCanBindNoAddressNamesEachThenTheDevices) {
+  NameTwoAddresses("192.0.2.1", "198.51.100.1");
+  const Status s = StartOnName("rdma");
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  for (const char* tried : {"192.0.2.1:0: ", "198.51.100.1:0: "}) {
+    EXPECT_NE(s.message().find(tried), absl::string_view::npos) << s;
+  }
+  EXPECT_EQ(Count(s.message(), "Devices: "), 1u) << s;
+  EXPECT_TRUE(absl::EndsWith(s.message(), "or use tcp:// (or auto://).")) << s;
 }
 
 // The name's first address is a host of the interface's IPv6 network that

@@ -389,6 +389,31 @@ TEST(ServerBuilderTest, RefusesANegativeCallLimit) {
   }
 }
 
+// A second server on the address a first one serves cannot start: its error
+// names the address, says the port is taken and what to do, and the first
+// server serves on.
+TEST_P(RpcSuite, AServerOnAPortInUseFailsToStartAndTheFirstServesOn) {
+  TestServer first(GetParam().listen_addr());
+  ASSERT_TRUE(first.server);
+  EchoService echo;
+  const std::string port = first.address.substr(first.address.rfind(':'));
+  const std::string asked = GetParam().listen_addr();
+  const std::string again = asked.substr(0, asked.rfind(':')) + port;
+  auto second = ServerBuilder().AddListeningPort(again).RegisterService(&echo).BuildAndStart();
+  ASSERT_FALSE(second.ok()) << "two servers on " << again;
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable) << second.status();
+  for (const std::string& part : {port, std::string("Address already in use"),
+                                  std::string("another port; port 0 picks a free one")}) {
+    EXPECT_NE(second.status().message().find(part), absl::string_view::npos) << part << "\n"
+                                                                             << second.status();
+  }
+  EXPECT_EQ(second.status().message().find("Devices: "), absl::string_view::npos)
+      << "a port in use is not a device's fault: " << second.status();
+  auto ch = MakeChannel(first.address);
+  const Status s = EchoOn(*ch, "still served");
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 // A server that shuts down tells its clients (GOAWAY): the channel leaves
 // the draining connection to the calls on it, which still end there, and a
 // new call waits for a new connection, here to the server's successor,

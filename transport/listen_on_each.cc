@@ -1,10 +1,14 @@
 #include "transport/listen_on_each.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <string.h>
 
 #include <cstdio>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -54,6 +58,18 @@ absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
   }
   if (bound.size() == 1) return std::move(bound.front());
   return std::unique_ptr<Listener>(std::make_unique<ListenerGroup>(std::move(bound)));
+}
+
+absl::Status BindError(int err) {
+  const char* what_to_do = "";
+  if (err == EADDRINUSE) {
+    what_to_do =
+        " (another server has this port there: stop it, or listen on another port; port "
+        "0 picks a free one)";
+  } else if (err == EACCES) {
+    what_to_do = " (a port below 1024 needs root or CAP_NET_BIND_SERVICE: listen on a higher one)";
+  }
+  return absl::UnavailableError(absl::StrCat(strerror(err), what_to_do));
 }
 
 }  // namespace rdmarpc::transport

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "transport/address.h"
 #include "transport/transport.h"
@@ -40,6 +41,12 @@ using ListenOne =
 // names an address left out.
 absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
     const std::vector<SocketAddress>& addresses, const std::string& log_name, ListenOne listen_one);
+
+// What a listener's bind (or listen) that failed with `err` says: UNAVAILABLE
+// with the system's words, and for the two failures that the port causes
+// (taken, or below 1024 without the privilege), what to do. Said after each
+// address the server could not bind.
+absl::Status BindError(int err);
 
 }  // namespace rdmarpc::transport
 

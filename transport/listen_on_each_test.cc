@@ -1,10 +1,12 @@
 #include "transport/listen_on_each.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace rdmarpc::transport {
@@ -104,6 +106,18 @@ TEST(ListenOnEachAddress, OneAddressKeepsItsMessageBare) {
   auto listener = t.Listen({Ipv4("10.0.0.1", 7)});
   ASSERT_FALSE(listener.ok());
   EXPECT_EQ(listener.status().message(), "Address already in use");
+}
+
+// A port taken, or privileged, says what to do; any other failure is the
+// system's words alone (over RDMA the devices follow, rdma_transport.cc).
+TEST(BindError, SaysWhatToDoAboutThePort) {
+  const absl::Status taken = BindError(EADDRINUSE);
+  EXPECT_TRUE(absl::IsUnavailable(taken)) << taken;
+  EXPECT_TRUE(absl::StartsWith(taken.message(), "Address already in use (")) << taken;
+  EXPECT_TRUE(absl::StrContains(taken.message(), "port 0 picks a free one")) << taken;
+  const absl::Status privileged = BindError(EACCES);
+  EXPECT_TRUE(absl::StrContains(privileged.message(), "CAP_NET_BIND_SERVICE")) << privileged;
+  EXPECT_EQ(BindError(EADDRNOTAVAIL).message(), "Cannot assign requested address");
 }
 
 }  // namespace

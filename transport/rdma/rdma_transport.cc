@@ -229,10 +229,17 @@ void RdmaTransport::LetGoOfRemovedDevices() {
 absl::StatusOr<rdma_cm_id*> RdmaTransport::BindAndListen(sockaddr_storage* at) {
   rdma_cm_id* id = nullptr;
   if (rdma_create_id(channel_, &id, nullptr, RDMA_PS_TCP) != 0) {
-    return absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno)));
+    absl::Status failed = absl::UnavailableError(absl::StrCat("rdma_create_id: ", strerror(errno)));
+    failed.SetPayload(internal::kEndWithDevices, absl::Cord());
+    return failed;
   }
   if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(at)) != 0 || rdma_listen(id, 1024) != 0) {
-    absl::Status failed = absl::UnavailableError(strerror(errno));
+    const int err = errno;
+    absl::Status failed = BindError(err);
+    // A port taken or privileged is no device's doing.
+    if (err != EADDRINUSE && err != EACCES) {
+      failed.SetPayload(internal::kEndWithDevices, absl::Cord());
+    }
     rdma_destroy_id(id);
     return failed;
   }
@@ -393,15 +400,9 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
   bool end_with_devices = false;
   auto conn = TryEachAddress<std::shared_ptr<Connection>>(
       reachable, deadline, /*name_each=*/false,
-      [&](const SocketAddress& a, absl::Time by) -> absl::StatusOr<std::shared_ptr<Connection>> {
-        auto attempt = ConnectTo(a.storage, *src, observer, by, give_up);
-        if (attempt.ok() || !attempt.status().GetPayload(internal::kEndWithDevices)) {
-          return attempt;
-        }
-        end_with_devices = true;
-        absl::Status why = attempt.status();
-        why.ErasePayload(internal::kEndWithDevices);
-        return why;
+      [&](const SocketAddress& a, absl::Time by) {
+        return internal::TakeEndWithDevices(ConnectTo(a.storage, *src, observer, by, give_up),
+                                            &end_with_devices);
       },
       [](const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsCancelled(s); });
   if (conn.ok()) {
@@ -557,14 +558,17 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
     *addresses = {only};
     listening.host = gid_host;
   }
+  bool end_with_devices = false;
   auto listener = ListenOnEachAddress(*addresses, options_.name, [&](const SocketAddress& a) {
-    return ListenAt(a, listening, on_accept);
+    return internal::TakeEndWithDevices(ListenAt(a, listening, on_accept), &end_with_devices);
   });
   if (!listener.ok()) {
     return absl::Status(
         listener.status().code(),
         absl::StrCat("listen on ", addr.ToString(), ": ", listener.status().message(),
-                     ". Devices: ", DescribeDevices(), ". ", internal::kTry));
+                     end_with_devices
+                         ? absl::StrCat(". Devices: ", DescribeDevices(), ". ", internal::kTry)
+                         : ""));
   }
   return listener;
 }

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "transport/rdma/rdma_transport.h"
 
@@ -35,11 +36,23 @@ inline constexpr char kTry[] =
     "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
     "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
 
-// The payload of a connect attempt's error that the whole connect's error
-// should end with the devices and kTry. ConnectUnless adds them once, after
-// every address's attempt, and erases the payload: said after each attempt,
-// they would repeat ~450 characters per address.
+// The payload of a connect's (or listen's) error on one address that the
+// whole error should end with the devices and kTry. ConnectUnless and Listen
+// take it off each address's error (TakeEndWithDevices) and add them once,
+// after all: said after each address, ~450 characters would repeat. A
+// failure that is no device's doing (a port in use) carries none.
 inline constexpr absl::string_view kEndWithDevices = "type.rdmarpc.dev/rdma.EndWithDevices";
+
+// `result`, with kEndWithDevices taken off its error; `*seen` is set when
+// the error had it.
+template <typename T>
+absl::StatusOr<T> TakeEndWithDevices(absl::StatusOr<T> result, bool* seen) {
+  if (result.ok() || !result.status().GetPayload(kEndWithDevices)) return result;
+  *seen = true;
+  absl::Status why = result.status();
+  why.ErasePayload(kEndWithDevices);
+  return why;
+}
 
 }  // namespace internal
 

@@ -878,7 +878,7 @@ absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::ListenSocket(const Socke
       listen(fd, 1024) != 0) {
     const int err = errno;
     close(fd);
-    return absl::UnavailableError(ErrnoText(err));
+    return BindError(err);
   }
   sockaddr_storage bound{};
   socklen_t blen = sizeof bound;
