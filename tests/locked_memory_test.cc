@@ -4,7 +4,7 @@
 // a call whose buffers do not fit fails alone and names the limit, and idle
 // payload buffers make way for a size that needs new ones.
 //
-// Runs in the Soft-RoCE VM under tests/without_ipc_lock.sh, which drops the
+// Runs in the Soft-RoCE VM under tests/without_capability.sh ipc_lock, which drops the
 // CAP_IPC_LOCK that root would have; the test sets the limit itself. Server
 // and client share this process, and so the limit.
 #include "transport/rdma/locked_memory.h"
@@ -33,7 +33,7 @@ void LimitLockedMemory(size_t bytes) {
   if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < bytes) limit.rlim_max = bytes;
   ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &limit), 0) << strerror(errno);
   const std::optional<size_t> seen = transport::rdma::LockedMemoryLimit();
-  ASSERT_TRUE(seen.has_value()) << "not limited: run under tests/without_ipc_lock.sh";
+  ASSERT_TRUE(seen.has_value()) << "not limited: run under tests/without_capability.sh ipc_lock";
   ASSERT_EQ(*seen, bytes);
 }
 
