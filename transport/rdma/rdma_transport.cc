@@ -360,9 +360,8 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
     const std::atomic<bool>& give_up) {
   if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
   if (!channel_) {
-    return absl::UnavailableError(
-        absl::StrCat("rdma_create_event_channel failed: ", strerror(channel_errno_),
-                     ". Devices: ", DescribeDevices(), ". ", internal::kTry));
+    return absl::UnavailableError(absl::StrCat(
+        "rdma_create_event_channel failed: ", strerror(channel_errno_), internal::DevicesAndTry()));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -415,7 +414,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
                            " addresses in turn: ", message);
   }
   if (end_with_devices) {
-    absl::StrAppend(&message, ". Devices: ", DescribeDevices(), ". ", internal::kTry);
+    absl::StrAppend(&message, internal::DevicesAndTry());
   }
   absl::Status error(conn.status().code(), message);
   conn.status().ForEachPayload(
@@ -527,9 +526,8 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
                                                                 AcceptCallback on_accept) {
   if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
   if (!channel_) {
-    return absl::UnavailableError(
-        absl::StrCat("rdma_create_event_channel failed: ", strerror(channel_errno_),
-                     ". Devices: ", DescribeDevices(), ". ", internal::kTry));
+    return absl::UnavailableError(absl::StrCat(
+        "rdma_create_event_channel failed: ", strerror(channel_errno_), internal::DevicesAndTry()));
   }
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
@@ -566,9 +564,7 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
     return absl::Status(
         listener.status().code(),
         absl::StrCat("listen on ", addr.ToString(), ": ", listener.status().message(),
-                     end_with_devices
-                         ? absl::StrCat(". Devices: ", DescribeDevices(), ". ", internal::kTry)
-                         : ""));
+                     end_with_devices ? internal::DevicesAndTry() : ""));
   }
   return listener;
 }

@@ -16,7 +16,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "transport/rdma/device_selection.h"
 #include "transport/rdma/rdma_transport.h"
 
 namespace rdmarpc::transport::rdma {
@@ -36,8 +38,14 @@ inline constexpr char kTry[] =
     "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
     "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
 
+// What an error a device may explain ends with: the devices there are
+// (DescribeDevices), then kTry.
+inline std::string DevicesAndTry() {
+  return absl::StrCat(". Devices: ", DescribeDevices(), ". ", kTry);
+}
+
 // The payload of a connect's (or listen's) error on one address that the
-// whole error should end with the devices and kTry. ConnectUnless and Listen
+// whole error should end with DevicesAndTry(). ConnectUnless and Listen
 // take it off each address's error (TakeEndWithDevices) and add them once,
 // after all: said after each address, ~450 characters would repeat. A
 // failure that is no device's doing (a port in use) carries none.
