@@ -591,6 +591,16 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::ListenAt(const SocketAd
                                             SockaddrString(rdma_get_local_addr(id))));
     }
     cm_targets_[id] = CmTarget{nullptr, listener.get(), {}};
+    if (IsLoopback(reinterpret_cast<const sockaddr*>(&local))) {
+      // rdma_cm takes a connection to a loopback address to a device of its
+      // choosing, which must loop it back; Soft-RoCE has no path there.
+      fprintf(stderr,
+              "rdmarpc[%s]: listening over RDMA on %s, a loopback address: only clients on this "
+              "host reach it, and only over a device that loops back (Soft-RoCE does not). To "
+              "serve RDMA clients, listen on the address of an interface with an RDMA port, or "
+              "on 0.0.0.0.\n",
+              options_.name.c_str(), SockaddrString(rdma_get_local_addr(id)).c_str());
+    }
   });
   if (!status.ok()) return status;
   return std::unique_ptr<Listener>(std::move(listener));

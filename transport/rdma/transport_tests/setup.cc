@@ -425,5 +425,41 @@ TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
   (*conn)->Close();
 }
 
+// A listener on a loopback address starts, but says once that RDMA clients
+// on other hosts (and any on Soft-RoCE) cannot reach it; one on the
+// device's address says nothing of the kind.
+TEST(RdmaTransport, AListenerOnALoopbackAddressSaysWhoCanReachIt) {
+  const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  TransportOptions so;
+  so.name = "loop-server";
+  so.listening = true;
+  RdmaTransport server(so, RdmaOptions(), true);
+  const auto listen_on = [&](const std::string& address, std::string* said) {
+    ::testing::internal::CaptureStderr();
+    auto l =
+        server.Listen(*ParseAddress(address), [](std::shared_ptr<Connection>) { return nullptr; });
+    *said = ::testing::internal::GetCapturedStderr();
+    return l;
+  };
+  for (const char* loopback : {"rdma://127.0.0.1:0", "rdma://[::1]:0"}) {
+    std::string said;
+    auto l = listen_on(loopback, &said);
+    ASSERT_TRUE(l.ok()) << loopback << ": " << l.status();
+    const std::string at = absl::StrCat(absl::StrContains(loopback, "[") ? "[::1]:" : "127.0.0.1:",
+                                        (*l)->address().port);
+    EXPECT_TRUE(absl::StrContains(
+        said, absl::StrCat("rdmarpc[loop-server]: listening over RDMA on ", at,
+                           ", a loopback address: only clients on this host reach it")))
+        << said;
+    EXPECT_TRUE(absl::StrContains(said, "listen on the address of an interface with an RDMA port"))
+        << said;
+  }
+  std::string said;
+  auto l = listen_on(absl::StrCat("rdma://", ip, ":0"), &said);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(absl::StrContains(said, "loopback")) << said;
+}
+
 }  // namespace
 }  // namespace rdmarpc::transport::rdma::transport_test
