@@ -71,6 +71,15 @@ Status EchoOnce(const std::string& target, const std::string& data, ChannelOptio
   return EchoOn(**ch, data);
 }
 
+// How many times `part` is in `text`.
+size_t Count(absl::string_view text, absl::string_view part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != absl::string_view::npos; at = text.find(part, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
 // The server on the name's second address, then on its first.
 TEST(TcpNamedHost, ReachesAServerOnEitherOfTheNamesAddresses) {
   NameTwoAddresses("::1", "127.0.0.1");
@@ -136,6 +145,8 @@ TEST(TcpNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
                                    absl::StrCat("127.0.0.1:", port, ": Connection refused")}) {
     EXPECT_NE(s.message().find(tried), absl::string_view::npos) << s;
   }
+  EXPECT_EQ(Count(s.message(), "No server listens there"), 1u) << "after both, once: " << s;
+  EXPECT_TRUE(absl::EndsWith(s.message(), "check the address and port.")) << s;
 }
 
 // A server on the name listens on both of its addresses, on one port.
@@ -166,11 +177,11 @@ TEST(TcpNamedHost, AnAddressTheServerCannotBindIsLeftOut) {
   EXPECT_TRUE(s.ok()) << at << ": " << s;
 }
 
-// Why a server on kName over `scheme` did not start; OK if it did.
-Status StartOnName(const std::string& scheme) {
+// Why a server on kName:`port` over `scheme` did not start; OK if it did.
+Status StartOnName(const std::string& scheme, uint16_t port = 0) {
   EchoService service;
   auto server = ServerBuilder()
-                    .AddListeningPort(absl::StrCat(scheme, "://", kName, ":0"))
+                    .AddListeningPort(absl::StrCat(scheme, "://", kName, ":", port))
                     .RegisterService(&service)
                     .BuildAndStart();
   return server.status();
@@ -184,6 +195,39 @@ TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEach) {
                             "198.51.100.1:0: Cannot assign requested address"}) {
     EXPECT_NE(s.message().find(tried), absl::string_view::npos) << s;
   }
+}
+
+// A server on the name has its port on both addresses: a second one there
+// names each address, then says once what to do about the port.
+void ExpectAPortTakenOnEachAddressSaysWhatToDoOnce(const std::string& scheme,
+                                                   const std::string& first_ip,
+                                                   const std::string& second_ip) {
+  TestServer first(absl::StrCat(scheme, "://", kName, ":0"));
+  ASSERT_TRUE(first.server);
+  const uint16_t port = PortOf(first.address);
+  const Status s = StartOnName(scheme, port);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  for (const std::string& tried :
+       {absl::StrCat("[", first_ip, "]:", port, ": Address already in use"),
+        absl::StrCat(second_ip, ":", port, ": Address already in use")}) {
+    EXPECT_NE(s.message().find(tried), absl::string_view::npos) << tried << "\n" << s;
+  }
+  EXPECT_EQ(Count(s.message(), "Another server has this port there"), 1u) << s;
+  EXPECT_TRUE(absl::EndsWith(s.message(), "(port 0 picks a free one).")) << s;
+  EXPECT_FALSE(absl::StrContains(s.message(), "Devices: ")) << "no device's doing: " << s;
+}
+
+TEST(TcpNamedHost, APortTakenOnEachAddressSaysWhatToDoOnce) {
+  NameTwoAddresses("::1", "127.0.0.1");
+  ExpectAPortTakenOnEachAddressSaysWhatToDoOnce("tcp", "::1", "127.0.0.1");
+}
+
+TEST(RdmaNamedHost, APortTakenOnEachAddressSaysWhatToDoOnce) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  const std::string ip6 = rdma::testing::RequireRdmaTestAddress6();
+  ASSERT_FALSE(ip.empty() || ip6.empty());
+  NameTwoAddresses(ip6, ip);
+  ExpectAPortTakenOnEachAddressSaysWhatToDoOnce("rdma", ip6, ip);
 }
 
 // Over RDMA: the name's first address is the interface's IPv6 one, where
@@ -214,15 +258,6 @@ TEST(RdmaNamedHost, AServerOnTheNameListensOnEachOfItsAddresses) {
     const Status s = EchoOnce(at, at);
     EXPECT_TRUE(s.ok()) << at << ": " << s;
   }
-}
-
-// How many times `part` is in `text`.
-size_t Count(absl::string_view text, absl::string_view part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != absl::string_view::npos; at = text.find(part, at + 1)) {
-    ++n;
-  }
-  return n;
 }
 
 // No server on either of the name's addresses: rdma_cm's connect is
@@ -264,6 +299,7 @@ TEST(RdmaNamedHost, AServerThatCanBindNoAddressNamesEachThenTheDevices) {
   }
   EXPECT_EQ(Count(s.message(), "Devices: "), 1u) << s;
   EXPECT_TRUE(absl::EndsWith(s.message(), "or use tcp:// (or auto://).")) << s;
+  EXPECT_FALSE(absl::StrContains(s.message(), "the server listens")) << "it is the server: " << s;
 }
 
 // The name's first address is a host of the interface's IPv6 network that

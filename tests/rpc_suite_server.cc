@@ -402,8 +402,9 @@ TEST_P(RpcSuite, AServerOnAPortInUseFailsToStartAndTheFirstServesOn) {
   auto second = ServerBuilder().AddListeningPort(again).RegisterService(&echo).BuildAndStart();
   ASSERT_FALSE(second.ok()) << "two servers on " << again;
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable) << second.status();
-  for (const std::string& part : {port, std::string("Address already in use"),
-                                  std::string("another port; port 0 picks a free one")}) {
+  for (const std::string& part :
+       {port, std::string("Address already in use"),
+        std::string("listen on another port (port 0 picks a free one).")}) {
     EXPECT_NE(second.status().message().find(part), absl::string_view::npos) << part << "\n"
                                                                              << second.status();
   }

@@ -87,14 +87,6 @@ absl::Time AttemptDeadline(absl::Time deadline, size_t left) {
   return deadline <= now ? deadline : now + (deadline - now) / static_cast<int64_t>(left);
 }
 
-void AppendAttempt(std::string* why, const SocketAddress& at, bool name_it,
-                   absl::string_view message) {
-  absl::StrAppend(
-      why, why->empty() ? "" : "; ",
-      name_it ? SockaddrString(reinterpret_cast<const sockaddr*>(&at.storage)) + ": " : "",
-      message);
-}
-
 std::string SockaddrHost(const sockaddr* sa) {
   char host[INET6_ADDRSTRLEN] = "?";
   if (sa->sa_family == AF_INET) {

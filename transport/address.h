@@ -8,17 +8,14 @@
 #include <sys/socket.h>
 
 #include <cstdint>
-#include <iterator>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/cord.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/steady_clock.h"
+#include "transport/attempt_errors.h"
 
 namespace rdmarpc::transport {
 
@@ -57,43 +54,28 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
 // deadline.
 absl::Time AttemptDeadline(absl::Time deadline, size_t left);
 
-// Appends `message`, what became of an attempt on `at`, to `why`: after
-// "; " when `why` has one already, and after the address when `name_it`.
-// What a loop over a name's addresses reports: "[::1]:5: refused; ...".
-void AppendAttempt(std::string* why, const SocketAddress& at, bool name_it,
-                   absl::string_view message);
-
 // Runs `attempt(address, its_deadline)` on each address in turn, each
 // within its AttemptDeadline, until one succeeds, one fails for good
 // (`gives_up(status)`: the transport shuts down) or `deadline` passes. The
 // error has the last attempt's code, each attempt's message, after its
-// address when `name_each` (for messages that do not name it), and the
-// payloads that every attempt's error had (a kind of failure they share).
+// address when `name_each` (for messages that do not name it), as
+// FailedAttempts joins them: each distinct advice once, at the end, and the
+// payloads that every attempt's error had.
 template <typename T, typename Attempt, typename GivesUp>
 absl::StatusOr<T> TryEachAddress(const std::vector<SocketAddress>& addresses, absl::Time deadline,
                                  bool name_each, Attempt attempt, GivesUp gives_up) {
-  std::string why;
-  absl::Status last;
-  std::map<std::string, absl::Cord> shared;  // payloads of every error so far
+  FailedAttempts failed;
   for (size_t i = 0; i < addresses.size(); ++i) {
     absl::StatusOr<T> result =
         attempt(addresses[i], AttemptDeadline(deadline, addresses.size() - i));
     if (result.ok()) return result;
-    last = result.status();
-    if (i == 0) {
-      last.ForEachPayload(
-          [&](absl::string_view url, const absl::Cord& p) { shared.emplace(url, p); });
-    } else {
-      for (auto it = shared.begin(); it != shared.end();) {
-        it = last.GetPayload(it->first) ? std::next(it) : shared.erase(it);
-      }
-    }
-    AppendAttempt(&why, addresses[i], name_each && addresses.size() > 1, last.message());
-    if (gives_up(last) || SteadyNow() >= deadline) break;
+    failed.Add(name_each && addresses.size() > 1
+                   ? SockaddrString(reinterpret_cast<const sockaddr*>(&addresses[i].storage))
+                   : "",
+               result.status());
+    if (gives_up(result.status()) || SteadyNow() >= deadline) break;
   }
-  absl::Status error(last.code(), why);
-  for (const auto& [url, payload] : shared) error.SetPayload(url, payload);
-  return error;
+  return failed.Error();
 }
 
 }  // namespace rdmarpc::transport

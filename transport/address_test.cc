@@ -92,30 +92,31 @@ TEST(AttemptDeadline, SharesWhatIsLeftAmongTheAddressesLeft) {
   EXPECT_EQ(AttemptDeadline(passed, 2), passed);
 }
 
-// The error of a name whose every address failed says what each did, and
-// keeps a payload only when every attempt's error had it: what they all
-// share describes the name (auto:// falls back on one, auto_transport.h).
-TEST(TryEachAddress, KeepsThePayloadsEveryAttemptHad) {
-  const std::vector<SocketAddress> two(2);
-  const auto run = [&](bool second_has_it) {
-    int n = 0;
-    return TryEachAddress<int>(
-        two, absl::InfiniteFuture(), /*name_each=*/false,
-        [&](const SocketAddress&, absl::Time) -> absl::StatusOr<int> {
-          absl::Status s = absl::UnavailableError(absl::StrCat("attempt ", n));
-          if (n++ == 0 || second_has_it) s.SetPayload("kind", absl::Cord("x"));
-          s.SetPayload(absl::StrCat("only ", n), absl::Cord("y"));
-          return s;
-        },
-        [](const absl::Status&) { return false; });
-  };
-  const absl::StatusOr<int> both = run(true);
-  EXPECT_EQ(both.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(both.status().message(), "attempt 0; attempt 1");
-  EXPECT_EQ(both.status().GetPayload("kind"), absl::Cord("x"));
-  EXPECT_FALSE(both.status().GetPayload("only 1").has_value());
-  EXPECT_FALSE(both.status().GetPayload("only 2").has_value());
-  EXPECT_FALSE(run(false).status().GetPayload("kind").has_value());
+// The error of a name whose every address failed says what each did, after
+// the address, then once what to do about it (FailedAttempts), with the
+// last attempt's code.
+TEST(TryEachAddress, NamesEachAttemptThenSaysWhatToDoOnce) {
+  std::vector<SocketAddress> two(2);
+  for (SocketAddress& a : two) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(5);
+    inet_pton(AF_INET, &a == &two[0] ? "10.0.0.1" : "10.0.0.2", &in->sin_addr);
+    a.len = sizeof(sockaddr_in);
+  }
+  int n = 0;
+  const absl::StatusOr<int> s = TryEachAddress<int>(
+      two, absl::InfiniteFuture(), /*name_each=*/true,
+      [&](const SocketAddress&, absl::Time) -> absl::StatusOr<int> {
+        return WithWhatToDo(absl::Status(n++ == 0 ? absl::StatusCode::kUnavailable
+                                                  : absl::StatusCode::kDeadlineExceeded,
+                                         "refused"),
+                            "Start the server.");
+      },
+      [](const absl::Status&) { return false; });
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.status().message(), "10.0.0.1:5: refused; 10.0.0.2:5: refused. Start the server.");
 }
 
 }  // namespace

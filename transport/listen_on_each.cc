@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "transport/attempt_errors.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -39,8 +39,7 @@ absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
     const std::vector<SocketAddress>& addresses, const std::string& log_name,
     ListenOne listen_one) {
   std::vector<std::unique_ptr<Listener>> bound;
-  std::string left_out;
-  absl::Status last;
+  FailedAttempts left_out;
   for (SocketAddress a : addresses) {
     if (!bound.empty()) SetPort(&a, bound.front()->address().port);
     absl::StatusOr<std::unique_ptr<Listener>> one = listen_one(a);
@@ -48,28 +47,32 @@ absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
       bound.push_back(std::move(*one));
       continue;
     }
-    last = one.status();
-    AppendAttempt(&left_out, a, addresses.size() > 1, last.message());
+    left_out.Add(
+        addresses.size() > 1 ? SockaddrString(reinterpret_cast<const sockaddr*>(&a.storage)) : "",
+        one.status());
   }
-  if (bound.empty()) return absl::Status(last.code(), left_out);
+  if (bound.empty()) return left_out.Error();
   if (!left_out.empty()) {
     fprintf(stderr, "rdmarpc[%s]: listening on %s, but not at %s\n", log_name.c_str(),
-            bound.front()->address().ToString().c_str(), left_out.c_str());
+            bound.front()->address().ToString().c_str(), left_out.Message().c_str());
   }
   if (bound.size() == 1) return std::move(bound.front());
   return std::unique_ptr<Listener>(std::make_unique<ListenerGroup>(std::move(bound)));
 }
 
 absl::Status BindError(int err) {
-  const char* what_to_do = "";
+  absl::Status error = absl::UnavailableError(strerror(err));
   if (err == EADDRINUSE) {
-    what_to_do =
-        " (another server has this port there: stop it, or listen on another port; port "
-        "0 picks a free one)";
-  } else if (err == EACCES) {
-    what_to_do = " (a port below 1024 needs root or CAP_NET_BIND_SERVICE: listen on a higher one)";
+    return WithWhatToDo(std::move(error),
+                        "Another server has this port there: stop it, or listen on another port "
+                        "(port 0 picks a free one).");
   }
-  return absl::UnavailableError(absl::StrCat(strerror(err), what_to_do));
+  if (err == EACCES) {
+    return WithWhatToDo(std::move(error),
+                        "A port below 1024 needs root or CAP_NET_BIND_SERVICE: listen on a "
+                        "higher one.");
+  }
+  return error;
 }
 
 }  // namespace rdmarpc::transport

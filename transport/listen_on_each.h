@@ -36,16 +36,17 @@ using ListenOne =
 
 // A listener on each of `addresses` (never empty) that `listen_one` could
 // bind, whose address() is the first's (the name asked for, with the port
-// that was bound, as `listen_one` makes it). When none could be, the last error's code and each
-// address's message (after the address, when there are several). `log_name` begins the line that
-// names an address left out.
+// that was bound, as `listen_one` makes it). When none could be, each
+// address's error (after the address, when there are several) as
+// FailedAttempts joins them: the last one's code, each distinct advice once.
+// `log_name` begins the line that names an address left out.
 absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
     const std::vector<SocketAddress>& addresses, const std::string& log_name, ListenOne listen_one);
 
-// What a listener's bind (or listen) that failed with `err` says: UNAVAILABLE
-// with the system's words, and for the two failures that the port causes
-// (taken, or below 1024 without the privilege), what to do. Said after each
-// address the server could not bind.
+// What a listener's bind (or listen) that failed with `err` says:
+// UNAVAILABLE with the system's words and, for the two failures that the
+// port causes (taken, or below 1024 without the privilege), what to do
+// (WithWhatToDo: said once for all the addresses that failed so).
 absl::Status BindError(int err);
 
 }  // namespace rdmarpc::transport

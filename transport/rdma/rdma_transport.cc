@@ -360,8 +360,9 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
     const std::atomic<bool>& give_up) {
   if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
   if (!channel_) {
-    return absl::UnavailableError(absl::StrCat(
-        "rdma_create_event_channel failed: ", strerror(channel_errno_), internal::DevicesAndTry()));
+    return WithWhatToDo(absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
+                                                            strerror(channel_errno_))),
+                        internal::DevicesAndTry(internal::Doing::kConnect));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -396,12 +397,11 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
   // Each address in turn, sharing the deadline: a name may resolve to an
   // address no device routes, or one the server does not listen on ([::1]
   // for "localhost", where the server took 127.0.0.1).
-  bool end_with_devices = false;
   auto conn = TryEachAddress<std::shared_ptr<Connection>>(
       reachable, deadline, /*name_each=*/false,
       [&](const SocketAddress& a, absl::Time by) {
-        return internal::TakeEndWithDevices(ConnectTo(a.storage, *src, observer, by, give_up),
-                                            &end_with_devices);
+        return internal::EndWithDevices(ConnectTo(a.storage, *src, observer, by, give_up),
+                                        internal::Doing::kConnect);
       },
       [](const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsCancelled(s); });
   if (conn.ok()) {
@@ -412,9 +412,6 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
   if (reachable.size() > 1) {
     message = absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
                            " addresses in turn: ", message);
-  }
-  if (end_with_devices) {
-    absl::StrAppend(&message, internal::DevicesAndTry());
   }
   absl::Status error(conn.status().code(), message);
   conn.status().ForEachPayload(
@@ -468,7 +465,8 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
       absl::Status why = absl::UnavailableError(absl::StrCat(
           "rdma_resolve_addr ", at->target,
           from ? absl::StrCat(" from ", SockaddrString(from), " (RdmaOptions::gid_index)") : "",
-          ": ", strerror(err), at->loopback ? internal::kLoopbackHint : "", ". ", internal::kTry));
+          ": ", strerror(err), at->loopback ? internal::kLoopbackHint : ""));
+      why.SetPayload(internal::kEndWithDevices, absl::Cord());
       // No RDMA path there: TCP may still reach the peer.
       why.SetPayload(kNotReachableThisWay,
                      absl::Cord(absl::StrCat("rdma_resolve_addr: ", strerror(err))));
@@ -526,8 +524,9 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
                                                                 AcceptCallback on_accept) {
   if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
   if (!channel_) {
-    return absl::UnavailableError(absl::StrCat(
-        "rdma_create_event_channel failed: ", strerror(channel_errno_), internal::DevicesAndTry()));
+    return WithWhatToDo(absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
+                                                            strerror(channel_errno_))),
+                        internal::DevicesAndTry(internal::Doing::kListen));
   }
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
@@ -556,15 +555,12 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
     *addresses = {only};
     listening.host = gid_host;
   }
-  bool end_with_devices = false;
   auto listener = ListenOnEachAddress(*addresses, options_.name, [&](const SocketAddress& a) {
-    return internal::TakeEndWithDevices(ListenAt(a, listening, on_accept), &end_with_devices);
+    return internal::EndWithDevices(ListenAt(a, listening, on_accept), internal::Doing::kListen);
   });
   if (!listener.ok()) {
-    return absl::Status(
-        listener.status().code(),
-        absl::StrCat("listen on ", addr.ToString(), ": ", listener.status().message(),
-                     end_with_devices ? internal::DevicesAndTry() : ""));
+    return absl::Status(listener.status().code(), absl::StrCat("listen on ", addr.ToString(), ": ",
+                                                               listener.status().message()));
   }
   return listener;
 }

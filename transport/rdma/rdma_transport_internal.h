@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "transport/attempt_errors.h"
 #include "transport/rdma/device_selection.h"
 #include "transport/rdma/rdma_transport.h"
 
@@ -33,33 +34,35 @@ inline constexpr char kLoopbackHint[] =
     "address of an interface with an RDMA port, or tcp://, or auto://, which falls back to TCP "
     "there)";
 
-inline constexpr char kTry[] =
-    "Try: `rdma link` and `ibv_devinfo` to see devices and ports; make sure the address "
-    "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type "
-    "rxe netdev <if>`); that the server listens there; or use tcp:// (or auto://).";
+// Whether a connect or a listen failed: what to try differs.
+enum class Doing { kConnect, kListen };
 
-// What an error a device may explain ends with: the devices there are
-// (DescribeDevices), then kTry.
-inline std::string DevicesAndTry() {
-  return absl::StrCat(". Devices: ", DescribeDevices(), ". ", kTry);
+// Advice (WithWhatToDo) for a failure a device may explain: the devices
+// there are (DescribeDevices), then what to try.
+inline std::string DevicesAndTry(Doing doing) {
+  return absl::StrCat(
+      "Devices: ", DescribeDevices(),
+      ". Try: `rdma link` and `ibv_devinfo` to see devices and ports; make sure the address "
+      "belongs to an interface with an active RDMA port (Soft-RoCE: `rdma link add rxe0 type rxe "
+      "netdev <if>`); ",
+      doing == Doing::kConnect ? "that the server listens there; " : "",
+      "or use tcp:// (or auto://).");
 }
 
-// The payload of a connect's (or listen's) error on one address that the
-// whole error should end with DevicesAndTry(). ConnectUnless and Listen
-// take it off each address's error (TakeEndWithDevices) and add them once,
-// after all: said after each address, ~450 characters would repeat. A
-// failure that is no device's doing (a port in use) carries none.
+// The payload of an error that a device may explain, made on rdma_cm's
+// thread, which listing the devices (opening each) would hold up for every
+// connection. EndWithDevices, on the caller's thread, takes it off and adds
+// DevicesAndTry as advice, which a name's attempts then say once
+// (FailedAttempts). A failure that is no device's doing (a port in use)
+// carries none.
 inline constexpr absl::string_view kEndWithDevices = "type.rdmarpc.dev/rdma.EndWithDevices";
 
-// `result`, with kEndWithDevices taken off its error; `*seen` is set when
-// the error had it.
 template <typename T>
-absl::StatusOr<T> TakeEndWithDevices(absl::StatusOr<T> result, bool* seen) {
+absl::StatusOr<T> EndWithDevices(absl::StatusOr<T> result, Doing doing) {
   if (result.ok() || !result.status().GetPayload(kEndWithDevices)) return result;
-  *seen = true;
   absl::Status why = result.status();
   why.ErasePayload(kEndWithDevices);
-  return why;
+  return WithWhatToDo(std::move(why), DevicesAndTry(doing));
 }
 
 }  // namespace internal

@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/steady_clock.h"
+#include "transport/attempt_errors.h"
 #include "transport/listen_on_each.h"
 #include "transport/tcp/peer_watch.h"
 
@@ -148,6 +149,14 @@ absl::Status AwaitHello(int fd, int stop_fd, absl::Time deadline, Header* hello)
   return absl::OkStatus();
 }
 
+// Why connect(2) failed with `err`, and what to do when nothing listens.
+absl::Status ConnectError(int err) {
+  absl::Status error = absl::UnavailableError(ErrnoText(err));
+  if (err != ECONNREFUSED) return error;
+  return WithWhatToDo(std::move(error),
+                      "No server listens there: start it, or check the address and port.");
+}
+
 // A socket connected to `to` whose server has sent its kHello (into
 // *hello), by `deadline`; else why not (CANCELLED once `stop_fd` is
 // readable).
@@ -160,12 +169,12 @@ absl::StatusOr<int> ConnectToServer(const SocketAddress& to, int stop_fd, absl::
     return s;
   };
   if (connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.len) != 0) {
-    if (errno != EINPROGRESS) return fail(absl::UnavailableError(ErrnoText(errno)));
+    if (errno != EINPROGRESS) return fail(ConnectError(errno));
     if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd, deadline); !s.ok()) return fail(s);
     int err = 0;
     socklen_t elen = sizeof err;
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
-    if (err != 0) return fail(absl::UnavailableError(ErrnoText(err)));
+    if (err != 0) return fail(ConnectError(err));
   }
   if (absl::Status s = AwaitHello(fd, stop_fd, deadline, hello); !s.ok()) return fail(s);
   return fd;

@@ -1,0 +1,80 @@
+#include "transport/attempt_errors.h"
+
+#include <algorithm>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace rdmarpc::transport {
+namespace {
+
+// Between the pieces of advice in kWhatToDo, which a message separates by
+// a space: a joiner says each piece once, however the errors nest.
+constexpr char kBetweenPieces[] = "\n";
+
+// What goes between a message and the advice after it: a message that ends
+// a sentence already needs only the space.
+absl::string_view SentenceBreak(absl::string_view message) {
+  return absl::EndsWith(message, ".") ? " " : ". ";
+}
+
+}  // namespace
+
+absl::Status WithWhatToDo(absl::Status error, absl::string_view advice) {
+  if (error.ok() || advice.empty()) return error;
+  absl::Status out(error.code(),
+                   absl::StrCat(error.message(), SentenceBreak(error.message()), advice));
+  error.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  const auto had = error.GetPayload(kWhatToDo);
+  out.SetPayload(kWhatToDo,
+                 had ? absl::Cord(absl::StrCat(std::string(*had), kBetweenPieces, advice))
+                     : absl::Cord(advice));
+  return out;
+}
+
+void FailedAttempts::Add(absl::string_view where, const absl::Status& error) {
+  absl::string_view message = error.message();
+  if (const auto advice = error.GetPayload(kWhatToDo)) {
+    const std::vector<std::string> pieces = absl::StrSplit(std::string(*advice), kBetweenPieces);
+    absl::string_view before = message;
+    if (absl::ConsumeSuffix(&before, absl::StrJoin(pieces, " ")) &&
+        (absl::ConsumeSuffix(&before, ". ") || absl::ConsumeSuffix(&before, " "))) {
+      message = before;
+      for (const std::string& piece : pieces) {
+        if (std::find(advice_.begin(), advice_.end(), piece) == advice_.end()) {
+          advice_.push_back(piece);
+        }
+      }
+    }
+  }
+  absl::StrAppend(&said_, any_ ? "; " : "", where, where.empty() ? "" : ": ", message);
+  last_code_ = error.code();
+  if (!any_) {
+    error.ForEachPayload(
+        [&](absl::string_view url, const absl::Cord& p) { shared_.emplace(url, p); });
+    shared_.erase(std::string(kWhatToDo));
+    any_ = true;
+  } else {
+    for (auto it = shared_.begin(); it != shared_.end();) {
+      it = error.GetPayload(it->first) ? std::next(it) : shared_.erase(it);
+    }
+  }
+}
+
+std::string FailedAttempts::Message() const { return std::string(Error().message()); }
+
+absl::Status FailedAttempts::Error() const {
+  absl::Status error(last_code_, said_);
+  for (const auto& [url, payload] : shared_) error.SetPayload(url, payload);
+  for (const std::string& piece : advice_) error = WithWhatToDo(std::move(error), piece);
+  return error;
+}
+
+}  // namespace rdmarpc::transport

@@ -1,0 +1,71 @@
+// One error out of several attempts, with what to do said once.
+//
+// A connect (or listen) on a name tries each of its addresses, and when all
+// fail its error says what became of each. An attempt's error that knows
+// what the user can do about it (take another port, look at the devices)
+// ends its message with that advice and keeps it as the payload kWhatToDo
+// too (WithWhatToDo). FailedAttempts joins the attempts' errors and says
+// each distinct advice once, after all of them: said after every address, a
+// name's two addresses would repeat ~100-450 characters.
+//
+//   FailedAttempts failed;
+//   failed.Add("[::1]:5", WithWhatToDo(absl::UnavailableError("Address already in use"),
+//                                      "Another server has this port there: ..."));
+//   failed.Add("127.0.0.1:5", <the same for 127.0.0.1>);
+//   failed.Error();  // "[::1]:5: Address already in use; 127.0.0.1:5: Address
+//                    //  already in use. Another server has this port there: ..."
+//
+// What not to rely on: advice that code rewriting a message did not keep at
+// its end stays where it is, said with that attempt, and is not moved.
+#ifndef RDMARPC_TRANSPORT_ATTEMPT_ERRORS_H_
+#define RDMARPC_TRANSPORT_ATTEMPT_ERRORS_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
+
+namespace rdmarpc::transport {
+
+// The payload that holds the advice an error's message ends with: what to do
+// about it, one piece per line, said in the message one after another.
+inline constexpr absl::string_view kWhatToDo = "type.rdmarpc.dev/transport.WhatToDo";
+
+// `error` with `advice` (whole sentences, ending with a period; no line
+// break) after its message, as a new sentence, and in kWhatToDo after any
+// it had. An OK
+// `error` or empty `advice` comes back as it was.
+absl::Status WithWhatToDo(absl::Status error, absl::string_view advice);
+
+class FailedAttempts {
+ public:
+  // Adds what became of one attempt, a failed one: `error`'s message, after
+  // `where` and ": " unless `where` is empty, without its advice, which is
+  // kept to be said once at the end.
+  void Add(absl::string_view where, const absl::Status& error);
+
+  bool empty() const { return !any_; }
+
+  // Each attempt's message, "; " between, then each distinct advice once.
+  std::string Message() const;
+
+  // Message() with the last attempt's code, kWhatToDo for the advice, and
+  // the other payloads that every attempt's error had (a kind of failure
+  // they share: auto:// falls back on one, auto_transport.h). UNKNOWN when
+  // nothing was added.
+  absl::Status Error() const;
+
+ private:
+  std::string said_;
+  std::vector<std::string> advice_;  // distinct, in the order first said
+  absl::StatusCode last_code_ = absl::StatusCode::kUnknown;
+  bool any_ = false;
+  std::map<std::string, absl::Cord> shared_;  // payloads of every error so far
+};
+
+}  // namespace rdmarpc::transport
+
+#endif  // RDMARPC_TRANSPORT_ATTEMPT_ERRORS_H_
