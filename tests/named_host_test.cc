@@ -177,14 +177,19 @@ TEST(TcpNamedHost, AnAddressTheServerCannotBindIsLeftOut) {
   EXPECT_TRUE(s.ok()) << at << ": " << s;
 }
 
+// Why a server on `address` did not start; OK if it did.
+Status StartOn(const std::string& address) {
+  EchoService service;
+  return ServerBuilder()
+      .AddListeningPort(address)
+      .RegisterService(&service)
+      .BuildAndStart()
+      .status();
+}
+
 // Why a server on kName:`port` over `scheme` did not start; OK if it did.
 Status StartOnName(const std::string& scheme, uint16_t port = 0) {
-  EchoService service;
-  auto server = ServerBuilder()
-                    .AddListeningPort(absl::StrCat(scheme, "://", kName, ":", port))
-                    .RegisterService(&service)
-                    .BuildAndStart();
-  return server.status();
+  return StartOn(absl::StrCat(scheme, "://", kName, ":", port));
 }
 
 TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEach) {
@@ -195,6 +200,30 @@ TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEach) {
                             "198.51.100.1:0: Cannot assign requested address"}) {
     EXPECT_NE(s.message().find(tried), absl::string_view::npos) << s;
   }
+}
+
+// A name that resolves to no address (names resolve from the test's own
+// /etc/hosts alone): a call to it and a server on it fail UNAVAILABLE (the
+// name may resolve later), naming it and how to see what it resolves to.
+void ExpectANameThatDoesNotResolveSaysWhatToTry(const std::string& scheme) {
+  NameTwoAddresses("::1", "127.0.0.1");
+  const std::string nowhere = "rdmarpc-no-such-name";
+  const std::string target = absl::StrCat(scheme, "://", nowhere, ":5000");
+  for (const Status& s : {EchoOnce(target, "none"), StartOn(target)}) {
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("cannot resolve ", target, ": ")),
+              absl::string_view::npos)
+        << s;
+    EXPECT_EQ(Count(s.message(), absl::StrCat("`getent ahosts ", nowhere, "`")), 1u) << s;
+  }
+}
+
+TEST(TcpNamedHost, ANameThatDoesNotResolveSaysWhatToTry) {
+  ExpectANameThatDoesNotResolveSaysWhatToTry("tcp");
+}
+
+TEST(RdmaNamedHost, ANameThatDoesNotResolveSaysWhatToTry) {
+  ExpectANameThatDoesNotResolveSaysWhatToTry("rdma");
 }
 
 // A server on the name has its port on both addresses: a second one there

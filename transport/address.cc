@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/steady_clock.h"
+#include "transport/attempt_errors.h"
 
 namespace rdmarpc::transport {
 
@@ -58,8 +59,11 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
   const std::string port = std::to_string(addr.port);
   const int rc = getaddrinfo(addr.host.c_str(), port.c_str(), &hints, &res);
   if (rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve ", addr.ToString(), ": ", gai_strerror(rc)));
+    return WithWhatToDo(
+        absl::UnavailableError(
+            absl::StrCat("cannot resolve ", addr.ToString(), ": ", gai_strerror(rc))),
+        absl::StrCat("Check the name: `getent ahosts ", addr.host,
+                     "` shows what it resolves to on this host; or use an IP address."));
   }
   std::vector<SocketAddress> out;
   for (const addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {

@@ -43,8 +43,8 @@ struct SocketAddress {
 // Every socket address of host:port, in getaddrinfo's order of preference
 // (on a stock Debian "localhost" is [::1] first, then 127.0.0.1), each once.
 // A connect tries them in turn: a server that listens on one family only
-// is still found by name. UNAVAILABLE naming the address if it does not
-// resolve; never an empty list.
+// is still found by name. UNAVAILABLE naming the address, and what to try,
+// if it does not resolve; never an empty list.
 absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr);
 
 // When a connect's attempt on one of its addresses must give up, so that
