@@ -58,6 +58,9 @@ TEST(Generated, CollidingAndKeywordNamesAreRenamedPredictably) {
   // Same names as the outer class's members NewStub and kServiceName.
   EXPECT_STREQ(names::NewStub_::kServiceName, "rdmarpc.codegen_test.names.NewStub");
   EXPECT_STREQ(names::kServiceName_::kServiceName, "rdmarpc.codegen_test.names.kServiceName");
+  // The enum struct_ has the name the service struct would get.
+  EXPECT_STREQ(names::struct__::kServiceName, "rdmarpc.codegen_test.names.struct");
+  EXPECT_EQ(names::struct_::STRUCT_UNSPECIFIED, 0);
   names::class_::Service kw;
   EXPECT_EQ(kw.methods().size(), 11u);
 }

@@ -10,9 +10,10 @@ failures=0
 expect_refusal() {  # proto, then strings the error must contain
   local proto=$1; shift
   local err
-  if err=$("$protoc" --plugin=protoc-gen-rdmarpc="$plugin" --rdmarpc_out="$out" \
+  if err=$("$protoc" --plugin=protoc-gen-rdmarpc="$plugin" --rdmarpc_out="${options:-}$out" \
         "codegen/testdata/$proto" 2>&1); then
-    echo "FAIL: $proto was accepted"; failures=$((failures + 1)); return
+    echo "FAIL: $proto was accepted${options:+ with options $options}"
+    failures=$((failures + 1)); return
   fi
   for want in "$@"; do
     if [[ "$err" != *"$want"* ]]; then
@@ -27,6 +28,9 @@ expect_refusal streaming.proto "codegen/testdata/streaming.proto:" \
 expect_refusal collision.proto "/rdmarpc.codegen.collide.S/M379bb" \
   "/rdmarpc.codegen.collide.S/M74848" "same method id"
 expect_refusal keyword_package.proto "keyword_package.proto" "'public'" "Rename the package"
+# Options (grpc's plugin takes some) would be ignored silently.
+options="generate_mock_code=true:" expect_refusal names.proto \
+  "protoc-gen-rdmarpc takes no options, got 'generate_mock_code=true'"
 
 if [ -n "$(ls -A "$out")" ]; then
   echo "FAIL: refused files left output: $(find "$out" -type f)"; failures=$((failures + 1))
