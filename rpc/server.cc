@@ -784,7 +784,9 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
       raw->conns_[c.get()].conn = std::move(c);
       return raw;
     });
-    if (!listener.ok()) return listener.status();
+    // The code and the message: the transport's payloads are its own (the
+    // advice that ends the message is one, and would be printed twice).
+    if (!listener.ok()) return Status(listener.status().code(), listener.status().message());
     if (selected) *selected = (*listener)->address().port;
     server->addresses_.push_back((*listener)->address().ToString());
     server->listeners_.push_back(std::move(*listener));
