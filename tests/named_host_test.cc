@@ -206,7 +206,7 @@ TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEach) {
 // /etc/hosts alone): a call to it and a server on it fail UNAVAILABLE (the
 // name may resolve later), naming it and how to see what it resolves to.
 void ExpectANameThatDoesNotResolveSaysWhatToTry(const std::string& scheme) {
-  NameTwoAddresses("::1", "127.0.0.1");
+  NameTwoAddresses("::1", "127.0.0.1");  // the file is in effect, and names another
   const std::string nowhere = "rdmarpc-no-such-name";
   const std::string target = absl::StrCat(scheme, "://", nowhere, ":5000");
   for (const Status& s : {EchoOnce(target, "none"), StartOn(target)}) {

@@ -36,8 +36,7 @@ inline constexpr absl::string_view kWhatToDo = "type.rdmarpc.dev/transport.WhatT
 
 // `error` with `advice` (whole sentences, ending with a period; no line
 // break) after its message, as a new sentence, and in kWhatToDo after any
-// it had. An OK
-// `error` or empty `advice` comes back as it was.
+// it had. An OK `error` or empty `advice` comes back as it was.
 absl::Status WithWhatToDo(absl::Status error, absl::string_view advice);
 
 class FailedAttempts {
