@@ -4,7 +4,7 @@
 # carries it (the entry the listing shows), checks a named device and GID as
 # a connection would, and fails with the reason and the devices for an
 # address no device reaches and for a device that is not the route's. A
-# name with two addresses gets a line for each.
+# name with two addresses gets a line for each; one with none says so.
 # (tools/rdma_sh_prelude.sh comes before this.)
 set -uo pipefail
 tool=$1
@@ -77,6 +77,15 @@ check "the address that does not route gets a line, with why" \
 check "the one that routes gets a line, with the route" contains "$out" \
   "route to rdma://two-addresses:7471 (address $ip:7471): device $dev port 1 gid_index $gid"
 check "perftest's command names the address that routes" contains "$out" "ib_read_bw -R -d $dev -i 1 $ip"
+
+# A name that resolves to nothing (names resolve from that /etc/hosts
+# alone): exit 1, naming it, and how to see what it resolves to.
+out=$(timeout 60 "$with_own_etc_hosts" "$tool" --to rdma://no-such-name:7471 2>&1)
+rc=$?
+echo "$out"
+check "a name that does not resolve exits 1 (got $rc)" test "$rc" = 1
+check "and says it cannot resolve it" contains "$out" "cannot resolve rdma://no-such-name:7471"
+check "and how to see what it resolves to" contains "$out" "getent ahosts no-such-name"
 
 out=$("$tool" --to "$ip" 2>&1)
 rc=$?
