@@ -39,6 +39,20 @@ absl::Status WithWhatToDo(absl::Status error, absl::string_view advice) {
   return out;
 }
 
+absl::Status Prefixed(absl::StatusCode code, absl::string_view context, const absl::Status& error) {
+  absl::Status out(code, absl::StrCat(context, ": ", error.message()));
+  error.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
+absl::Status NothingAnswered(absl::Status timed_out) {
+  return WithWhatToDo(std::move(timed_out),
+                      "Nothing answered in time: check that the host is up and reachable from "
+                      "here (no firewall in the way), and that its server runs and is not too "
+                      "busy to take connections.");
+}
+
 void FailedAttempts::Add(absl::string_view where, const absl::Status& error) {
   absl::string_view message = error.message();
   if (const auto advice = error.GetPayload(kWhatToDo)) {

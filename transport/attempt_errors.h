@@ -39,6 +39,14 @@ inline constexpr absl::string_view kWhatToDo = "type.rdmarpc.dev/transport.WhatT
 // it had. An OK `error` or empty `advice` comes back as it was.
 absl::Status WithWhatToDo(absl::Status error, absl::string_view advice);
 
+// `error` with code `code` and its message after `context` and ": ", its
+// payloads kept: the advice among them, for a join to say once.
+absl::Status Prefixed(absl::StatusCode code, absl::string_view context, const absl::Status& error);
+
+// A connect attempt that `timed_out` with nothing answering it, with what to
+// check: the same whichever transport's attempt it was.
+absl::Status NothingAnswered(absl::Status timed_out);
+
 class FailedAttempts {
  public:
   // Adds what became of one attempt, a failed one: `error`'s message, after

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/steady_clock.h"
+#include "transport/attempt_errors.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace rdmarpc::transport {
@@ -283,6 +284,17 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
   if (tcp.ok()) {
     memory_.Remember(target, SteadyNow());
     return tcp;
+  }
+  // Nothing answered either way (the host is down, say): the same advice
+  // said after each would repeat ~190 characters, so it is said once, at the
+  // end. Other advice stays with its own way's failure.
+  const auto rdma_advice = conn.status().GetPayload(kWhatToDo);
+  const auto tcp_advice = tcp.status().GetPayload(kWhatToDo);
+  if (rdma_advice && tcp_advice && *rdma_advice == *tcp_advice) {
+    FailedAttempts both;
+    both.Add("over RDMA", conn.status());
+    both.Add("then over TCP", tcp.status());
+    return both.Error();
   }
   return absl::Status(tcp.status().code(),
                       absl::StrCat("over RDMA: ", conn.status().message(),

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "base/steady_clock.h"
 #include "gtest/gtest.h"
+#include "transport/attempt_errors.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace rdmarpc::transport {
@@ -510,6 +511,40 @@ TEST(AutoTransport, AFailedFallbackSaysWhatBothWaysDid) {
   EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(conn.status().message(),
             "over RDMA: no RDMA listener; then over TCP: connection refused");
+}
+
+// A host that is down answers neither way: what to check is said once,
+// after both. Advice that only one way's failure has stays with it.
+TEST(AutoTransport, AFallbackNothingAnsweredEitherWaySaysWhatToCheckOnce) {
+  const std::string rdma_failed = "connecting to rdma://10.0.0.2:7 timed out";
+  const std::string tcp_failed = "connect to tcp://10.0.0.2:7: timed out";
+  Pair p;
+  p.rdma->connect_results = {NothingAnswered(absl::DeadlineExceededError(rdma_failed))};
+  p.tcp->connect_results = {NothingAnswered(absl::UnavailableError(tcp_failed))};
+  auto conn = p.t.Connect(At("auto://10.0.0.2:7"), nullptr, SteadyNow() + absl::Seconds(10));
+  ASSERT_FALSE(conn.ok());
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable);
+  const std::string advice(*NothingAnswered(absl::UnknownError("")).GetPayload(kWhatToDo));
+  EXPECT_EQ(
+      std::string(conn.status().message()),
+      absl::StrCat("over RDMA: ", rdma_failed, "; then over TCP: ", tcp_failed, ". ", advice));
+
+  Pair other(absl::ZeroDuration());
+  other.rdma->connect_results = {
+      WithWhatToDo(NotReachable("no route"), "Devices: rxe0 (a test's)."),
+      NothingAnswered(absl::DeadlineExceededError(rdma_failed))};
+  other.tcp->connect_results = {
+      WithWhatToDo(absl::UnavailableError("Connection refused"), "No server listens there."),
+      absl::UnavailableError("Connection refused")};
+  for (const std::string& said :
+       {std::string("over RDMA: no route. Devices: rxe0 (a test's).; then over TCP: Connection "
+                    "refused. No server listens there."),
+        absl::StrCat("over RDMA: ", rdma_failed, ". ", advice,
+                     "; then over TCP: Connection refused")}) {
+    conn = other.t.Connect(At("auto://10.0.0.2:7"), nullptr, SteadyNow() + absl::Seconds(10));
+    ASSERT_FALSE(conn.ok());
+    EXPECT_EQ(std::string(conn.status().message()), said);
+  }
 }
 
 TEST(AutoTransport, ListensOverBothOnThePortRdmaTook) {

@@ -18,6 +18,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/steady_clock.h"
+#include "transport/attempt_errors.h"
 #include "transport/listen_on_each.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_selection.h"
@@ -408,15 +409,11 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
     FaultInjection::AfterConnect();
     return conn;
   }
-  std::string message(conn.status().message());
-  if (reachable.size() > 1) {
-    message = absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
-                           " addresses in turn: ", message);
-  }
-  absl::Status error(conn.status().code(), message);
-  conn.status().ForEachPayload(
-      [&](absl::string_view url, const absl::Cord& payload) { error.SetPayload(url, payload); });
-  return error;
+  if (reachable.size() == 1) return conn.status();
+  return Prefixed(conn.status().code(),
+                  absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
+                               " addresses in turn"),
+                  conn.status());
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
@@ -496,8 +493,8 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
       AbandonAttempt(at.get());
       at->Finish(gave_up ? absl::CancelledError(
                                absl::StrCat("connecting to ", at->target, ": given up early"))
-                         : absl::DeadlineExceededError(
-                               absl::StrCat("connecting to ", at->target, " timed out")));
+                         : NothingAnswered(absl::DeadlineExceededError(
+                               absl::StrCat("connecting to ", at->target, " timed out"))));
     });
   }
   absl::Status s = result.get();
@@ -559,8 +556,8 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
     return internal::EndWithDevices(ListenAt(a, listening, on_accept), internal::Doing::kListen);
   });
   if (!listener.ok()) {
-    return absl::Status(listener.status().code(), absl::StrCat("listen on ", addr.ToString(), ": ",
-                                                               listener.status().message()));
+    return Prefixed(listener.status().code(), absl::StrCat("listen on ", addr.ToString()),
+                    listener.status());
   }
   return listener;
 }

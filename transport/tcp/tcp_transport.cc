@@ -170,7 +170,9 @@ absl::StatusOr<int> ConnectToServer(const SocketAddress& to, int stop_fd, absl::
   };
   if (connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.len) != 0) {
     if (errno != EINPROGRESS) return fail(ConnectError(errno));
-    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd, deadline); !s.ok()) return fail(s);
+    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd, deadline); !s.ok()) {
+      return fail(absl::IsDeadlineExceeded(s) ? NothingAnswered(std::move(s)) : s);
+    }
     int err = 0;
     socklen_t elen = sizeof err;
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
@@ -846,7 +848,8 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
       },
       [](const absl::Status& s) { return absl::IsCancelled(s); });
   if (!fd.ok()) {
-    return absl::UnavailableError(absl::StrCat("connect to ", target, ": ", fd.status().message()));
+    return Prefixed(absl::StatusCode::kUnavailable, absl::StrCat("connect to ", target),
+                    fd.status());
   }
   ConfigureConnectedSocket(*fd, tcp_);
   auto conn = std::make_shared<TcpConnection>(this, *fd, target, observer,
@@ -870,8 +873,8 @@ absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::Listen(const Address& ad
     return ListenSocket(a, addr, on_accept);
   });
   if (!listener.ok()) {
-    return absl::Status(listener.status().code(), absl::StrCat("listen on ", addr.ToString(), ": ",
-                                                               listener.status().message()));
+    return Prefixed(listener.status().code(), absl::StrCat("listen on ", addr.ToString()),
+                    listener.status());
   }
   return listener;
 }

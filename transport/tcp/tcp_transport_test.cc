@@ -27,9 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/cpu_time.h"
 #include "gtest/gtest.h"
+#include "transport/attempt_errors.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc::transport {
@@ -293,6 +295,27 @@ TEST(TcpTransport, AConnectWithNoDeadlineWaitsAsleep) {
   client.Shutdown();
   ASSERT_EQ(connecting.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(connecting.get().ok());
+}
+
+// A connect whose SYN nothing answers (a full accept queue again; a host
+// that is down or a firewall that drops the port alike) ends at its
+// deadline, saying what to check.
+TEST(TcpTransport, AConnectNothingAnswersEndsAtItsDeadlineSayingWhatToCheck) {
+  SilentPeer peer(/*backlog=*/0);
+  peer.FillAcceptQueue();
+  NoObserver observer;
+  TcpTransport client(TransportOptions{});
+  auto conn = client.Connect(peer.address(), &observer, SteadyNow() + absl::Milliseconds(300));
+  ASSERT_FALSE(conn.ok()) << "a connect nothing answered was returned";
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable) << conn.status();
+  EXPECT_TRUE(absl::StartsWith(
+      conn.status().message(),
+      absl::StrCat("connect to ", peer.address().ToString(), ": timed out. Nothing answered")))
+      << conn.status();
+  EXPECT_TRUE(absl::EndsWith(conn.status().message(), "not too busy to take connections."))
+      << conn.status();
+  // Kept apart too, so that auto://, which tries RDMA first, says it once.
+  EXPECT_TRUE(conn.status().GetPayload(kWhatToDo).has_value()) << conn.status();
 }
 
 // This process's socket connected to 127.0.0.1:`port`, or -1.

@@ -256,8 +256,9 @@ int CmIdsOnceBackTo(int before) {
 
 // A connect whose deadline passes first ends DEADLINE_EXCEEDED naming its
 // target, at whatever step it was (resolving, connecting, established), and
-// leaves nothing behind: its rdma_cm id is destroyed, a connection the
-// server accepted for it closes, and the transport connects as usual after.
+// saying what to check; it leaves nothing behind: its rdma_cm id is
+// destroyed, a connection the server accepted for it closes, and the
+// transport connects as usual after.
 TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
   std::vector<std::unique_ptr<Waiter>> connected;  // outlive the client, which calls them
   Fixture fx;
@@ -283,6 +284,8 @@ TEST(RdmaTransport, ConnectsAbandonedAtTheirDeadlineLeaveNothingBehind) {
     EXPECT_NE(conn.status().message().find("connecting to " + fx.addr.ToString() + " timed out"),
               absl::string_view::npos)
         << conn.status();
+    EXPECT_TRUE(absl::EndsWith(conn.status().message(), "not too busy to take connections."))
+        << "what to check is not said: " << conn.status();
   }
   EXPECT_GT(timed_out, 0) << "no connect ran past its deadline";
   // The ids first: the server may open a connection for a connect request
