@@ -121,7 +121,8 @@ TEST_P(RpcSuite, CallsThatWaitedForTheConnectionGoOutWhole) {
 
 // The connector may run the inline callback that drops the last reference
 // to its channel; a grouped channel, which cannot shut the shared transport
-// down, lets its attempt end and then ends its calls.
+// down, lets its attempt end and then ends its calls. A call that the
+// attempt's end ends says what to check.
 TEST_P(RpcSuite, ChannelsDestroyedWhileConnecting) {
   const StalledAddress stalled = GetParam().stalled();
   ASSERT_FALSE(stalled.address.empty());
@@ -140,6 +141,10 @@ TEST_P(RpcSuite, ChannelsDestroyedWhileConnecting) {
     const Status s = f.get();
     EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
     EXPECT_NE(s.message().find("cannot reach"), absl::string_view::npos) << s;
+    // Once, though auto:// tried both ways.
+    const size_t advice = s.message().find("Nothing answered in time: ");
+    EXPECT_NE(advice, absl::string_view::npos) << "what to check is not said: " << s;
+    EXPECT_EQ(s.message().find("Nothing answered", advice + 1), absl::string_view::npos) << s;
     EXPECT_EQ(ch, nullptr);
   }
   for (int callback_threads : {2, 0}) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "rpc/channel.h"
@@ -134,6 +135,38 @@ TEST(TwoVms, EchoAcrossTheWireOverIpv6) {
   const std::string peer6 = rdma::testing::PeerAddress6();
   ASSERT_FALSE(peer6.empty()) << "RDMARPC_PEER_ADDR6 is not set: run under tools/vm/run.sh --vms 2";
   RunEcho("[" + ip6 + "]", "[" + peer6 + "]", kPort + 3);
+}
+
+// A host of the wire's network that is down: no ARP answer comes, and
+// rdma_cm's own clock (RdmaOptions::connect_timeout_ms) runs out before the
+// channel's. The call ends UNAVAILABLE saying what to check once, as when
+// the channel's clock runs out first (transport_tests/failures.cc), before
+// what the devices here are. The server VM has nothing to do.
+TEST(TwoVms, ACallToAHostThatIsDownSaysWhatToCheck) {
+  if (rdma::testing::Role() == "server") return;
+  const std::string silent = rdma::testing::SilentTestNetworkHost();
+  ASSERT_FALSE(silent.empty());
+  ChannelOptions options;
+  options.connect_timeout = absl::Seconds(20);
+  options.transport.rdma.connect_timeout_ms = 300;
+  const std::string target = absl::StrCat("rdma://", silent, ":", kPort);
+  auto channel = Channel::Create(target, options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto stub = examples::Echo::NewStub(*channel);
+  ClientContext ctx;
+  ctx.set_timeout(absl::Seconds(20));
+  examples::EchoRequest req;
+  examples::EchoResponse resp;
+  const Status s = stub->Say(&ctx, req, &resp);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  const std::string message(s.message());
+  EXPECT_NE(message.find(absl::StrCat("rdma_cm could not connect to ", target)), std::string::npos)
+      << s;
+  EXPECT_NE(message.find("Connection timed out"), std::string::npos) << s;
+  const size_t advice = message.find("Nothing answered in time: ");
+  EXPECT_NE(advice, std::string::npos) << s;
+  EXPECT_EQ(message.find("Nothing answered in time: ", advice + 1), std::string::npos) << s;
+  EXPECT_GT(message.find("Devices: "), advice) << s;
 }
 
 // Takes the interface that carries `ip` down or up. Down, this machine is

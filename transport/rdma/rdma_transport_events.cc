@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/steady_clock.h"
+#include "transport/attempt_errors.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_selection.h"
 #include "transport/rdma/fault_injection.h"
@@ -133,6 +134,10 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
         absl::StrCat("rdma_cm could not connect to ", at->target, ": ", what,
                      not_rdma_there && at->loopback ? internal::kLoopbackHint : "", " (", event,
                      ", status ", status, ")"));
+    // rdma_cm's own clock ran out (no ARP or neighbour answer, a connect
+    // request never answered): what to check is what our deadline says,
+    // which it races.
+    if (status == -ETIMEDOUT) why = NothingAnswered(std::move(why));
     why.SetPayload(internal::kEndWithDevices, absl::Cord());
     if (not_rdma_there) why.SetPayload(kNotReachableThisWay, absl::Cord(no_path ? what : event));
     if (rdma_.trace)
