@@ -8,6 +8,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -581,6 +582,36 @@ TEST(ServerBuilderTest, RefusesDuplicateMethods) {
                .BuildAndStart();
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("registered twice"), absl::string_view::npos) << s.status();
+}
+
+// A service of one method, written by hand, that answers OK with nothing.
+class OneMethod : public Service {
+ public:
+  explicit OneMethod(std::string_view full_name) {
+    AddMethod(std::string(full_name), [](ServerCall* call) { call->Finish(Status(), nullptr); });
+  }
+};
+
+// Two methods of different names whose ids collide (32-bit FNV-1a): the
+// server refuses to start, naming both and the id, rather than route one's
+// calls to the other.
+TEST(ServerBuilderTest, RefusesMethodsWhoseIdsCollide) {
+  constexpr std::string_view kFirst = "/rdmarpc.test.Clash/Call132789";
+  constexpr std::string_view kSecond = "/rdmarpc.test.Clash/Call729192";
+  static_assert(MethodId(kFirst) == MethodId(kSecond), "the two names no longer collide");
+  OneMethod a(kFirst), b(kSecond);
+  auto s = ServerBuilder()
+               .AddListeningPort("tcp://127.0.0.1:0")
+               .RegisterService(&a)
+               .RegisterService(&b)
+               .BuildAndStart();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kAlreadyExists) << s.status();
+  EXPECT_NE(s.status().message().find(absl::StrCat("methods ", std::string(kFirst), " and ",
+                                                   std::string(kSecond),
+                                                   " have the same id 0xfce534b (rename one")),
+            absl::string_view::npos)
+      << s.status();
 }
 
 }  // namespace
