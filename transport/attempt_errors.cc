@@ -54,27 +54,23 @@ absl::Status NothingAnswered(absl::Status timed_out) {
 }
 
 void FailedAttempts::Add(absl::string_view where, const absl::Status& error) {
+  Attempt& attempt = attempts_.emplace_back();
   absl::string_view message = error.message();
   if (const auto advice = error.GetPayload(kWhatToDo)) {
-    const std::vector<std::string> pieces = absl::StrSplit(std::string(*advice), kBetweenPieces);
+    std::vector<std::string> pieces = absl::StrSplit(std::string(*advice), kBetweenPieces);
     absl::string_view before = message;
     if (absl::ConsumeSuffix(&before, absl::StrJoin(pieces, " ")) &&
         (absl::ConsumeSuffix(&before, ". ") || absl::ConsumeSuffix(&before, " "))) {
       message = before;
-      for (const std::string& piece : pieces) {
-        if (std::find(advice_.begin(), advice_.end(), piece) == advice_.end()) {
-          advice_.push_back(piece);
-        }
-      }
+      attempt.advice = std::move(pieces);
     }
   }
-  absl::StrAppend(&said_, any_ ? "; " : "", where, where.empty() ? "" : ": ", message);
+  attempt.said = absl::StrCat(where, where.empty() ? "" : ": ", message);
   last_code_ = error.code();
-  if (!any_) {
+  if (attempts_.size() == 1) {
     error.ForEachPayload(
         [&](absl::string_view url, const absl::Cord& p) { shared_.emplace(url, p); });
     shared_.erase(std::string(kWhatToDo));
-    any_ = true;
   } else {
     for (auto it = shared_.begin(); it != shared_.end();) {
       it = error.GetPayload(it->first) ? std::next(it) : shared_.erase(it);
@@ -85,9 +81,32 @@ void FailedAttempts::Add(absl::string_view where, const absl::Status& error) {
 std::string FailedAttempts::Message() const { return std::string(Error().message()); }
 
 absl::Status FailedAttempts::Error() const {
-  absl::Status error(last_code_, said_);
+  const auto has = [](const std::vector<std::string>& pieces, const std::string& piece) {
+    return std::find(pieces.begin(), pieces.end(), piece) != pieces.end();
+  };
+  std::vector<std::string> at_end;  // distinct, in the order first said
+  for (const Attempt& attempt : attempts_) {
+    for (const std::string& piece : attempt.advice) {
+      if (has(at_end, piece)) continue;
+      if (unshared_ == Unshared::kWithItsAttempt &&
+          !std::all_of(attempts_.begin(), attempts_.end(),
+                       [&](const Attempt& other) { return has(other.advice, piece); })) {
+        continue;
+      }
+      at_end.push_back(piece);
+    }
+  }
+  std::string said;
+  for (size_t i = 0; i < attempts_.size(); ++i) {
+    std::string one = attempts_[i].said;
+    for (const std::string& piece : attempts_[i].advice) {
+      if (!has(at_end, piece)) absl::StrAppend(&one, SentenceBreak(one), piece);
+    }
+    absl::StrAppend(&said, i == 0 ? "" : "; ", one);
+  }
+  absl::Status error(last_code_, said);
   for (const auto& [url, payload] : shared_) error.SetPayload(url, payload);
-  for (const std::string& piece : advice_) error = WithWhatToDo(std::move(error), piece);
+  for (const std::string& piece : at_end) error = WithWhatToDo(std::move(error), piece);
   return error;
 }
 

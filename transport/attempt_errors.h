@@ -15,6 +15,10 @@
 //   failed.Error();  // "[::1]:5: Address already in use; 127.0.0.1:5: Address
 //                    //  already in use. Another server has this port there: ..."
 //
+// Attempts that fail in different ways (auto://'s RDMA, then TCP) keep the
+// advice that only one of them has with that one (Unshared::kWithItsAttempt),
+// and what all say (a host that answered neither way) goes once at the end.
+//
 // What not to rely on: advice that code rewriting a message did not keep at
 // its end stays where it is, said with that attempt, and is not moved.
 #ifndef RDMARPC_TRANSPORT_ATTEMPT_ERRORS_H_
@@ -49,14 +53,22 @@ absl::Status NothingAnswered(absl::Status timed_out);
 
 class FailedAttempts {
  public:
+  // Where advice goes that not every attempt's error has: with the rest at
+  // the end, or after its own attempt.
+  enum class Unshared { kAtTheEnd, kWithItsAttempt };
+
+  explicit FailedAttempts(Unshared unshared = Unshared::kAtTheEnd) : unshared_(unshared) {}
+
   // Adds what became of one attempt, a failed one: `error`'s message, after
   // `where` and ": " unless `where` is empty, without its advice, which is
-  // kept to be said once at the end.
+  // kept to be said once.
   void Add(absl::string_view where, const absl::Status& error);
 
-  bool empty() const { return !any_; }
+  bool empty() const { return attempts_.empty(); }
 
-  // Each attempt's message, "; " between, then each distinct advice once.
+  // Each attempt's message, "; " between, then each distinct advice once
+  // (with kWithItsAttempt, each attempt's message ends with the advice that
+  // not every attempt has, and only the rest comes at the end).
   std::string Message() const;
 
   // Message() with the last attempt's code, kWhatToDo for the advice, and
@@ -66,10 +78,14 @@ class FailedAttempts {
   absl::Status Error() const;
 
  private:
-  std::string said_;
-  std::vector<std::string> advice_;  // distinct, in the order first said
+  struct Attempt {
+    std::string said;                 // "where: message", without its advice
+    std::vector<std::string> advice;  // what was taken off its message
+  };
+
+  const Unshared unshared_;
+  std::vector<Attempt> attempts_;
   absl::StatusCode last_code_ = absl::StatusCode::kUnknown;
-  bool any_ = false;
   std::map<std::string, absl::Cord> shared_;  // payloads of every error so far
 };
 

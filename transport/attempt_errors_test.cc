@@ -1,5 +1,10 @@
 #include "transport/attempt_errors.h"
 
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace rdmarpc::transport {
@@ -51,6 +56,31 @@ TEST(FailedAttempts, SaysEachDistinctAdviceOnceAfterAll) {
   outer.Add("second", PortTaken());
   EXPECT_EQ(outer.Message(),
             absl::StrCat("first: ", said, "; second: Address already in use. ", advice));
+}
+
+// Two ways that failed differently (auto://'s RDMA, then TCP): advice that
+// one alone has stays with it, and what both have is said once at the end.
+TEST(FailedAttempts, WithItsAttemptKeepsAdviceOnlyOneHadInPlace) {
+  const auto failed_on = [](std::initializer_list<absl::string_view> advice) {
+    absl::Status s = absl::UnavailableError("timed out");
+    for (absl::string_view piece : advice) s = WithWhatToDo(std::move(s), piece);
+    return s;
+  };
+  FailedAttempts shared(FailedAttempts::Unshared::kWithItsAttempt);
+  shared.Add("over RDMA", failed_on({"Check the host.", "Devices: rxe0."}));
+  shared.Add("then over TCP", failed_on({"Check the host."}));
+  EXPECT_EQ(shared.Message(),
+            "over RDMA: timed out. Devices: rxe0.; then over TCP: timed out. Check the host.");
+  EXPECT_EQ(shared.Error().GetPayload(kWhatToDo), absl::Cord("Check the host."));
+
+  FailedAttempts apart(FailedAttempts::Unshared::kWithItsAttempt);
+  apart.Add("over RDMA", failed_on({"Devices: rxe0."}));
+  apart.Add("then over TCP", failed_on({"Start the server."}));
+  apart.Add("", absl::UnavailableError("no advice"));
+  EXPECT_EQ(apart.Message(),
+            "over RDMA: timed out. Devices: rxe0.; then over TCP: timed out. Start the server.; "
+            "no advice");
+  EXPECT_FALSE(apart.Error().GetPayload(kWhatToDo).has_value());
 }
 
 TEST(FailedAttempts, LeavesInPlaceAdviceTheMessageDoesNotEndWith) {

@@ -285,20 +285,12 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
     memory_.Remember(target, SteadyNow());
     return tcp;
   }
-  // Nothing answered either way (the host is down, say): the same advice
-  // said after each would repeat ~190 characters, so it is said once, at the
-  // end. Other advice stays with its own way's failure.
-  const auto rdma_advice = conn.status().GetPayload(kWhatToDo);
-  const auto tcp_advice = tcp.status().GetPayload(kWhatToDo);
-  if (rdma_advice && tcp_advice && *rdma_advice == *tcp_advice) {
-    FailedAttempts both;
-    both.Add("over RDMA", conn.status());
-    both.Add("then over TCP", tcp.status());
-    return both.Error();
-  }
-  return absl::Status(tcp.status().code(),
-                      absl::StrCat("over RDMA: ", conn.status().message(),
-                                   "; then over TCP: ", tcp.status().message()));
+  // Each way's failure with what to do about it, but what both say (a host
+  // that answered neither way: ~190 characters) once, at the end.
+  FailedAttempts both(FailedAttempts::Unshared::kWithItsAttempt);
+  both.Add("over RDMA", conn.status());
+  both.Add("then over TCP", tcp.status());
+  return both.Error();
 }
 
 bool AutoTransport::MayGoFaster(const Address& addr, const Connection& conn) const {

@@ -514,7 +514,8 @@ TEST(AutoTransport, AFailedFallbackSaysWhatBothWaysDid) {
 }
 
 // A host that is down answers neither way: what to check is said once,
-// after both. Advice that only one way's failure has stays with it.
+// after both, whichever clock ran out on the RDMA side. Advice that only
+// one way's failure has stays with it.
 TEST(AutoTransport, AFallbackNothingAnsweredEitherWaySaysWhatToCheckOnce) {
   const std::string rdma_failed = "connecting to rdma://10.0.0.2:7 timed out";
   const std::string tcp_failed = "connect to tcp://10.0.0.2:7: timed out";
@@ -529,15 +530,21 @@ TEST(AutoTransport, AFallbackNothingAnsweredEitherWaySaysWhatToCheckOnce) {
       std::string(conn.status().message()),
       absl::StrCat("over RDMA: ", rdma_failed, "; then over TCP: ", tcp_failed, ". ", advice));
 
+  // rdma_cm's own clock: its failure ends with the devices too.
+  const std::string cm_failed = "rdma_cm could not connect (RDMA_CM_EVENT_ADDR_ERROR)";
   Pair other(absl::ZeroDuration());
   other.rdma->connect_results = {
+      WithWhatToDo(NothingAnswered(NotReachable(cm_failed.c_str())), "Devices: rxe0 (a test's)."),
       WithWhatToDo(NotReachable("no route"), "Devices: rxe0 (a test's)."),
       NothingAnswered(absl::DeadlineExceededError(rdma_failed))};
   other.tcp->connect_results = {
+      NothingAnswered(absl::UnavailableError(tcp_failed)),
       WithWhatToDo(absl::UnavailableError("Connection refused"), "No server listens there."),
       absl::UnavailableError("Connection refused")};
   for (const std::string& said :
-       {std::string("over RDMA: no route. Devices: rxe0 (a test's).; then over TCP: Connection "
+       {absl::StrCat("over RDMA: ", cm_failed,
+                     ". Devices: rxe0 (a test's).; then over TCP: ", tcp_failed, ". ", advice),
+        std::string("over RDMA: no route. Devices: rxe0 (a test's).; then over TCP: Connection "
                     "refused. No server listens there."),
         absl::StrCat("over RDMA: ", rdma_failed, ". ", advice,
                      "; then over TCP: Connection refused")}) {
