@@ -9,7 +9,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "base/steady_clock.h"
 #include "transport/attempt_errors.h"
 
 namespace rdmarpc::transport {
@@ -83,12 +82,6 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
         absl::StrCat("cannot resolve ", addr.ToString(), ": no address of a stream socket"));
   }
   return out;
-}
-
-absl::Time AttemptDeadline(absl::Time deadline, size_t left) {
-  if (left <= 1 || deadline == absl::InfiniteFuture()) return deadline;
-  const absl::Time now = SteadyNow();
-  return deadline <= now ? deadline : now + (deadline - now) / static_cast<int64_t>(left);
 }
 
 std::string SockaddrHost(const sockaddr* sa) {

@@ -1,16 +1,20 @@
 // ParseAddress: the addresses users write, and a clear error naming what is
-// wrong with each one that is not an address.
+// wrong with each one that is not an address. TryEachAddress: how a connect
+// asks a name's addresses.
 #include "transport/address.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "transport/address_race.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -80,43 +84,147 @@ TEST(ResolveAddresses, GivesTheSocketAddressOfNumericHosts) {
   EXPECT_EQ(ntohs(reinterpret_cast<const sockaddr_in6*>(&v6->front().storage)->sin6_port), 7);
 }
 
-TEST(AttemptDeadline, SharesWhatIsLeftAmongTheAddressesLeft) {
-  const absl::Time before = SteadyNow();
-  const absl::Time deadline = before + absl::Seconds(10);
-  const absl::Time first_of_two = AttemptDeadline(deadline, 2);
-  EXPECT_GE(first_of_two, before + absl::Seconds(5));
-  EXPECT_LE(first_of_two, SteadyNow() + absl::Seconds(5));
-  EXPECT_EQ(AttemptDeadline(deadline, 1), deadline);  // the last gets all that is left
-  EXPECT_EQ(AttemptDeadline(absl::InfiniteFuture(), 3), absl::InfiniteFuture());
-  const absl::Time passed = SteadyNow() - absl::Seconds(1);
-  EXPECT_EQ(AttemptDeadline(passed, 2), passed);
-}
-
-// The error of a name whose every address failed says what each did, after
-// the address, then once what to do about it (FailedAttempts), with the
-// last attempt's code.
-TEST(TryEachAddress, NamesEachAttemptThenSaysWhatToDoOnce) {
-  std::vector<SocketAddress> two(2);
-  for (SocketAddress& a : two) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
+// Addresses 10.0.0.1:5, 10.0.0.2:5, ...
+std::vector<SocketAddress> Addresses(int n) {
+  std::vector<SocketAddress> addresses(n);
+  for (int i = 0; i < n; ++i) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&addresses[i].storage);
     in->sin_family = AF_INET;
     in->sin_port = htons(5);
-    inet_pton(AF_INET, &a == &two[0] ? "10.0.0.1" : "10.0.0.2", &in->sin_addr);
-    a.len = sizeof(sockaddr_in);
+    inet_pton(AF_INET, absl::StrCat("10.0.0.", i + 1).c_str(), &in->sin_addr);
+    addresses[i].len = sizeof(sockaddr_in);
   }
-  int n = 0;
+  return addresses;
+}
+
+int Index(const SocketAddress& a) {
+  return (ntohl(reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr.s_addr) & 0xff) - 1;
+}
+
+// Until `done` is true, or a minute has passed (false): the attempts below
+// wait for each other, and a race that never ran them side by side would
+// otherwise wait for ever.
+bool SpinUntil(const std::atomic<bool>& done) {
+  const absl::Time give_up = SteadyNow() + absl::Minutes(1);
+  while (!done.load()) {
+    if (SteadyNow() > give_up) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+const auto kNoDiscard = [](int) { ADD_FAILURE() << "nothing was made twice"; };
+const auto kNeverGivesUp = [](const absl::Status&) { return false; };
+
+// The error of a name whose every address failed says what each did, after
+// the address and in the addresses' order (not in the order they failed),
+// then once what to do about it (FailedAttempts), with the code of the last
+// address's attempt.
+TEST(TryEachAddress, NamesEachAttemptInOrderThenSaysWhatToDoOnce) {
+  std::atomic<bool> second_failed{false};
   const absl::StatusOr<int> s = TryEachAddress<int>(
-      two, absl::InfiniteFuture(), /*name_each=*/true,
-      [&](const SocketAddress&, absl::Time) -> absl::StatusOr<int> {
-        return WithWhatToDo(absl::Status(n++ == 0 ? absl::StatusCode::kUnavailable
-                                                  : absl::StatusCode::kDeadlineExceeded,
-                                         "refused"),
-                            "Start the server.");
+      Addresses(2), absl::InfiniteFuture(), /*name_each=*/true,
+      [&](const SocketAddress& a, const std::atomic<bool>&) -> absl::StatusOr<int> {
+        // The first fails only once the second has, which starts beside it.
+        if (Index(a) == 0 && !SpinUntil(second_failed)) return absl::InternalError("alone");
+        absl::Status why =
+            WithWhatToDo(absl::Status(Index(a) == 0 ? absl::StatusCode::kUnavailable
+                                                    : absl::StatusCode::kDeadlineExceeded,
+                                      "refused"),
+                         "Start the server.");
+        if (Index(a) == 1) second_failed = true;
+        return why;
       },
-      [](const absl::Status&) { return false; });
-  EXPECT_EQ(n, 2);
+      kNoDiscard, kNeverGivesUp);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(s.status().message(), "10.0.0.1:5: refused; 10.0.0.2:5: refused. Start the server.");
+}
+
+// An address that never answers holds up neither the next one, which is
+// asked beside it kNextAddressAfter in, nor the result: it is told it lost
+// and ends.
+TEST(TryEachAddress, AnAddressThatNeverAnswersDoesNotHoldUpTheNext) {
+  std::atomic<bool> first_ended{false};
+  const absl::StatusOr<int> s = TryEachAddress<int>(
+      Addresses(3), absl::InfiniteFuture(), /*name_each=*/true,
+      [&](const SocketAddress& a, const std::atomic<bool>& lost) -> absl::StatusOr<int> {
+        if (Index(a) == 0) {
+          const bool told = SpinUntil(lost);
+          first_ended = true;
+          return absl::CancelledError(told ? "lost" : "never told it lost");
+        }
+        EXPECT_EQ(Index(a), 1) << "the third was asked though the second connected";
+        EXPECT_FALSE(first_ended) << "the second was asked only once the first had ended";
+        return Index(a);
+      },
+      kNoDiscard, kNeverGivesUp);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, 1);
+  EXPECT_TRUE(first_ended) << "returned while an attempt still ran";
+}
+
+// A failure starts the next address at once, without waiting out its delay:
+// each attempt here fails only once the one after it has started.
+TEST(TryEachAddress, AFailureAsksTheNextAddressAtOnce) {
+  std::atomic<int> started{0};
+  const absl::Time begun = SteadyNow();
+  const absl::StatusOr<int> s = TryEachAddress<int>(
+      Addresses(4), absl::InfiniteFuture(), /*name_each=*/false,
+      [&](const SocketAddress& a, const std::atomic<bool>&) -> absl::StatusOr<int> {
+        ++started;
+        if (Index(a) == 3) return 3;
+        return absl::UnavailableError("refused");
+      },
+      kNoDiscard, kNeverGivesUp);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, 3);
+  EXPECT_EQ(started, 4);
+  // Three failures in a row, each followed at once by the next attempt: in
+  // turn with the delay between them this took three delays.
+  EXPECT_LT(SteadyNow() - begun, 3 * kNextAddressAfter);
+}
+
+// Two attempts that connect within the same moment: the first to report
+// wins, the other's connection goes to `discard`.
+TEST(TryEachAddress, ASecondConnectionMadeIsDiscarded) {
+  std::atomic<bool> second_started{false};
+  std::vector<int> discarded;
+  const absl::StatusOr<int> s = TryEachAddress<int>(
+      Addresses(2), absl::InfiniteFuture(), /*name_each=*/true,
+      [&](const SocketAddress& a, const std::atomic<bool>& lost) -> absl::StatusOr<int> {
+        if (Index(a) == 1) {
+          second_started = true;
+          if (!SpinUntil(lost)) return absl::InternalError("never told it lost");
+          return 1;  // connected all the same
+        }
+        if (!SpinUntil(second_started)) return absl::InternalError("alone");
+        return 0;
+      },
+      [&](int extra) { discarded.push_back(extra); }, kNeverGivesUp);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, 0);
+  EXPECT_EQ(discarded, std::vector<int>{1});
+}
+
+// An attempt that fails for good (the transport shuts down) ends the others
+// and asks no more addresses; the error is its own, as the others ended
+// only because it did.
+TEST(TryEachAddress, AFailureForGoodEndsTheRest) {
+  std::atomic<int> started{0};
+  const absl::StatusOr<int> s = TryEachAddress<int>(
+      Addresses(3), absl::InfiniteFuture(), /*name_each=*/false,
+      [&](const SocketAddress& a, const std::atomic<bool>& lost) -> absl::StatusOr<int> {
+        ++started;
+        if (Index(a) == 0) {
+          return SpinUntil(lost) ? absl::CancelledError("lost")
+                                 : absl::InternalError("never told it lost");
+        }
+        return absl::CancelledError("transport shutting down");
+      },
+      kNoDiscard, [](const absl::Status& why) { return absl::IsCancelled(why); });
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kCancelled) << s.status();
+  EXPECT_EQ(s.status().message(), "transport shutting down");
+  EXPECT_EQ(started, 2);
 }
 
 }  // namespace

@@ -42,6 +42,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/steady_clock.h"
 #include "transport/address.h"
 #include "transport/buffer.h"
 #include "transport/wire_format.h"

@@ -18,6 +18,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/steady_clock.h"
+#include "transport/address_race.h"
 #include "transport/attempt_errors.h"
 #include "transport/listen_on_each.h"
 #include "transport/rdma/counters.h"
@@ -395,30 +396,36 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
         " address (`rdma link`, `ibv_devinfo -v`; an IPv4 one reads ::ffff:a.b.c.d), "
         "or name no GID."));
   }
-  // Each address in turn, sharing the deadline: a name may resolve to an
-  // address no device routes, or one the server does not listen on ([::1]
-  // for "localhost", where the server took 127.0.0.1).
-  auto conn = TryEachAddress<std::shared_ptr<Connection>>(
+  // Each address (address_race.h): a name may resolve to an address no
+  // device routes, one the server does not listen on ([::1] for
+  // "localhost", where the server took 127.0.0.1), or one that never answers.
+  auto conn = TryEachAddress<std::shared_ptr<RdmaConnection>>(
       reachable, deadline, /*name_each=*/false,
-      [&](const SocketAddress& a, absl::Time by) {
-        return internal::EndWithDevices(ConnectTo(a.storage, *src, observer, by, give_up),
-                                        internal::Doing::kConnect);
+      [&](const SocketAddress& a, const std::atomic<bool>& lost) {
+        return internal::EndWithDevices(
+            ConnectTo(a.storage, *src, observer, deadline, give_up, lost),
+            internal::Doing::kConnect);
+      },
+      [](std::shared_ptr<RdmaConnection>&& extra) {
+        // Its caller never sees it: nor does the observer hear it close.
+        extra->DetachObserver();
+        extra->Close();
       },
       [](const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsCancelled(s); });
   if (conn.ok()) {
     FaultInjection::AfterConnect();
-    return conn;
+    return std::shared_ptr<Connection>(std::move(*conn));
   }
   if (reachable.size() == 1) return conn.status();
   return Prefixed(conn.status().code(),
                   absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
-                               " addresses in turn"),
+                               " addresses"),
                   conn.status());
 }
 
-absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
+absl::StatusOr<std::shared_ptr<RdmaConnection>> RdmaTransport::ConnectTo(
     sockaddr_storage dst, std::optional<sockaddr_storage> src, ConnectionObserver* observer,
-    absl::Time deadline, const std::atomic<bool>& give_up) {
+    absl::Time deadline, const std::atomic<bool>& give_up, const std::atomic<bool>& lost) {
   auto at = std::make_shared<Attempt>();
   at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&dst)));
   at->loopback = IsLoopback(reinterpret_cast<sockaddr*>(&dst)) ||
@@ -475,7 +482,8 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
   bool gave_up = false;
   while (!ready && !gave_up && SteadyNow() < deadline) {
     ready = WaitUntilReady(result, std::min(deadline, SteadyNow() + kGiveUpCheck));
-    gave_up = !ready && give_up.load(std::memory_order_relaxed);
+    gave_up =
+        !ready && (give_up.load(std::memory_order_relaxed) || lost.load(std::memory_order_relaxed));
   }
   if (!ready && !WaitUntilReady(result, absl::InfinitePast())) {
     RunOnCmAndWait([&] {
@@ -499,7 +507,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectTo(
   }
   absl::Status s = result.get();
   if (!s.ok()) return s;
-  return std::shared_ptr<Connection>(at->conn);
+  return at->conn;
 }
 
 void RdmaTransport::AbandonAttempt(Attempt* at) {

@@ -105,11 +105,11 @@ class RdmaTransport : public Transport {
   void DestroyRetiredIds();
   void OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener);
   // One address of Connect's: `src` is the named GID's address, if any.
-  absl::StatusOr<std::shared_ptr<Connection>> ConnectTo(sockaddr_storage dst,
-                                                        std::optional<sockaddr_storage> src,
-                                                        ConnectionObserver* observer,
-                                                        absl::Time deadline,
-                                                        const std::atomic<bool>& give_up);
+  // Ends early (CANCELLED) once `give_up` (the caller's) or `lost` (another
+  // address won, address_race.h) is true.
+  absl::StatusOr<std::shared_ptr<RdmaConnection>> ConnectTo(
+      sockaddr_storage dst, std::optional<sockaddr_storage> src, ConnectionObserver* observer,
+      absl::Time deadline, const std::atomic<bool>& give_up, const std::atomic<bool>& lost);
   // A listener on the one address `at`, for Listen's name `asked`.
   absl::StatusOr<std::unique_ptr<Listener>> ListenAt(const SocketAddress& at, const Address& asked,
                                                      AcceptCallback on_accept);

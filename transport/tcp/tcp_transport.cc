@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -27,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/steady_clock.h"
+#include "transport/address_race.h"
 #include "transport/attempt_errors.h"
 #include "transport/listen_on_each.h"
 #include "transport/tcp/peer_watch.h"
@@ -94,17 +94,25 @@ void ConfigureConnectedSocket(int fd, const TcpOptions& options) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
 }
 
-// Waits until `fd` has `events` (POLLIN, POLLOUT), `deadline` passes or
-// `stop_fd` becomes readable; the error is what ended the wait.
-absl::Status AwaitSocket(int fd, short events, int stop_fd, absl::Time deadline) {
+// How often a wait for a connect's socket looks whether the connect has
+// been won on another address (transport/address_race.h): a few wake-ups
+// per connect that waits, off any fast path.
+constexpr absl::Duration kLostCheck = absl::Milliseconds(10);
+
+// Waits until `fd` has `events` (POLLIN, POLLOUT), `deadline` passes,
+// `stop_fd` becomes readable or `lost` turns true; the error is what ended
+// the wait (CANCELLED for the last two).
+absl::Status AwaitSocket(int fd, short events, int stop_fd, const std::atomic<bool>& lost,
+                         absl::Time deadline) {
   for (;;) {
+    if (lost.load(std::memory_order_relaxed)) {
+      return absl::CancelledError("ended: the connect was won, or given up, on another address");
+    }
     const absl::Duration left = deadline - SteadyNow();
     if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("timed out");
     pollfd p[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
-    // Clamped: with no deadline (InfiniteFuture) the cast made -1 of it,
-    // and -1 + 1 is a poll that never waits.
-    const int64_t left_ms = std::min<int64_t>(absl::ToInt64Milliseconds(left), INT_MAX - 1);
-    const int rc = poll(p, 2, static_cast<int>(left_ms) + 1);
+    const int64_t wait_ms = absl::ToInt64Milliseconds(std::min(left, kLostCheck));
+    const int rc = poll(p, 2, static_cast<int>(wait_ms) + 1);
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) return absl::UnavailableError(ErrnoText(errno));
     if (p[1].revents != 0) return absl::CancelledError("transport shutting down");
@@ -115,11 +123,12 @@ absl::Status AwaitSocket(int fd, short events, int stop_fd, absl::Time deadline)
 // Reads the server's kHello off a connected socket into *hello, and not a
 // byte more: a GOAWAY may follow it at once. The error says why the
 // connection is no use.
-absl::Status AwaitHello(int fd, int stop_fd, absl::Time deadline, Header* hello) {
+absl::Status AwaitHello(int fd, int stop_fd, const std::atomic<bool>& lost, absl::Time deadline,
+                        Header* hello) {
   char bytes[kHeaderSize];
   size_t got = 0;
   while (got < sizeof bytes) {
-    if (absl::Status s = AwaitSocket(fd, POLLIN, stop_fd, deadline); !s.ok()) {
+    if (absl::Status s = AwaitSocket(fd, POLLIN, stop_fd, lost, deadline); !s.ok()) {
       if (absl::IsDeadlineExceeded(s)) {
         return absl::UnavailableError(
             "timed out waiting for the server to take the connection (no kHello came; is "
@@ -157,11 +166,17 @@ absl::Status ConnectError(int err) {
                       "No server listens there: start it, or check the address and port.");
 }
 
-// A socket connected to `to` whose server has sent its kHello (into
-// *hello), by `deadline`; else why not (CANCELLED once `stop_fd` is
-// readable).
-absl::StatusOr<int> ConnectToServer(const SocketAddress& to, int stop_fd, absl::Time deadline,
-                                    Header* hello) {
+// A socket connected to a server that has sent its kHello, and that kHello.
+struct ServerSocket {
+  int fd;
+  Header hello;
+};
+
+// A socket connected to `to` whose server has sent its kHello, by
+// `deadline`; else why not (CANCELLED once `stop_fd` is readable or `lost`
+// is true).
+absl::StatusOr<ServerSocket> ConnectToServer(const SocketAddress& to, int stop_fd,
+                                             const std::atomic<bool>& lost, absl::Time deadline) {
   const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
   const auto fail = [&](absl::Status s) {
@@ -170,7 +185,7 @@ absl::StatusOr<int> ConnectToServer(const SocketAddress& to, int stop_fd, absl::
   };
   if (connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.len) != 0) {
     if (errno != EINPROGRESS) return fail(ConnectError(errno));
-    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd, deadline); !s.ok()) {
+    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd, lost, deadline); !s.ok()) {
       return fail(absl::IsDeadlineExceeded(s) ? NothingAnswered(std::move(s)) : s);
     }
     int err = 0;
@@ -178,8 +193,24 @@ absl::StatusOr<int> ConnectToServer(const SocketAddress& to, int stop_fd, absl::
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
     if (err != 0) return fail(ConnectError(err));
   }
-  if (absl::Status s = AwaitHello(fd, stop_fd, deadline, hello); !s.ok()) return fail(s);
-  return fd;
+  ServerSocket server{fd, {}};
+  if (absl::Status s = AwaitHello(fd, stop_fd, lost, deadline, &server.hello); !s.ok()) {
+    return fail(s);
+  }
+  return server;
+}
+
+// A connect to any of `addr`'s addresses (address_race.h) whose server has
+// sent its kHello; CANCELLED once `stop_fd` is readable.
+absl::StatusOr<ServerSocket> ConnectToAnyAddress(const std::vector<SocketAddress>& addresses,
+                                                 int stop_fd, absl::Time deadline) {
+  return TryEachAddress<ServerSocket>(
+      addresses, deadline, /*name_each=*/true,
+      [&](const SocketAddress& a, const std::atomic<bool>& lost) {
+        return ConnectToServer(a, stop_fd, lost, deadline);
+      },
+      [](ServerSocket&& extra) { close(extra.fd); },
+      [](const absl::Status& s) { return absl::IsCancelled(s); });
 }
 
 }  // namespace
@@ -816,16 +847,10 @@ void TcpTransport::Forget(int fd) {
 absl::StatusOr<bool> TcpListensAlone(const Address& addr, int stop_fd, absl::Time deadline) {
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
-  Header hello;
-  absl::StatusOr<int> fd = TryEachAddress<int>(
-      *addresses, deadline, /*name_each=*/true,
-      [&](const SocketAddress& a, absl::Time by) {
-        return ConnectToServer(a, stop_fd, by, &hello);
-      },
-      [](const absl::Status& s) { return absl::IsCancelled(s); });
-  if (!fd.ok()) return fd.status();
-  close(*fd);
-  return (hello.call_id & kHelloTcpAlone) != 0;
+  absl::StatusOr<ServerSocket> server = ConnectToAnyAddress(*addresses, stop_fd, deadline);
+  if (!server.ok()) return server.status();
+  close(server->fd);
+  return (server->hello.call_id & kHelloTcpAlone) != 0;
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address& addr,
@@ -835,25 +860,15 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
   const std::string target = addr.ToString();
-  // Each address in turn, sharing the deadline: a name may resolve to an
-  // address the server does not listen on ([::1] for "localhost", where the
-  // server took 127.0.0.1).
-  // The kHello of the address that answered: each attempt overwrites it.
-  Header hello;
-  absl::StatusOr<int> fd = TryEachAddress<int>(
-      *addresses, deadline, /*name_each=*/true,
-      [this, &hello](const SocketAddress& a, absl::Time by) {
-        // Shutdown's stop_fd_ ends the wait for a handshake (CANCELLED).
-        return ConnectToServer(a, stop_fd_, by, &hello);
-      },
-      [](const absl::Status& s) { return absl::IsCancelled(s); });
-  if (!fd.ok()) {
+  // Shutdown's stop_fd_ ends the wait for a handshake (CANCELLED).
+  absl::StatusOr<ServerSocket> server = ConnectToAnyAddress(*addresses, stop_fd_, deadline);
+  if (!server.ok()) {
     return Prefixed(absl::StatusCode::kUnavailable, absl::StrCat("connect to ", target),
-                    fd.status());
+                    server.status());
   }
-  ConfigureConnectedSocket(*fd, tcp_);
-  auto conn = std::make_shared<TcpConnection>(this, *fd, target, observer,
-                                              (hello.call_id & kHelloTcpAlone) != 0);
+  ConfigureConnectedSocket(server->fd, tcp_);
+  auto conn = std::make_shared<TcpConnection>(this, server->fd, target, observer,
+                                              (server->hello.call_id & kHelloTcpAlone) != 0);
   bool adopted = false;
   RunInLoopAndWait([&] {
     if (loop_exit_) return;
