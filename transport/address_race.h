@@ -4,11 +4,11 @@
 // Why: a name may resolve to an address that swallows its packets (an IPv6
 // route that is there but broken, one host of several down). Tried one after
 // another, such an address would hold the connect for its timeout, or its
-// share of it, before the next is asked. Here the first address is tried alone; the next one starts beside it as
-// soon as every attempt started so far has failed, or once the last one has
-// run kNextAddressAfter without an answer; the first to connect wins and the
-// others are ended. So a dead address costs a connect 250 ms, and one that
-// refuses at once costs nothing.
+// share of it, before the next is asked. Here the first address is tried
+// alone; the next one starts beside it as soon as every attempt started so
+// far has failed, or once the last one has run kNextAddressAfter without an
+// answer; the first to connect wins and the others are ended. So a dead
+// address costs a connect 250 ms, and one that refuses at once costs nothing.
 //
 //   auto conn = TryEachAddress<Conn>(
 //       addresses, deadline, /*name_each=*/true,
