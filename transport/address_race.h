@@ -18,9 +18,12 @@
 //       [](Conn&& extra) { Close(extra); },  // a second connection that was made
 //       [](const absl::Status& s) { return absl::IsCancelled(s); });  // shutting down
 //
+// The addresses are asked in getaddrinfo's order, but with the two families
+// taking turns (RFC 8305 section 4): a family that is broken costs one
+// delay, not one per address of it.
+//
 // What not to rely on: attempts run on threads of their own when there is
 // more than one address (the attempt must be safe to run beside itself);
-// the addresses are asked in getaddrinfo's order, families not interleaved;
 // and two attempts that connect within the same moment both make a
 // connection, of which the second is handed to `discard`, so a server may
 // see a connection come and go at once.
@@ -52,21 +55,39 @@ namespace rdmarpc::transport {
 // address has answered by then, so a connect makes one connection.
 inline constexpr absl::Duration kNextAddressAfter = absl::Milliseconds(250);
 
-// Runs `attempt(address, lost)` on each address as above until one succeeds,
+// `addresses` in their order, but with the families taking turns, the first
+// address's first: [v6a, v6b, v6c, v4a] becomes [v6a, v4a, v6b, v6c].
+inline std::vector<SocketAddress> InterleaveFamilies(const std::vector<SocketAddress>& addresses) {
+  std::vector<SocketAddress> first;
+  std::vector<SocketAddress> other;
+  for (const SocketAddress& a : addresses) {
+    (a.storage.ss_family == addresses.front().storage.ss_family ? first : other).push_back(a);
+  }
+  std::vector<SocketAddress> turns;
+  for (size_t i = 0; i < std::max(first.size(), other.size()); ++i) {
+    if (i < first.size()) turns.push_back(first[i]);
+    if (i < other.size()) turns.push_back(other[i]);
+  }
+  return turns;
+}
+
+// Runs `attempt(address, lost)` on each address as above (in the order
+// InterleaveFamilies gives) until one succeeds,
 // one fails for good (`gives_up(status)`: the transport shuts down), or every
 // one started has failed and no other may start (`deadline` passed, none
 // left). Each attempt must end by `deadline` itself, and soon after `lost`
 // turns true (another won or the connect gave up); what it makes then goes
 // to `discard`. The error has the code of the last attempt it names, each
-// attempt's message in the addresses' order, after its address when
+// attempt's message in the order they were asked, after its address when
 // `name_each` (for messages that do not name it), as FailedAttempts joins
 // them: each distinct advice once, at the end, and the payloads that every
 // attempt's error had. Attempts the race itself ended are left out of it:
 // after one failed for good, its error is what the others would say.
 template <typename T, typename Attempt, typename Discard, typename GivesUp>
-absl::StatusOr<T> TryEachAddress(const std::vector<SocketAddress>& addresses, absl::Time deadline,
+absl::StatusOr<T> TryEachAddress(const std::vector<SocketAddress>& resolved, absl::Time deadline,
                                  bool name_each, Attempt attempt, Discard discard,
                                  GivesUp gives_up) {
+  const std::vector<SocketAddress> addresses = InterleaveFamilies(resolved);
   struct Race {
     std::mutex mu;
     std::condition_variable ended_one;

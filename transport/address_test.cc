@@ -116,6 +116,37 @@ bool SpinUntil(const std::atomic<bool>& done) {
 const auto kNoDiscard = [](int) { ADD_FAILURE() << "nothing was made twice"; };
 const auto kNeverGivesUp = [](const absl::Status&) { return false; };
 
+// IPv6 addresses [fd00::N]:5.
+SocketAddress V6(int n) {
+  SocketAddress a{};
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+  in6->sin6_family = AF_INET6;
+  in6->sin6_port = htons(5);
+  inet_pton(AF_INET6, absl::StrCat("fd00::", n).c_str(), &in6->sin6_addr);
+  a.len = sizeof(sockaddr_in6);
+  return a;
+}
+
+std::vector<std::string> Hosts(const std::vector<SocketAddress>& addresses) {
+  std::vector<std::string> hosts;
+  for (const SocketAddress& a : addresses) {
+    hosts.push_back(SockaddrHost(reinterpret_cast<const sockaddr*>(&a.storage)));
+  }
+  return hosts;
+}
+
+// The families take turns, the first address's first, each family's
+// addresses in their own order.
+TEST(InterleaveFamilies, TakesTurnsFirstFamilyFirst) {
+  const std::vector<SocketAddress> v4 = Addresses(2);
+  EXPECT_EQ(Hosts(InterleaveFamilies({V6(1), V6(2), V6(3), v4[0]})),
+            (std::vector<std::string>{"fd00::1", "10.0.0.1", "fd00::2", "fd00::3"}));
+  EXPECT_EQ(Hosts(InterleaveFamilies({v4[0], v4[1], V6(1), V6(2)})),
+            (std::vector<std::string>{"10.0.0.1", "fd00::1", "10.0.0.2", "fd00::2"}));
+  EXPECT_EQ(Hosts(InterleaveFamilies({V6(1), V6(2)})),
+            (std::vector<std::string>{"fd00::1", "fd00::2"}));
+}
+
 // The error of a name whose every address failed says what each did, after
 // the address and in the addresses' order (not in the order they failed),
 // then once what to do about it (FailedAttempts), with the code of the last
