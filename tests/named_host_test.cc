@@ -16,7 +16,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
+#include <future>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -27,6 +29,9 @@
 #include "rpc/server.h"
 #include "tests/echo_service.h"
 #include "transport/address.h"
+#include "transport/address_race.h"
+#include "transport/rdma/counters.h"
+#include "transport/rdma/fault_injection.h"
 #include "transport/rdma/testing/rdma_test_env.h"
 
 namespace rdmarpc::testing {
@@ -370,6 +375,60 @@ TEST(RdmaNamedHost, AnAddressThatHangsDoesNotHoldUpTheConnect) {
   const Status s = EchoOnce(absl::StrCat("rdma://", kName, ":", PortOf(ts.address)),
                             "past the hang", std::move(options));
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// Both of the name's addresses connect, the first only after the second was
+// asked beside it (its connect held past kNextAddressAfter): the second's
+// connection serves the calls, and the first's, made all the same, is
+// closed (both of its ends) without the channel hearing of it, as it never
+// had it: no failed connect, no lost connection.
+TEST(RdmaNamedHost, AConnectionMadeLateBesideTheWinnerIsClosedUnseen) {
+  using transport::rdma::Counters;
+  using transport::rdma::FaultInjection;
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  const std::string ip6 = rdma::testing::RequireRdmaTestAddress6();
+  ASSERT_FALSE(ip.empty() || ip6.empty());
+  NameTwoAddresses(ip6, ip);
+  TestServer ts(absl::StrCat("rdma://", kName, ":0"));
+  ASSERT_TRUE(ts.server);
+  const auto before = Counters();
+  ClientContext ctx;  // before the channel, which ends the call on a way out
+  ctx.set_timeout(absl::Seconds(30));
+  EchoRequest req;
+  req.set_data("on the second");
+  EchoResponse resp;
+  std::promise<Status> result;
+  auto ch = Channel::Create(absl::StrCat("rdma://", kName, ":", PortOf(ts.address)));
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  struct StopHoldingOnExit {  // ~Channel waits for the connect held
+    ~StopHoldingOnExit() { FaultInjection::StopHoldingConnects(); }
+  } stop_holding;
+  FaultInjection::HoldNextConnect();
+  (*ch)->CallAsync(kEcho, &ctx, req, &resp, [&](Status s) { result.set_value(std::move(s)); });
+  ASSERT_TRUE(FaultInjection::WaitUntilConnectHeld(std::chrono::seconds(10)))
+      << "the first address never connected";
+  // The second address, asked kNextAddressAfter in, connects too: both ends
+  // of both connections are open.
+  const absl::Time give_up = SteadyNow() + absl::Seconds(20);
+  while (Counters().connections_opened < before.connections_opened + 4 && SteadyNow() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GE(Counters().connections_opened, before.connections_opened + 4)
+      << "the second address was not asked while the first was held";
+  FaultInjection::ReleaseHeldConnects();
+  auto ended = result.get_future();
+  ASSERT_EQ(ended.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const Status first = ended.get();
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_EQ(resp.data(), "on the second");
+  while (Counters().connections_closed < before.connections_closed + 2 && SteadyNow() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(Counters().connections_closed, before.connections_closed + 2)
+      << "the connection made late was not closed at both ends, or more were";
+  EXPECT_EQ((*ch)->stats().connect_attempts, 1u);
+  EXPECT_EQ((*ch)->stats().connect_failures, 0u);
+  EXPECT_EQ(EchoOn(**ch, "and again"), Status());
 }
 
 }  // namespace

@@ -117,7 +117,9 @@ struct FaultInjection {
   // Armed by a test: the next RDMA connect to succeed, its connection made
   // and its observer attached, waits before returning to its caller until
   // ReleaseHeldConnects, so that what the peer does meanwhile (a GOAWAY, a
-  // close) reaches the observer before the caller has the connection.
+  // close) reaches the observer before the caller has the connection. Of a
+  // name's addresses (address_race.h), the one that connected first waits,
+  // and the others are asked meanwhile.
   static void HoldNextConnect() { connect_armed_.store(true); }
   // False when no connect was waiting within `within`.
   static bool WaitUntilConnectHeld(std::chrono::milliseconds within) {
@@ -138,7 +140,7 @@ struct FaultInjection {
     connect_armed_.store(false);
     ReleaseHeldConnects();
   }
-  // RdmaTransport, as a connect succeeds.
+  // RdmaTransport, as a connect on one address succeeds.
   static void AfterConnect() {
     if (!connect_armed_.load(std::memory_order_relaxed)) return;
     ConnectHold& h = ConnectHoldState();

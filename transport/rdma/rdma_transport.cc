@@ -402,9 +402,11 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
   auto conn = TryEachAddress<std::shared_ptr<RdmaConnection>>(
       reachable, deadline, /*name_each=*/false,
       [&](const SocketAddress& a, const std::atomic<bool>& lost) {
-        return internal::EndWithDevices(
-            ConnectTo(a.storage, *src, observer, deadline, give_up, lost),
-            internal::Doing::kConnect);
+        auto made =
+            internal::EndWithDevices(ConnectTo(a.storage, *src, observer, deadline, give_up, lost),
+                                     internal::Doing::kConnect);
+        if (made.ok()) FaultInjection::AfterConnect();
+        return made;
       },
       [](std::shared_ptr<RdmaConnection>&& extra) {
         // Its caller never sees it: nor does the observer hear it close.
@@ -412,10 +414,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
         extra->Close();
       },
       [](const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsCancelled(s); });
-  if (conn.ok()) {
-    FaultInjection::AfterConnect();
-    return std::shared_ptr<Connection>(std::move(*conn));
-  }
+  if (conn.ok()) return std::shared_ptr<Connection>(std::move(*conn));
   if (reachable.size() == 1) return conn.status();
   return Prefixed(conn.status().code(),
                   absl::StrCat("connect to ", addr.ToString(), ", each of its ", reachable.size(),
