@@ -584,10 +584,7 @@ TEST(RdmaConnect, AConnectionLostAsSoonAsItIsMadeIsAFailedConnect) {
   std::promise<Status> result;
   auto ch = Channel::Create(ts.address);
   ASSERT_TRUE(ch.ok()) << ch.status();
-  struct StopHoldingOnExit {  // ~Channel waits for the connect held
-    ~StopHoldingOnExit() { FaultInjection::StopHoldingConnects(); }
-  } stop_holding;
-  FaultInjection::HoldNextConnect();
+  FaultInjection::HeldConnects held;  // after the channel, whose end waits for its connect
   (*ch)->CallAsync(kEcho, &ctx, req, &resp, [&](Status s) { result.set_value(std::move(s)); });
   ASSERT_TRUE(FaultInjection::WaitUntilConnectHeld(std::chrono::seconds(10)))
       << "the channel never connected";

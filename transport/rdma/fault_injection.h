@@ -140,6 +140,16 @@ struct FaultInjection {
     connect_armed_.store(false);
     ReleaseHeldConnects();
   }
+  // For a test: holds the next connect while it lives, and lets go of every
+  // connect held on its way out, so that a test that ends early does not
+  // leave a channel's destructor waiting for ever on its connect. Make it
+  // after the channel.
+  struct HeldConnects {
+    HeldConnects() { HoldNextConnect(); }
+    ~HeldConnects() { StopHoldingConnects(); }
+    HeldConnects(const HeldConnects&) = delete;
+    HeldConnects& operator=(const HeldConnects&) = delete;
+  };
   // RdmaTransport, as a connect on one address succeeds.
   static void AfterConnect() {
     if (!connect_armed_.load(std::memory_order_relaxed)) return;
