@@ -29,7 +29,6 @@
 #include "rpc/server.h"
 #include "tests/echo_service.h"
 #include "transport/address.h"
-#include "transport/address_race.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
 #include "transport/rdma/testing/rdma_test_env.h"
@@ -382,7 +381,7 @@ TEST(RdmaNamedHost, AnAddressThatHangsDoesNotHoldUpTheConnect) {
 // asked beside it (its connect held past kNextAddressAfter): the second's
 // connection serves the calls, and the first's, made all the same, is
 // closed (both of its ends) without the channel hearing of it, as it never
-// had it: no failed connect, no lost connection.
+// had it: the channel counts one connect, which did not fail.
 TEST(RdmaNamedHost, AConnectionMadeLateBesideTheWinnerIsClosedUnseen) {
   using transport::rdma::Counters;
   using transport::rdma::FaultInjection;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -94,24 +95,28 @@ void ConfigureConnectedSocket(int fd, const TcpOptions& options) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
 }
 
-// How often a wait for a connect's socket looks whether the connect has
-// been won on another address (transport/address_race.h): a few wake-ups
-// per connect that waits, off any fast path.
+// How often a wait for a connect's socket on one of a name's addresses looks
+// whether the connect has been won on another (transport/address_race.h):
+// a wake-up every 10 ms while such a connect waits, off any fast path.
 constexpr absl::Duration kLostCheck = absl::Milliseconds(10);
 
 // Waits until `fd` has `events` (POLLIN, POLLOUT), `deadline` passes,
-// `stop_fd` becomes readable or `lost` turns true; the error is what ended
-// the wait (CANCELLED for the last two).
-absl::Status AwaitSocket(int fd, short events, int stop_fd, const std::atomic<bool>& lost,
+// `stop_fd` becomes readable or `*lost` turns true (never, when null); the
+// error is what ended the wait (CANCELLED for the last two).
+absl::Status AwaitSocket(int fd, short events, int stop_fd, const std::atomic<bool>* lost,
                          absl::Time deadline) {
   for (;;) {
-    if (lost.load(std::memory_order_relaxed)) {
+    if (lost != nullptr && lost->load(std::memory_order_relaxed)) {
       return absl::CancelledError("ended: the connect was won, or given up, on another address");
     }
     const absl::Duration left = deadline - SteadyNow();
     if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("timed out");
     pollfd p[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
-    const int64_t wait_ms = absl::ToInt64Milliseconds(std::min(left, kLostCheck));
+    // Clamped: with no deadline (InfiniteFuture) the cast made -1 of it,
+    // and -1 + 1 is a poll that never waits.
+    const int64_t wait_ms = std::min<int64_t>(
+        absl::ToInt64Milliseconds(lost != nullptr ? std::min(left, kLostCheck) : left),
+        INT_MAX - 1);
     const int rc = poll(p, 2, static_cast<int>(wait_ms) + 1);
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) return absl::UnavailableError(ErrnoText(errno));
@@ -123,7 +128,7 @@ absl::Status AwaitSocket(int fd, short events, int stop_fd, const std::atomic<bo
 // Reads the server's kHello off a connected socket into *hello, and not a
 // byte more: a GOAWAY may follow it at once. The error says why the
 // connection is no use.
-absl::Status AwaitHello(int fd, int stop_fd, const std::atomic<bool>& lost, absl::Time deadline,
+absl::Status AwaitHello(int fd, int stop_fd, const std::atomic<bool>* lost, absl::Time deadline,
                         Header* hello) {
   char bytes[kHeaderSize];
   size_t got = 0;
@@ -173,10 +178,10 @@ struct ServerSocket {
 };
 
 // A socket connected to `to` whose server has sent its kHello, by
-// `deadline`; else why not (CANCELLED once `stop_fd` is readable or `lost`
-// is true).
+// `deadline`; else why not (CANCELLED once `stop_fd` is readable or `*lost`
+// is true; a null `lost` never is).
 absl::StatusOr<ServerSocket> ConnectToServer(const SocketAddress& to, int stop_fd,
-                                             const std::atomic<bool>& lost, absl::Time deadline) {
+                                             const std::atomic<bool>* lost, absl::Time deadline) {
   const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
   const auto fail = [&](absl::Status s) {
@@ -200,14 +205,15 @@ absl::StatusOr<ServerSocket> ConnectToServer(const SocketAddress& to, int stop_f
   return server;
 }
 
-// A connect to any of `addr`'s addresses (address_race.h) whose server has
-// sent its kHello; CANCELLED once `stop_fd` is readable.
+// A socket connected to the first of `addresses` to answer (address_race.h)
+// whose server has sent its kHello; CANCELLED once `stop_fd` is readable.
 absl::StatusOr<ServerSocket> ConnectToAnyAddress(const std::vector<SocketAddress>& addresses,
                                                  int stop_fd, absl::Time deadline) {
   return TryEachAddress<ServerSocket>(
       addresses, deadline, /*name_each=*/true,
       [&](const SocketAddress& a, const std::atomic<bool>& lost) {
-        return ConnectToServer(a, stop_fd, lost, deadline);
+        // A lone address has nothing to lose to: its wait need not wake.
+        return ConnectToServer(a, stop_fd, addresses.size() > 1 ? &lost : nullptr, deadline);
       },
       [](ServerSocket&& extra) { close(extra.fd); },
       [](const absl::Status& s) { return absl::IsCancelled(s); });
