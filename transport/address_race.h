@@ -25,7 +25,7 @@
 // What not to rely on: attempts run on threads of their own when there is
 // more than one address (the attempt must be safe to run beside itself);
 // and two attempts that connect within the same moment both make a
-// connection, of which the second is handed to `discard`, so a server may
+// connection, of which the later is handed to `discard`, so a server may
 // see a connection come and go at once.
 #ifndef RDMARPC_TRANSPORT_ADDRESS_RACE_H_
 #define RDMARPC_TRANSPORT_ADDRESS_RACE_H_
@@ -72,12 +72,12 @@ inline std::vector<SocketAddress> InterleaveFamilies(const std::vector<SocketAdd
 }
 
 // Runs `attempt(address, lost)` on each address as above (in the order
-// InterleaveFamilies gives) until one succeeds,
-// one fails for good (`gives_up(status)`: the transport shuts down), or every
-// one started has failed and no other may start (`deadline` passed, none
-// left). Each attempt must end by `deadline` itself, and soon after `lost`
-// turns true (another won or the connect gave up); what it makes then goes
-// to `discard`. The error has the code of the last attempt it names, each
+// InterleaveFamilies gives) until one succeeds, one fails for good
+// (`gives_up(status)`: the transport shuts down), or every one started has
+// failed and no other may start (`deadline` passed, none left). Each
+// attempt must end by `deadline` itself, and soon after `lost` turns true
+// (another won or the connect gave up); what it makes then goes to
+// `discard`. The error has the code of the last attempt it names, each
 // attempt's message in the order they were asked, after its address when
 // `name_each` (for messages that do not name it), as FailedAttempts joins
 // them: each distinct advice once, at the end, and the payloads that every
