@@ -128,7 +128,9 @@ absl::StatusOr<T> TryEachAddress(const std::vector<SocketAddress>& resolved, abs
     std::unique_lock<std::mutex> lock(race.mu);
     absl::Time next_at = absl::InfinitePast();
     while (!race.won.has_value() && !race.given_up) {
-      const bool more = started < addresses.size() && SteadyNow() < deadline;
+      // The first is asked even past the deadline, so that the error says
+      // what an attempt made of it (timed out) rather than nothing.
+      const bool more = started < addresses.size() && (started == 0 || SteadyNow() < deadline);
       if (!more && race.ended == started) break;
       if (more && (race.ended == started || SteadyNow() >= next_at)) {
         lock.unlock();

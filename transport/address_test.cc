@@ -215,6 +215,22 @@ TEST(TryEachAddress, AFailureAsksTheNextAddressAtOnce) {
   EXPECT_LT(SteadyNow() - begun, 3 * kNextAddressAfter);
 }
 
+// A connect whose deadline has passed asks the first address, which says
+// so, and no other: the error is that attempt's, not an empty one.
+TEST(TryEachAddress, PastItsDeadlineTheFirstAddressAloneIsAsked) {
+  std::atomic<int> started{0};
+  const absl::StatusOr<int> s = TryEachAddress<int>(
+      Addresses(2), SteadyNow() - absl::Seconds(1), /*name_each=*/true,
+      [&](const SocketAddress&, const std::atomic<bool>&) -> absl::StatusOr<int> {
+        ++started;
+        return absl::DeadlineExceededError("timed out");
+      },
+      kNoDiscard, kNeverGivesUp);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDeadlineExceeded) << s.status();
+  EXPECT_EQ(s.status().message(), "10.0.0.1:5: timed out");
+  EXPECT_EQ(started, 1);
+}
+
 // Two attempts that connect within the same moment: the first to report
 // wins, the other's connection goes to `discard`.
 TEST(TryEachAddress, ASecondConnectionMadeIsDiscarded) {
