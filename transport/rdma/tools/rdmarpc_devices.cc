@@ -53,9 +53,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "--to: %s\n", std::string(addresses.status().message()).c_str());
     return 1;
   }
-  // A connection asks the name's addresses in this order and takes the
-  // first that connects (transport/address_race.h): each gets its line,
-  // and the first route found its perftest command.
+  // A connection asks the name's addresses from the first, the families
+  // taking turns, and takes the first that connects
+  // (transport/address_race.h): each gets its line, and the first route
+  // found its perftest command.
   const rdma::RdmaOptions options = rdma::RdmaOptionsFromEnv();
   std::optional<rdma::Route> first;
   std::string first_host;
