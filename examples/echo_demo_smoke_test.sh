@@ -4,7 +4,8 @@
 # SERVING through the health service, time every kind of call, and its
 # counters must show small calls by SEND into the SRQ and the 1 MiB ones by
 # READ. --poll reaches the transports through the runtime's options: busy
-# callers take their own completions, event ones never do.
+# callers take their own completions, event ones never do. A server on
+# 0.0.0.0 is reached at the address it gives.
 # Speed is not checked here (bench/run_bench.sh measures it).
 # (tools/rdma_sh_prelude.sh comes before this.)
 set -euo pipefail
@@ -47,8 +48,15 @@ expect "server calls of Health/Check" \
   "$(echo "$busy" | sed -nE 's|^server calls: /rdmarpc.health.v1.Health/Check ([0-9]+)$|\1|p')" -eq 1
 expect "busy mode's caller completions" "$(counter caller_completions= "$busy")" -gt 0
 
-# Also: a kind of call counted 0 is left out, the others still timed.
-event=$(run event --large_calls 0) || exit 1
+# Also: a kind of call counted 0 is left out, the others still timed; and a
+# server on the unspecified address is reached over RDMA at the address it
+# gives.
+event=$(run event --large_calls 0 --address rdma://0.0.0.0:0) || exit 1
+echo "$event" | grep -qE "^channel connected to rdma://0\.0\.0\.0:[0-9]+ in " || {
+  echo "FAIL: the client did not connect to the server on 0.0.0.0"
+  fail=1
+}
+expect "SRQ slots consumed on 0.0.0.0" "$(counter srq_consumed= "$event")" -ge 400
 expect "event mode's caller completions" "$(counter caller_completions= "$event")" -eq 0
 expect "event mode's poller sleeps" "$(counter poller_sleeps= "$event")" -gt 0
 echo "$event" | grep -qE "^large +no calls$" || {
@@ -74,5 +82,5 @@ elif ! echo "$bad" | grep -q "not adaptive, busy or event"; then
   echo "FAIL: --poll sometimes refused without saying why: $bad"
   fail=1
 fi
-[ "$fail" = 0 ] && echo "PASS: device named, health SERVING, every kind of call timed, small calls by SEND into the SRQ, large by READ, --poll obeyed"
+[ "$fail" = 0 ] && echo "PASS: device named, health SERVING, every kind of call timed, small calls by SEND into the SRQ, large by READ, --poll obeyed, 0.0.0.0 reached"
 exit $fail

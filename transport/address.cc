@@ -103,4 +103,24 @@ std::string SockaddrString(const sockaddr* sa) {
                       "]:", ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port));
 }
 
+bool IsUnspecified(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);
+  }
+  return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+}
+
+SocketAddress WithPort(const sockaddr_storage& ss, uint16_t port) {
+  SocketAddress a{};
+  a.storage = ss;
+  if (ss.ss_family == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(&a.storage)->sin_port = htons(port);
+    a.len = sizeof(sockaddr_in);
+  } else {
+    reinterpret_cast<sockaddr_in6*>(&a.storage)->sin6_port = htons(port);
+    a.len = sizeof(sockaddr_in6);
+  }
+  return a;
+}
+
 }  // namespace rdmarpc::transport

@@ -37,6 +37,12 @@ struct SocketAddress {
   socklen_t len;
 };
 
+// 0.0.0.0 or [::]: a wildcard to listen on; as a destination, this host.
+bool IsUnspecified(const sockaddr* sa);
+
+// `ss`, an IPv4 or IPv6 address, with `port` for its port.
+SocketAddress WithPort(const sockaddr_storage& ss, uint16_t port);
+
 // Every socket address of host:port, in getaddrinfo's order of preference
 // (on a stock Debian "localhost" is [::1] first, then 127.0.0.1), each once.
 // A connect tries each (transport/address_race.h), so a server that listens

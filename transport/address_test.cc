@@ -9,9 +9,11 @@
 #include <atomic>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "transport/address_race.h"
@@ -82,6 +84,34 @@ TEST(ResolveAddresses, GivesTheSocketAddressOfNumericHosts) {
   ASSERT_TRUE(v6.ok()) << v6.status();
   ASSERT_EQ(v6->front().storage.ss_family, AF_INET6);
   EXPECT_EQ(ntohs(reinterpret_cast<const sockaddr_in6*>(&v6->front().storage)->sin6_port), 7);
+}
+
+// As a destination the unspecified address is this host (rdma_cm's connect
+// replaces it by this host's RoCE addresses), the loopback one is not.
+TEST(IsUnspecified, IsTrueForTheWildcardsOfBothFamiliesAlone) {
+  for (const auto& [text, unspecified] : {std::pair<const char*, bool>{"tcp://0.0.0.0:1", true},
+                                          {"tcp://[::]:1", true},
+                                          {"tcp://127.0.0.1:1", false},
+                                          {"tcp://[::1]:1", false},
+                                          {"tcp://[::ffff:0.0.0.0]:1", false}}) {
+    auto a = ResolveAddresses(*ParseAddress(text));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(IsUnspecified(reinterpret_cast<const sockaddr*>(&a->front().storage)), unspecified)
+        << text;
+  }
+}
+
+TEST(WithPort, SetsThePortAndTheLengthOfEitherFamily) {
+  for (const char* text : {"tcp://10.1.2.3:1", "tcp://[fd00::7]:1"}) {
+    auto a = ResolveAddresses(*ParseAddress(text));
+    ASSERT_TRUE(a.ok()) << a.status();
+    const SocketAddress with = WithPort(a->front().storage, 7471);
+    EXPECT_EQ(with.len, a->front().len) << text;
+    const std::string host = SockaddrHost(reinterpret_cast<const sockaddr*>(&a->front().storage));
+    EXPECT_EQ(SockaddrString(reinterpret_cast<const sockaddr*>(&with.storage)),
+              absl::StrContains(host, ":") ? absl::StrCat("[", host, "]:7471")
+                                           : absl::StrCat(host, ":7471"));
+  }
 }
 
 // Addresses 10.0.0.1:5, 10.0.0.2:5, ...

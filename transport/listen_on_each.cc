@@ -25,14 +25,6 @@ class ListenerGroup : public Listener {
   std::vector<std::unique_ptr<Listener>> each_;
 };
 
-void SetPort(SocketAddress* a, uint16_t port) {
-  if (a->storage.ss_family == AF_INET) {
-    reinterpret_cast<sockaddr_in*>(&a->storage)->sin_port = htons(port);
-  } else {
-    reinterpret_cast<sockaddr_in6*>(&a->storage)->sin6_port = htons(port);
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
@@ -41,7 +33,7 @@ absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
   std::vector<std::unique_ptr<Listener>> bound;
   FailedAttempts left_out;
   for (SocketAddress a : addresses) {
-    if (!bound.empty()) SetPort(&a, bound.front()->address().port);
+    if (!bound.empty()) a = WithPort(a.storage, bound.front()->address().port);
     absl::StatusOr<std::unique_ptr<Listener>> one = listen_one(a);
     if (one.ok()) {
       bound.push_back(std::move(*one));

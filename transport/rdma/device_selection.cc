@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -65,6 +66,29 @@ OpenDevice OpenByName(const std::string& name) {
     if (name == ibv_get_device_name(list.get()[i])) return OpenDevice(ibv_open_device(list.get()[i]));
   }
   return nullptr;
+}
+
+// The IP address a RoCE GID holds, with `port`.
+sockaddr_storage GidAddress(const ibv_gid_entry& e, uint16_t port) {
+  sockaddr_storage ss{};
+  if (IsIpv4Mapped(e.gid)) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(port);
+    memcpy(&in->sin_addr, e.gid.raw + 12, 4);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(port);
+    memcpy(&in6->sin6_addr, e.gid.raw, 16);
+    if (IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) in6->sin6_scope_id = e.ndev_ifindex;
+  }
+  return ss;
+}
+
+bool IsLinkLocal(const sockaddr_storage& ss) {
+  return ss.ss_family == AF_INET6 &&
+         IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr);
 }
 
 // What the user named, for messages.
@@ -148,20 +172,65 @@ absl::StatusOr<std::optional<sockaddr_storage>> NamedGidAddress(const RdmaOption
         ". Try `ibv_devinfo -v` or `rdma link` for the GIDs in use."));
   }
   if (pa.link_layer != IBV_LINK_LAYER_ETHERNET) return std::nullopt;
-  sockaddr_storage ss{};
-  if (IsIpv4Mapped(e.gid)) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
-    in->sin_family = AF_INET;
-    in->sin_port = htons(port);
-    memcpy(&in->sin_addr, e.gid.raw + 12, 4);
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(port);
-    memcpy(&in6->sin6_addr, e.gid.raw, 16);
-    if (IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) in6->sin6_scope_id = e.ndev_ifindex;
+  return GidAddress(e, port);
+}
+
+std::vector<SocketAddress> ThisHostRdmaAddresses(int family, uint16_t port) {
+  std::vector<sockaddr_storage> found;
+  std::vector<sockaddr_storage> link_local;
+  ForEachDevice([&](const char*, ibv_context* ctx, const ibv_device_attr& attr) {
+    for (int p = 1; ctx && p <= attr.phys_port_cnt; ++p) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx, p, &pa) != 0 || pa.state != IBV_PORT_ACTIVE ||
+          pa.link_layer != IBV_LINK_LAYER_ETHERNET) {
+        continue;
+      }
+      for (int g = 0; g < pa.gid_tbl_len; ++g) {
+        // Each address is in the table once per RoCE version; an empty
+        // entry does not query.
+        ibv_gid_entry e{};
+        if (ibv_query_gid_ex(ctx, p, g, &e, 0) != 0) continue;
+        const sockaddr_storage ss = GidAddress(e, port);
+        if (ss.ss_family != family) continue;
+        std::vector<sockaddr_storage>& into = IsLinkLocal(ss) ? link_local : found;
+        const bool seen = std::any_of(into.begin(), into.end(), [&](const sockaddr_storage& b) {
+          return memcmp(&b, &ss, sizeof ss) == 0;
+        });
+        if (!seen) into.push_back(ss);
+      }
+    }
+    return true;
+  });
+  std::vector<SocketAddress> addresses;
+  for (const auto* each : {&found, &link_local}) {
+    for (const sockaddr_storage& ss : *each) addresses.push_back(WithPort(ss, port));
   }
-  return ss;
+  return addresses;
+}
+
+std::vector<SocketAddress> ThisHostForUnspecified(const std::vector<SocketAddress>& addresses,
+                                                  const std::optional<sockaddr_storage>& named,
+                                                  uint16_t port) {
+  std::vector<SocketAddress> out;
+  for (const SocketAddress& a : addresses) {
+    const int family = a.storage.ss_family;
+    if (!IsUnspecified(reinterpret_cast<const sockaddr*>(&a.storage))) {
+      out.push_back(a);
+      continue;
+    }
+    std::vector<SocketAddress> here;
+    if (named.has_value()) {
+      if (named->ss_family == family || family == AF_INET6) here.push_back(WithPort(*named, port));
+    } else {
+      here = ThisHostRdmaAddresses(family, port);
+      if (family == AF_INET6) {
+        for (const SocketAddress& v4 : ThisHostRdmaAddresses(AF_INET, port)) here.push_back(v4);
+      }
+    }
+    if (here.empty()) here.push_back(a);
+    out.insert(out.end(), here.begin(), here.end());
+  }
+  return out;
 }
 
 namespace {

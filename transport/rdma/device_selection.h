@@ -28,6 +28,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,6 +51,26 @@ std::string GidToString(const ibv_gid& gid);
 // (no such device, port or GID entry; an entry that is not an IP address).
 absl::StatusOr<std::optional<sockaddr_storage>> NamedGidAddress(const RdmaOptions& options,
                                                                 uint16_t port);
+
+// As a destination the unspecified address (0.0.0.0, [::]) means this host,
+// as over TCP, but rdma_cm takes it to the loopback path, which Soft-RoCE
+// and most RoCE devices do not have. So a connect there goes to this host's
+// RoCE addresses instead, which a server on a wildcard listens on.
+//
+// The IP addresses of this host's active RoCE ports (their GIDs'), of
+// `family`, with `port`: devices and ports in their order, each address
+// once, link-local IPv6 ones last (scoped to the GID's interface). None for
+// InfiniBand ports, whose GIDs are not IP addresses.
+std::vector<SocketAddress> ThisHostRdmaAddresses(int family, uint16_t port);
+
+// A connect's resolved `addresses` (of port `port`) with each unspecified
+// one replaced by the address of the GID `named` (NamedGidAddress) or, when
+// none is named, by ThisHostRdmaAddresses (for [::] the IPv4 ones after the
+// IPv6 ones: a server on [::] takes both). Left as it is where there is
+// none, for the connect to fail saying why.
+std::vector<SocketAddress> ThisHostForUnspecified(const std::vector<SocketAddress>& addresses,
+                                                  const std::optional<sockaddr_storage>& named,
+                                                  uint16_t port);
 
 // The index in id's port GID table of the GID rdma_cm chose for id, or -1.
 int ChosenGidIndex(rdma_cm_id* id);

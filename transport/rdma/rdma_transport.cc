@@ -29,13 +29,6 @@
 namespace rdmarpc::transport::rdma {
 namespace {
 
-bool IsWildcard(const sockaddr* sa) {
-  if (sa->sa_family == AF_INET) {
-    return reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);
-  }
-  return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
-}
-
 bool IsLoopback(const sockaddr* sa) {
   if (sa->sa_family == AF_INET) {
     return (ntohl(reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr) >> 24) == 127;
@@ -374,7 +367,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
   if (!addresses.ok()) return addresses.status();
   auto src = NamedGidAddress(rdma_, 0);
   if (!src.ok()) return src.status();
-  std::vector<SocketAddress> reachable = *addresses;
+  std::vector<SocketAddress> reachable = ThisHostForUnspecified(*addresses, *src, addr.port);
   if (src->has_value()) {
     // A named GID reaches the addresses of its own family only.
     reachable.erase(std::remove_if(reachable.begin(), reachable.end(),
@@ -428,7 +421,7 @@ absl::StatusOr<std::shared_ptr<RdmaConnection>> RdmaTransport::ConnectTo(
   auto at = std::make_shared<Attempt>();
   at->target = absl::StrCat("rdma://", SockaddrString(reinterpret_cast<sockaddr*>(&dst)));
   at->loopback = IsLoopback(reinterpret_cast<sockaddr*>(&dst)) ||
-                 IsWildcard(reinterpret_cast<sockaddr*>(&dst));
+                 IsUnspecified(reinterpret_cast<sockaddr*>(&dst));
   at->observer = observer;
   auto result = at->done.get_future();
   const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
@@ -545,7 +538,7 @@ absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& a
     const bool fits =
         std::any_of(addresses->begin(), addresses->end(), [&](const SocketAddress& a) {
           const sockaddr* sa = reinterpret_cast<const sockaddr*>(&a.storage);
-          return IsWildcard(sa) || SockaddrHost(sa) == gid_host;
+          return IsUnspecified(sa) || SockaddrHost(sa) == gid_host;
         });
     if (!fits) {
       return absl::InvalidArgumentError(absl::StrCat(

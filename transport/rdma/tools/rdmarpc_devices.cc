@@ -12,6 +12,7 @@
 // line per address, as a connection tries each. Exit status 0 when a device
 // has an active port and the route to (an address of) --to resolves, 1
 // otherwise.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -56,14 +57,22 @@ int main(int argc, char** argv) {
   // A connection asks the name's addresses from the first, the families
   // taking turns, and takes the first that connects
   // (transport/address_race.h): each gets its line, and the first route
-  // found its perftest command.
+  // found its perftest command. The unspecified address is this host's
+  // RoCE addresses, as for a connect.
   const rdma::RdmaOptions options = rdma::RdmaOptionsFromEnv();
+  const bool unspecified = std::any_of(
+      addresses->begin(), addresses->end(), [](const rdmarpc::transport::SocketAddress& a) {
+        return rdmarpc::transport::IsUnspecified(reinterpret_cast<const sockaddr*>(&a.storage));
+      });
+  if (auto named = rdma::NamedGidAddress(options, 0); named.ok()) {
+    *addresses = rdma::ThisHostForUnspecified(*addresses, *named, address->port);
+  }
   std::optional<rdma::Route> first;
   std::string first_host;
   for (const rdmarpc::transport::SocketAddress& a : *addresses) {
     const auto* sa = reinterpret_cast<const struct sockaddr*>(&a.storage);
     const std::string via =
-        addresses->size() > 1
+        addresses->size() > 1 || unspecified
             ? absl::StrCat(" (address ", rdmarpc::transport::SockaddrString(sa), ")")
             : std::string();
     auto route = rdma::ResolveRoute(sa, options);
@@ -71,7 +80,8 @@ int main(int argc, char** argv) {
     printf("route to %s%s: %s\n", to.c_str(), via.c_str(), what.c_str());
     if (!route.ok() || first) continue;
     first = *route;
-    first_host = addresses->size() > 1 ? rdmarpc::transport::SockaddrHost(sa) : address->host;
+    first_host =
+        addresses->size() > 1 || unspecified ? rdmarpc::transport::SockaddrHost(sa) : address->host;
   }
   if (!first) return 1;
   printf(

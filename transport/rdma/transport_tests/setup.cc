@@ -1,13 +1,16 @@
 // What a connection is set up with: the named device, port and GID (IPv4
 // and IPv6), the terms both sides agree on (READs in flight, RNR wait,
-// type of service), the trace of each step, and a clear error when what is
-// named does not fit.
+// type of service), the trace of each step, a clear error when what is
+// named does not fit, and where a connect to the unspecified address goes.
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -71,6 +74,25 @@ GidPlace FindGidOf(const std::string& ip) {
   return place;
 }
 
+// The address c's peer has, as rdma_cm saw it.
+std::string PeerHost(Connection& c) {
+  return OnPoller<std::string>(c, "gone",
+                               [](rdma_cm_id* id) { return SockaddrHost(rdma_get_peer_addr(id)); });
+}
+
+// fx's client connects to `to`, reaches the server at `host`, and a call
+// there comes back whole.
+void ExpectReachedAt(Fixture& fx, const Address& to, const std::string& host) {
+  Waiter& waiter = fx.NewWaiter();
+  auto conn = fx.client->Connect(to, &waiter, SteadyNow() + absl::Seconds(30));
+  ASSERT_TRUE(conn.ok()) << to.ToString() << ": " << conn.status();
+  EXPECT_EQ(PeerHost(**conn), host) << to.ToString();
+  auto r = Call(**conn, waiter, 1, Filled(**conn, 100, 1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Matches(r->payload, 100, 1));
+  (*conn)->Close();
+}
+
 // The first RoCE v2 GID of place's port whose address is of `family`, or -1.
 int FindGidOfFamily(const GidPlace& place, int family) {
   int found = -1;
@@ -120,6 +142,62 @@ TEST(RdmaTransport, NamedDevicePortAndGidAreUsed) {
   EXPECT_EQ(id->port_num, place.port);
   EXPECT_EQ(ChosenGidIndex(id), place.index);
   (*conn)->Close();
+  // Dialled as the unspecified address, it is the named GID's address that
+  // is reached.
+  ExpectReachedAt(fx, *ParseAddress(absl::StrCat("rdma://0.0.0.0:", fx.addr.port)), fx.ip);
+}
+
+// As a destination the unspecified address means this host, as over TCP,
+// but rdma_cm alone takes it to a loopback path that Soft-RoCE (and most
+// RoCE devices) lacks. So a connect to a server on 0.0.0.0 or [::], dialled
+// as the address the server gives, goes to this host's RoCE addresses: the
+// IPv4 ones for 0.0.0.0, the IPv6 ones first for [::].
+class UnspecifiedAddress : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ip_ = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
+    ip6_ = ::rdmarpc::rdma::testing::RequireRdmaTestAddress6();
+    ASSERT_FALSE(ip_.empty());
+    ASSERT_FALSE(ip6_.empty());
+  }
+  std::string ip_;
+  std::string ip6_;
+};
+
+TEST_F(UnspecifiedAddress, IsThisHost) {
+  for (const auto& [listen_on, reached] :
+       {std::pair<std::string, std::string>{"0.0.0.0", ip_}, {"[::]", ip6_}}) {
+    SCOPED_TRACE(listen_on);
+    Fixture fx;
+    fx.listen_host = listen_on;
+    ASSERT_TRUE(fx.Start());
+    ASSERT_TRUE(absl::StartsWith(fx.addr.ToString(), absl::StrCat("rdma://", listen_on, ":")))
+        << fx.addr.ToString();
+    ExpectReachedAt(fx, fx.addr, reached);
+  }
+}
+
+// Where the unspecified address leads: each of this host's RoCE addresses
+// of the family once, the test address among them, link-local ones last.
+TEST_F(UnspecifiedAddress, LeadsToEachOfThisHostsRoceAddressesOnceLinkLocalLast) {
+  for (const auto& [family, test_address] :
+       {std::pair<int, std::string>{AF_INET, ip_}, {AF_INET6, ip6_}}) {
+    std::vector<std::string> hosts;
+    bool link_local_seen = false;
+    for (const SocketAddress& a : ThisHostRdmaAddresses(family, 7)) {
+      const auto* sa = reinterpret_cast<const sockaddr*>(&a.storage);
+      EXPECT_EQ(sa->sa_family, family);
+      hosts.push_back(SockaddrHost(sa));
+      EXPECT_TRUE(absl::EndsWith(SockaddrString(sa), ":7")) << SockaddrString(sa);
+      const bool link_local = absl::StartsWith(hosts.back(), "fe80:");
+      EXPECT_FALSE(link_local_seen && !link_local) << hosts.back() << " after a link-local one";
+      link_local_seen |= link_local;
+    }
+    EXPECT_EQ(std::count(hosts.begin(), hosts.end(), test_address), 1)
+        << absl::StrJoin(hosts, ", ") << "; " << DescribeDevices();
+    EXPECT_EQ(std::set<std::string>(hosts.begin(), hosts.end()).size(), hosts.size())
+        << absl::StrJoin(hosts, ", ");
+  }
 }
 
 // An IPv6 address is served and reached over the RoCE v2 GID that carries
