@@ -369,25 +369,39 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
   if (!src.ok()) return src.status();
   std::vector<SocketAddress> reachable = ThisHostForUnspecified(*addresses, *src, addr.port);
   if (src->has_value()) {
-    // A named GID reaches the addresses of its own family only.
-    reachable.erase(std::remove_if(reachable.begin(), reachable.end(),
-                                   [&](const SocketAddress& a) {
-                                     return a.storage.ss_family != (*src)->ss_family;
-                                   }),
-                    reachable.end());
+    // A named GID reaches the addresses of its own family only, and no
+    // loopback one: the kernel would look for that on the GID's interface
+    // and wait out the deadline for an ARP answer that never comes.
+    reachable.erase(
+        std::remove_if(reachable.begin(), reachable.end(),
+                       [&](const SocketAddress& a) {
+                         return a.storage.ss_family != (*src)->ss_family ||
+                                IsLoopback(reinterpret_cast<const sockaddr*>(&a.storage));
+                       }),
+        reachable.end());
   }
   if (reachable.empty()) {
     const auto family = [](const sockaddr_storage& a) {
       return a.ss_family == AF_INET ? "IPv4" : "IPv6";
     };
+    const std::string gid_host = SockaddrHost(reinterpret_cast<const sockaddr*>(&**src));
+    const std::string named =
+        absl::StrCat("connect to ", addr.ToString(), ": RdmaOptions names device ", rdma_.device,
+                     " gid_index ", rdma_.gid_index, ", whose address ", gid_host);
+    const bool same_family = std::any_of(
+        addresses->begin(), addresses->end(),
+        [&](const SocketAddress& a) { return a.storage.ss_family == (*src)->ss_family; });
+    if (same_family) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          named, " is on a real interface and cannot reach a loopback address. Reach this host at ",
+          gid_host, ", with its server listening there or on a wildcard, or name no GID."));
+    }
     const sockaddr_storage& dst = addresses->front().storage;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "connect to ", addr.ToString(), ": RdmaOptions names device ", rdma_.device, " gid_index ",
-        rdma_.gid_index, ", whose address ",
-        SockaddrHost(reinterpret_cast<const sockaddr*>(&**src)), " is ", family(**src),
-        " and cannot reach an ", family(dst), " address. Name the GID that holds an ", family(dst),
-        " address (`rdma link`, `ibv_devinfo -v`; an IPv4 one reads ::ffff:a.b.c.d), "
-        "or name no GID."));
+    return absl::InvalidArgumentError(
+        absl::StrCat(named, " is ", family(**src), " and cannot reach an ", family(dst),
+                     " address. Name the GID that holds an ", family(dst),
+                     " address (`rdma link`, `ibv_devinfo -v`; an IPv4 one reads ::ffff:a.b.c.d), "
+                     "or name no GID."));
   }
   // Each address (address_race.h): a name may resolve to an address no
   // device routes, one the server does not listen on ([::1] for

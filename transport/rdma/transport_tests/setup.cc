@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -437,12 +438,12 @@ TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
   Fixture fx;
   Waiter& waiter = fx.NewWaiter();
   ASSERT_TRUE(fx.Start());
-  const auto connect_with = [&](RdmaOptions o) {
+  const auto connect_with = [&](RdmaOptions o, std::optional<Address> to = std::nullopt) {
     TransportOptions co;
     co.name = "named-client";
     Waiter w;
     RdmaTransport client(co, o, false);
-    return client.Connect(fx.addr, &w, SteadyNow() + absl::Seconds(30)).status();
+    return client.Connect(to.value_or(fx.addr), &w, SteadyNow() + absl::Seconds(30)).status();
   };
   const auto expect_error = [](const absl::Status& s, absl::StatusCode code,
                                const std::vector<std::string>& mentions) {
@@ -479,19 +480,30 @@ TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
     expect_error(connect_with(ipv6), absl::StatusCode::kInvalidArgument,
                  {absl::StrCat("gid_index ", v6), "is IPv6 and cannot reach an IPv4 address"});
   }
+  // Nor a loopback address: rdma_cm would look for it on the GID's
+  // interface, and the connect would wait out its deadline (30 s here,
+  // DEADLINE_EXCEEDED). It fails at once, saying so, also beside
+  // "localhost"'s IPv6 address.
+  RdmaOptions named_gid;
+  named_gid.device = place.device;
+  named_gid.device_port = place.port;
+  named_gid.gid_index = place.index;
+  for (const std::string& loopback : {"127.0.0.1", "localhost"}) {
+    expect_error(connect_with(named_gid,
+                              *ParseAddress(absl::StrCat("rdma://", loopback, ":", fx.addr.port))),
+                 absl::StatusCode::kInvalidArgument,
+                 {absl::StrCat("gid_index ", place.index), "cannot reach a loopback address",
+                  absl::StrCat("Reach this host at ", ip)});
+  }
   // A device alone is a check on what rdma_cm picks for the address.
   RdmaOptions other_device;
   other_device.device = "nosuch9";
   expect_error(connect_with(other_device), absl::StatusCode::kUnavailable,
                {"rdma_cm chose device " + place.device, "asks for nosuch9"});
   // A server named a GID cannot listen on another address.
-  RdmaOptions named;
-  named.device = place.device;
-  named.device_port = place.port;
-  named.gid_index = place.index;
   TransportOptions so;
   so.listening = true;
-  RdmaTransport server(so, named, true);
+  RdmaTransport server(so, named_gid, true);
   auto l = server.Listen(*ParseAddress("rdma://127.0.0.1:0"),
                          [](std::shared_ptr<Connection>) { return nullptr; });
   ASSERT_FALSE(l.ok());
