@@ -14,9 +14,10 @@
 //     source address of outgoing connections, and the address a server
 //     listening on a wildcard binds (a server given another address is an
 //     error, as is a client's connect to a loopback address or one of the
-//     other family, which the GID's interface cannot reach). Every connection is then checked to
-//     have landed on that device, port and GID index. On InfiniBand a GID is not an IP address:
-//     rdma_cm follows the IPoIB address as usual and the check still applies.
+//     other family, which the GID's interface cannot reach). Every
+//     connection is then checked to have landed on that device, port and
+//     GID index. On InfiniBand a GID is not an IP address: rdma_cm follows
+//     the IPoIB address as usual and the check still applies.
 //
 // Errors name what was asked, what rdma_cm chose and what to try; those about
 // names that name nothing list the devices that exist with their GIDs
