@@ -55,9 +55,10 @@ absl::StatusOr<std::optional<sockaddr_storage>> NamedGidAddress(const RdmaOption
                                                                 uint16_t port);
 
 // As a destination the unspecified address (0.0.0.0, [::]) means this host,
-// as over TCP, but rdma_cm takes it to the loopback path, which Soft-RoCE
-// and most RoCE devices do not have. So a connect there goes to this host's
-// RoCE addresses instead, which a server on a wildcard listens on.
+// as over TCP, but rdma_cm takes it to a loopback path, which Soft-RoCE
+// (and any device that does not loop back) lacks. So a connect there goes
+// to this host's RoCE addresses instead, which a server on a wildcard
+// listens on.
 //
 // The IP addresses of this host's active RoCE ports (their GIDs'), of
 // `family`, with `port`: devices and ports in their order, each address

@@ -149,10 +149,11 @@ TEST(RdmaTransport, NamedDevicePortAndGidAreUsed) {
 }
 
 // As a destination the unspecified address means this host, as over TCP,
-// but rdma_cm alone takes it to a loopback path that Soft-RoCE (and most
-// RoCE devices) lacks. So a connect to a server on 0.0.0.0 or [::], dialled
-// as the address the server gives, goes to this host's RoCE addresses: the
-// IPv4 ones for 0.0.0.0, the IPv6 ones first for [::].
+// but rdma_cm alone takes it to a loopback path that Soft-RoCE (and any
+// device that does not loop back) lacks. So a connect to a server on
+// 0.0.0.0 or [::], dialled as the address the server gives, goes to this
+// host's RoCE addresses: the IPv4 ones for 0.0.0.0, the IPv6 ones first for
+// [::].
 class UnspecifiedAddress : public ::testing::Test {
  protected:
   void SetUp() override {
