@@ -489,7 +489,7 @@ TEST(RdmaTransport, NamedDeviceOrGidThatDoesNotFitIsAClearError) {
   named_gid.device = place.device;
   named_gid.device_port = place.port;
   named_gid.gid_index = place.index;
-  for (const std::string& loopback : {"127.0.0.1", "localhost"}) {
+  for (const char* loopback : {"127.0.0.1", "localhost"}) {
     expect_error(connect_with(named_gid,
                               *ParseAddress(absl::StrCat("rdma://", loopback, ":", fx.addr.port))),
                  absl::StatusCode::kInvalidArgument,
