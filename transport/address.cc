@@ -1,11 +1,14 @@
 #include "transport/address.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <string.h>
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -50,6 +53,25 @@ absl::StatusOr<Address> ParseAddress(absl::string_view text) {
   return a;
 }
 
+namespace {
+
+// The interface of this host that has the IPv6 address `host`, if one has.
+std::optional<std::string> InterfaceWithAddress(const std::string& host) {
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return std::nullopt;
+  std::optional<std::string> name;
+  for (const ifaddrs* i = all; i != nullptr && !name; i = i->ifa_next) {
+    if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET6 &&
+        SockaddrHost(i->ifa_addr) == host) {
+      name = i->ifa_name;
+    }
+  }
+  freeifaddrs(all);
+  return name;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
@@ -65,11 +87,20 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
                      "` shows what it resolves to on this host; or use an IP address."));
   }
   std::vector<SocketAddress> out;
+  std::string unscoped;  // a link-local address left out, for the error
   for (const addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     if (ai->ai_addrlen > sizeof(sockaddr_storage)) continue;
     SocketAddress a{};
     memcpy(&a.storage, ai->ai_addr, ai->ai_addrlen);
     a.len = ai->ai_addrlen;
+    // An IPv6 link-local address is one only on its interface: without it
+    // (a scope), bind(2) and connect(2) refuse it with a bare EINVAL.
+    if (const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a.storage);
+        a.storage.ss_family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr) &&
+        in6->sin6_scope_id == 0) {
+      unscoped = SockaddrHost(reinterpret_cast<const sockaddr*>(&a.storage));
+      continue;
+    }
     // A name listed twice in /etc/hosts comes back twice.
     const bool seen = std::any_of(out.begin(), out.end(), [&](const SocketAddress& b) {
       return b.len == a.len && memcmp(&b.storage, &a.storage, a.len) == 0;
@@ -77,6 +108,15 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
     if (!seen) out.push_back(a);
   }
   freeaddrinfo(res);
+  if (out.empty() && !unscoped.empty()) {
+    Address scoped = addr;
+    scoped.host = absl::StrCat(unscoped, "%", InterfaceWithAddress(unscoped).value_or("eth0"));
+    return WithWhatToDo(absl::InvalidArgumentError(absl::StrCat(
+                            addr.ToString(), ": ", unscoped,
+                            " is a link-local address, which is an address only on its interface")),
+                        absl::StrCat("Name the interface, as in ", scoped.ToString(),
+                                     " (`ip -6 addr show scope link` lists each interface's)."));
+  }
   if (out.empty()) {
     return absl::UnavailableError(
         absl::StrCat("cannot resolve ", addr.ToString(), ": no address of a stream socket"));

@@ -47,7 +47,10 @@ SocketAddress WithPort(const sockaddr_storage& ss, uint16_t port);
 // (on a stock Debian "localhost" is [::1] first, then 127.0.0.1), each once.
 // A connect tries each (transport/address_race.h), so a server that listens
 // on one family only is still found by name. UNAVAILABLE naming the address,
-// and what to try, if it does not resolve; never an empty list.
+// and what to try, if it does not resolve; never an empty list. An IPv6
+// link-local address without its interface ([fe80::1] for [fe80::1%eth0]),
+// which no socket takes, is left out: INVALID_ARGUMENT, saying so, when it
+// is all there is.
 absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr);
 
 }  // namespace rdmarpc::transport

@@ -4,6 +4,7 @@
 #include "transport/address.h"
 
 #include <arpa/inet.h>
+#include <net/if.h>
 #include <netinet/in.h>
 
 #include <atomic>
@@ -112,6 +113,28 @@ TEST(WithPort, SetsThePortAndTheLengthOfEitherFamily) {
               absl::StrContains(host, ":") ? absl::StrCat("[", host, "]:7471")
                                            : absl::StrCat(host, ":7471"));
   }
+}
+
+// A link-local address is one only on its interface, which the address
+// must name: without it, INVALID_ARGUMENT saying how to name it (with the
+// interface's name where it is one of this host's), not the bare EINVAL
+// that bind(2) or connect(2) would give. With it, the address has the
+// interface's scope.
+TEST(ResolveAddresses, ALinkLocalAddressNeedsItsInterface) {
+  auto bare = ResolveAddresses(*ParseAddress("rdma://[fe80::1]:7471"));
+  ASSERT_FALSE(bare.ok());
+  EXPECT_EQ(bare.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bare.status().message(),
+                                "rdma://[fe80::1]:7471: fe80::1 is a link-local address"))
+      << bare.status();
+  EXPECT_TRUE(absl::StrContains(bare.status().message(),
+                                "Name the interface, as in rdma://[fe80::1%eth0]:7471"))
+      << bare.status();
+  auto scoped = ResolveAddresses(*ParseAddress("tcp://[fe80::1%lo]:7471"));
+  ASSERT_TRUE(scoped.ok()) << scoped.status();
+  ASSERT_EQ(scoped->size(), 1u);
+  EXPECT_EQ(reinterpret_cast<const sockaddr_in6*>(&scoped->front().storage)->sin6_scope_id,
+            if_nametoindex("lo"));
 }
 
 // Addresses 10.0.0.1:5, 10.0.0.2:5, ...

@@ -5,7 +5,8 @@
 # a connection would, and fails with the reason and the devices for an
 # address no device reaches and for a device that is not the route's. A
 # name with two addresses gets a line for each; one with none says so. The
-# unspecified address routes as the VM's own.
+# unspecified address routes as the VM's own; a link-local one needs its
+# interface.
 # (tools/rdma_sh_prelude.sh comes before this.)
 set -uo pipefail
 tool=$1
@@ -48,6 +49,18 @@ check "a route to 0.0.0.0 exits 0 (got $rc)" test "$rc" = 0
 check "the route to 0.0.0.0 is the one to $ip" \
   contains "$out" "route to rdma://0.0.0.0:7471 (address $ip:7471): device $dev port 1 gid_index $gid (::ffff:$ip, RoCE v2)"
 check "its perftest command names $ip" contains "$out" "ib_read_bw -R -d $dev -i 1 $ip"
+
+# A link-local address needs its interface, which the error names for one
+# of this host's own.
+read -r lldev ll <<<"$(ip -6 -o addr show scope link |
+  awk '$2 != "lo" {split($4, a, "/"); print $2, a[1]; exit}')"
+check "the VM has an IPv6 link-local address" test -n "$ll"
+run "$tool" --to "rdma://[$ll]:7471"
+check "a link-local address without its interface exits 1 (got $rc)" test "$rc" = 1
+check "and says to name it, naming $lldev" \
+  contains "$out" "is a link-local address, which is an address only on its interface. Name the interface, as in rdma://[$ll%$lldev]:7471"
+run "$tool" --to "rdma://[$ll%$lldev]:7471"
+check "with its interface it routes (got $rc)" test "$rc" = 0
 
 run env RDMARPC_RDMA_DEVICE=$dev RDMARPC_RDMA_GID_INDEX=$gid "$tool" --to "rdma://$ip:7471"
 check "the named device and GID are accepted (got $rc)" test "$rc" = 0
