@@ -95,10 +95,9 @@ absl::StatusOr<std::vector<SocketAddress>> ResolveAddresses(const Address& addr)
     a.len = ai->ai_addrlen;
     // An IPv6 link-local address is one only on its interface: without it
     // (a scope), bind(2) and connect(2) refuse it with a bare EINVAL.
-    if (const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a.storage);
-        a.storage.ss_family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr) &&
-        in6->sin6_scope_id == 0) {
-      unscoped = SockaddrHost(reinterpret_cast<const sockaddr*>(&a.storage));
+    const auto* sa = reinterpret_cast<const sockaddr*>(&a.storage);
+    if (IsLinkLocal(sa) && reinterpret_cast<const sockaddr_in6*>(sa)->sin6_scope_id == 0) {
+      unscoped = SockaddrHost(sa);
       continue;
     }
     // A name listed twice in /etc/hosts comes back twice.
@@ -148,6 +147,11 @@ bool IsUnspecified(const sockaddr* sa) {
     return reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);
   }
   return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+}
+
+bool IsLinkLocal(const sockaddr* sa) {
+  return sa->sa_family == AF_INET6 &&
+         IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
 }
 
 SocketAddress WithPort(const sockaddr_storage& ss, uint16_t port) {

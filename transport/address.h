@@ -40,6 +40,9 @@ struct SocketAddress {
 // 0.0.0.0 or [::]: a wildcard to listen on; as a destination, this host.
 bool IsUnspecified(const sockaddr* sa);
 
+// An IPv6 link-local address (fe80::/10): an address only on its interface.
+bool IsLinkLocal(const sockaddr* sa);
+
 // `ss`, an IPv4 or IPv6 address, with `port` for its port.
 SocketAddress WithPort(const sockaddr_storage& ss, uint16_t port);
 

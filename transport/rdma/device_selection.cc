@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -84,11 +85,6 @@ sockaddr_storage GidAddress(const ibv_gid_entry& e, uint16_t port) {
     if (IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) in6->sin6_scope_id = e.ndev_ifindex;
   }
   return ss;
-}
-
-bool IsLinkLocal(const sockaddr_storage& ss) {
-  return ss.ss_family == AF_INET6 &&
-         IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr);
 }
 
 // What the user named, for messages.
@@ -175,7 +171,11 @@ absl::StatusOr<std::optional<sockaddr_storage>> NamedGidAddress(const RdmaOption
   return GidAddress(e, port);
 }
 
-std::vector<SocketAddress> ThisHostRdmaAddresses(int family, uint16_t port) {
+namespace {
+
+// The IP addresses of this host's active RoCE ports, of both families, with
+// `port`: as ThisHostRdmaAddresses gives them, before it picks a family.
+std::vector<SocketAddress> RoceAddresses(uint16_t port) {
   std::vector<sockaddr_storage> found;
   std::vector<sockaddr_storage> link_local;
   ForEachDevice([&](const char*, ibv_context* ctx, const ibv_device_attr& attr) {
@@ -191,8 +191,8 @@ std::vector<SocketAddress> ThisHostRdmaAddresses(int family, uint16_t port) {
         ibv_gid_entry e{};
         if (ibv_query_gid_ex(ctx, p, g, &e, 0) != 0) continue;
         const sockaddr_storage ss = GidAddress(e, port);
-        if (ss.ss_family != family) continue;
-        std::vector<sockaddr_storage>& into = IsLinkLocal(ss) ? link_local : found;
+        std::vector<sockaddr_storage>& into =
+            IsLinkLocal(reinterpret_cast<const sockaddr*>(&ss)) ? link_local : found;
         const bool seen = std::any_of(into.begin(), into.end(), [&](const sockaddr_storage& b) {
           return memcmp(&b, &ss, sizeof ss) == 0;
         });
@@ -206,6 +206,21 @@ std::vector<SocketAddress> ThisHostRdmaAddresses(int family, uint16_t port) {
     for (const sockaddr_storage& ss : *each) addresses.push_back(WithPort(ss, port));
   }
   return addresses;
+}
+
+// Those of `all` of `family`, in their order, appended to `out`.
+void AppendOfFamily(const std::vector<SocketAddress>& all, int family,
+                    std::vector<SocketAddress>* out) {
+  std::copy_if(all.begin(), all.end(), std::back_inserter(*out),
+               [&](const SocketAddress& a) { return a.storage.ss_family == family; });
+}
+
+}  // namespace
+
+std::vector<SocketAddress> ThisHostRdmaAddresses(int family, uint16_t port) {
+  std::vector<SocketAddress> of_family;
+  AppendOfFamily(RoceAddresses(port), family, &of_family);
+  return of_family;
 }
 
 std::vector<SocketAddress> ThisHostForUnspecified(const std::vector<SocketAddress>& addresses,
@@ -222,10 +237,9 @@ std::vector<SocketAddress> ThisHostForUnspecified(const std::vector<SocketAddres
     if (named.has_value()) {
       if (named->ss_family == family || family == AF_INET6) here.push_back(WithPort(*named, port));
     } else {
-      here = ThisHostRdmaAddresses(family, port);
-      if (family == AF_INET6) {
-        for (const SocketAddress& v4 : ThisHostRdmaAddresses(AF_INET, port)) here.push_back(v4);
-      }
+      const std::vector<SocketAddress> all = RoceAddresses(port);
+      AppendOfFamily(all, family, &here);
+      if (family == AF_INET6) AppendOfFamily(all, AF_INET, &here);
     }
     if (here.empty()) here.push_back(a);
     out.insert(out.end(), here.begin(), here.end());
