@@ -102,9 +102,10 @@ struct RdmaOptions {
   // Payloads above this many bytes go by READ; 0 derives it from slot_size.
   size_t read_threshold = 0;
   // Bound on the registered pool of large payload buffers (RESOURCE_EXHAUSTED
-  // naming it when reached). Slot-sized memory has bounds of its own: receive
-  // slots target + max_held_slots, small payload blocks and send slots
-  // Endpoint::kMaxSmallBlocks and kMaxSendBlocks.
+  // naming it when reached), per device: a transport whose connections use
+  // two devices has a pool on each. Slot-sized memory has bounds of its own:
+  // receive slots target + max_held_slots, small payload blocks and send
+  // slots Endpoint::kMaxSmallBlocks and kMaxSendBlocks.
   size_t max_registered_bytes = size_t{1} << 30;
   // Entries of a completion queue of the transport (shared by the SRQ's
   // receives and the send queues of the connections on it) to begin with,

@@ -1,5 +1,7 @@
 #include "transport/rdma/transport_tests/fixture.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -116,6 +118,46 @@ BothEnds ConnectAndCall(Fixture& fx) {
   EXPECT_TRUE(r.ok()) << r.status();
   if (r.ok()) ends.server = fx.LastAccepted();
   return ends;
+}
+
+GidPlace FindGidOf(const std::string& ip) {
+  // An IPv4 address's GID is the address mapped into IPv6, ::ffff:a.b.c.d.
+  in6_addr want{};
+  if (in_addr v4{}; inet_pton(AF_INET, ip.c_str(), &v4) == 1) {
+    want.s6_addr[10] = want.s6_addr[11] = 0xff;
+    memcpy(want.s6_addr + 12, &v4, 4);
+  } else if (inet_pton(AF_INET6, ip.c_str(), &want) != 1) {
+    return {};
+  }
+  GidPlace place;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  for (int d = 0; d < n && place.index < 0; ++d) {
+    ibv_context* ctx = ibv_open_device(list[d]);
+    if (!ctx) continue;
+    ibv_device_attr attr{};
+    ibv_query_device(ctx, &attr);
+    for (uint32_t p = 1; p <= attr.phys_port_cnt && place.index < 0; ++p) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx, p, &pa) != 0) continue;
+      for (int g = 0; g < pa.gid_tbl_len; ++g) {
+        ibv_gid_entry e{};
+        if (ibv_query_gid_ex(ctx, p, g, &e, 0) != 0) continue;
+        if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && memcmp(e.gid.raw, &want, 16) == 0) {
+          place = GidPlace{ibv_get_device_name(list[d]), p, g};
+          break;
+        }
+      }
+    }
+    ibv_close_device(ctx);
+  }
+  if (list) ibv_free_device_list(list);
+  return place;
+}
+
+std::string PeerHost(Connection& c) {
+  return OnPoller<std::string>(c, "gone",
+                               [](rdma_cm_id* id) { return SockaddrHost(rdma_get_peer_addr(id)); });
 }
 
 bool EveryConnectionClosedSince(uint64_t opened, uint64_t closed) {

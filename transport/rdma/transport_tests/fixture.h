@@ -222,6 +222,18 @@ T OnPoller(Connection& c, T gone, std::function<T(rdma_cm_id*)> read) {
   return value;
 }
 
+// The device, port and GID table entry that carry `ip` (IPv4 or IPv6) on
+// RoCE; an index of -1 when no device has it.
+struct GidPlace {
+  std::string device;
+  uint32_t port = 0;
+  int index = -1;
+};
+GidPlace FindGidOf(const std::string& ip);
+
+// The address c's peer has, as rdma_cm saw it; "gone" once c is torn down.
+std::string PeerHost(Connection& c);
+
 // Waits (up to 20 s) until every connection opened since the counters read
 // `opened` and `closed` has closed again, at both ends; false if one stays.
 bool EveryConnectionClosedSince(uint64_t opened, uint64_t closed);
