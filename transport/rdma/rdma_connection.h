@@ -196,7 +196,11 @@ static_assert(sizeof(Handshake) == 16, "handshake fits any rdma_cm private data"
 // A refused connection request's REJ private data: kRefusalPrefix, then why,
 // as text, at most kMaxRefusalBytes in all (IB CM carries 148 and pads them
 // with zeros). The client's connect error then says why the server refused.
+// A longer reason is cut after its last word that fits and ends in
+// kRefusalCut, so that the client can tell it was cut; the server's log line
+// has all of it.
 inline constexpr char kRefusalPrefix[] = "rdmarpc refused: ";
+inline constexpr char kRefusalCut[] = " ...";
 inline constexpr size_t kMaxRefusalBytes = 148;
 static_assert(kMaxRefusalBytes <= 255, "rdma_reject takes a uint8_t length");
 

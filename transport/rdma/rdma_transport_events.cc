@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/steady_clock.h"
@@ -30,8 +31,12 @@ const char* kClientGaveUpHint =
 
 std::string EncodeRefusal(const std::string& why) {
   std::string text = absl::StrCat(kRefusalPrefix, why);
-  text.resize(std::min(text.size(), kMaxRefusalBytes));
-  return text;
+  if (text.size() <= kMaxRefusalBytes) return text;
+  const size_t room = kMaxRefusalBytes - strlen(kRefusalCut);
+  size_t end = text.rfind(' ', room);
+  if (end == std::string::npos || end < strlen(kRefusalPrefix)) end = room;
+  text.resize(end);
+  return text + kRefusalCut;
 }
 
 // Why the server refused, from a REJ's private data, or nullopt when the
@@ -40,6 +45,10 @@ std::optional<std::string> DecodeRefusal(const void* data, size_t len) {
   absl::string_view text(static_cast<const char*>(data), data == nullptr ? 0 : len);
   text = text.substr(0, text.find('\0'));
   if (!absl::ConsumePrefix(&text, kRefusalPrefix) || text.empty()) return std::nullopt;
+  if (absl::EndsWith(text, kRefusalCut)) {
+    return absl::StrCat(text,
+                        " (cut short to fit rdma_cm's reject: the server's log has all of it)");
+  }
   return std::string(text);
 }
 
@@ -114,17 +123,20 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
   }
   Attempt* at = target.attempt.get();
   const int status = ev->status;
+  const std::optional<std::string> refusal =
+      type == RDMA_CM_EVENT_REJECTED
+          ? DecodeRefusal(ev->param.conn.private_data, ev->param.conn.private_data_len)
+          : std::nullopt;
   // `no_path`: a step that found no RDMA path there (a route that cannot
   // be resolved) failed, whatever the event.
   auto fail = [&](const std::string& what, bool no_path = false) {
     // No RDMA path there, or no RDMA listener: TCP may still reach the peer.
     // A refusal with our private data, or a peer that is not an rdmarpc
     // server, says the peer is there.
-    const bool not_rdma_there =
-        no_path || type == RDMA_CM_EVENT_ADDR_ERROR || type == RDMA_CM_EVENT_ROUTE_ERROR ||
-        type == RDMA_CM_EVENT_UNREACHABLE ||
-        (type == RDMA_CM_EVENT_REJECTED &&
-         !DecodeRefusal(ev->param.conn.private_data, ev->param.conn.private_data_len));
+    const bool not_rdma_there = no_path || type == RDMA_CM_EVENT_ADDR_ERROR ||
+                                type == RDMA_CM_EVENT_ROUTE_ERROR ||
+                                type == RDMA_CM_EVENT_UNREACHABLE ||
+                                (type == RDMA_CM_EVENT_REJECTED && !refusal.has_value());
     // A negative status is an errno (ENODEV: the device was removed); a
     // positive one, a REJ's reason.
     const std::string event = status < 0
@@ -138,7 +150,9 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
     // request never answered): what to check is what our deadline says,
     // which it races.
     if (status == -ETIMEDOUT) why = NothingAnswered(std::move(why));
-    why.SetPayload(internal::kEndWithDevices, absl::Cord());
+    // An rdmarpc server that refused was reached, so the devices work: its
+    // reason is what to act on.
+    if (!refusal.has_value()) why.SetPayload(internal::kEndWithDevices, absl::Cord());
     if (not_rdma_there) why.SetPayload(kNotReachableThisWay, absl::Cord(no_path ? what : event));
     if (rdma_.trace)
       TraceLine(options_.name, absl::StrCat(at->target, ": connect failed: ", why.message()));
@@ -239,9 +253,8 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       break;
     }
     case RDMA_CM_EVENT_REJECTED:
-      if (std::optional<std::string> why =
-              DecodeRefusal(ev->param.conn.private_data, ev->param.conn.private_data_len)) {
-        fail(absl::StrCat("the server refused the connection: ", *why));
+      if (refusal.has_value()) {
+        fail(absl::StrCat("the server refused the connection: ", *refusal));
       } else {
         fail("rejected (no rdmarpc server listens there?)");
       }

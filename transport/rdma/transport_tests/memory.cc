@@ -177,12 +177,37 @@ TEST(RdmaTransport, ConnectionsPastTheCompletionQueueBoundAreRefused) {
     absl::Status s = conns.Add();
     ASSERT_TRUE(s.ok()) << "connection " << conns.conns.size() << " of " << fit << ": " << s;
   }
+  ::testing::internal::CaptureStderr();
   absl::Status refused = conns.Add();
+  const std::string said = ::testing::internal::GetCapturedStderr();
   ASSERT_FALSE(refused.ok()) << "a connection past the CQ's room was admitted";
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
   for (const char* part : {"refused", "completion queue on rxe", "full", "max_cq_entries"}) {
     EXPECT_NE(refused.message().find(part), absl::string_view::npos)
         << "\"" << part << "\" not in: " << refused;
+  }
+  // The reason is longer than a reject carries: the client has its words up
+  // to the cut, whole, says it was cut, and nothing of its own devices (the
+  // server was reached; the reason is what to act on).
+  const std::string server_said = "test-server]: refusing connection from ";
+  const size_t line = said.find(server_said);
+  ASSERT_NE(line, std::string::npos) << said;
+  const size_t reason_at = said.find(": ", line + server_said.size()) + 2;
+  const std::string reason = said.substr(reason_at, said.find('\n', reason_at) - reason_at);
+  const std::string client_prefix = "the server refused the connection: ";
+  const size_t got_at = refused.message().find(client_prefix);
+  ASSERT_NE(got_at, absl::string_view::npos) << refused;
+  const std::string cut_marker = " ... (cut short to fit rdma_cm's reject: the server's log has";
+  const size_t got_end = refused.message().find(cut_marker);
+  ASSERT_NE(got_end, absl::string_view::npos) << refused;
+  const std::string got(refused.message().substr(got_at + client_prefix.size(),
+                                                 got_end - got_at - client_prefix.size()));
+  EXPECT_GT(got.size(), 100u) << got;
+  EXPECT_EQ(reason.substr(0, got.size()), got) << "server: " << reason;
+  EXPECT_EQ(reason[got.size()], ' ') << "cut inside a word: " << got;
+  for (const char* part : {"Devices:", "that the server listens there"}) {
+    EXPECT_EQ(refused.message().find(part), absl::string_view::npos)
+        << "\"" << part << "\" in: " << refused;
   }
   const Endpoint::CompletionQueueUse full = fx.server->completion_queue_use();
   EXPECT_EQ(full.queues, 1u);
