@@ -1,7 +1,8 @@
 // Support for the RDMA transport's tests (//transport/rdma:rdma_transport_test,
-// one binary whose files each cover one concern): a server and a client
-// transport on the test address, observers that echo and that wait for
-// responses, and payloads whose bytes say whether they arrived whole.
+// one binary whose files each cover one concern, and rdma_two_devices_test,
+// which changes the VM's devices): a server and a client transport on the
+// test address, observers that echo and that wait for responses, payloads
+// whose bytes say whether they arrived whole, and where a GID or peer is.
 //
 //   Fixture fx;
 //   Waiter& waiter = fx.NewWaiter();

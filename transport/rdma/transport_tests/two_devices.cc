@@ -7,8 +7,6 @@
 // connections there, and a device added later serves the removed one's
 // address again without a restart.
 // Its own binary: it adds devices to the VM's boot and removes one.
-#include <unistd.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <memory>
