@@ -2,11 +2,13 @@
 // listening on the unspecified address takes connections over each, every
 // one on an endpoint (protection domain, completion queues, SRQ) of the
 // device it came in on; calls go over both at once, small ones by SEND and
-// large ones by READ; and a device removed under them ends the connections
-// on it alone, while those on the other go on, the listener keeps taking
-// connections there, and a device added later serves the removed one's
-// address again without a restart.
+// large ones by READ; and a device removed under them, while calls run on
+// both, ends the connections on it alone, while those on the other go on
+// without a failed call, the listener keeps taking connections there, and a
+// device added later serves the removed one's address again without a
+// restart.
 // Its own binary: it adds devices to the VM's boot and removes one.
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -147,9 +149,37 @@ TEST(RdmaTwoDevices, TheServerTakesEachOnItsOwnEndpointAndLosesOnlyTheRemovedOne
   EXPECT_EQ(server_a->receive_bytes(), server_b->receive_bytes());
   accepted.clear();
 
-  // The second device goes, as in a driver reset or a hot-unplug. In the
-  // background: `rdma link delete` returns only once every process has let
-  // go of the device, this one included.
+  // The second device goes, as in a driver reset or a hot-unplug, while
+  // calls run on both connections. In the background: `rdma link delete`
+  // returns only once every process has let go of the device, this one
+  // included.
+  std::atomic<bool> removal_seen{false};
+  int calls_beside_removal = 0;  // read once on_first has ended
+  int calls_after_removal = 0;
+  std::vector<absl::Status> first_failures;
+  std::thread on_first([&] {
+    // On past the removal, while the transports let go of the device.
+    for (uint64_t id = 1000; calls_after_removal < 20; ++id) {
+      if (removal_seen.load()) ++calls_after_removal;
+      const size_t size = id % 2 == 0 ? kSmall : kLarge;
+      auto r = Call(*first.conn, *first.waiter, id, Filled(*first.conn, size, id));
+      if (!r.ok()) {
+        first_failures.push_back(r.status());
+      } else if (!Matches(r->payload, size, id)) {
+        first_failures.push_back(
+            absl::DataLossError(absl::StrCat("call ", id, " came back wrong")));
+      }
+      ++calls_beside_removal;
+    }
+  });
+  absl::Status second_failed;
+  std::thread on_second([&] {
+    for (uint64_t id = 1000; second_failed.ok(); ++id) {
+      const size_t size = id % 2 == 0 ? kSmall : kLarge;
+      auto r = Call(*second.conn, *second.waiter, id, Filled(*second.conn, size, id));
+      if (!r.ok()) second_failed = r.status();
+    }
+  });
   const std::string deleted =
       absl::StrCat(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp", "/rxe1_deleted");
   ASSERT_EQ(system(absl::StrCat("(rdma link delete ", second_device,
@@ -160,8 +190,17 @@ TEST(RdmaTwoDevices, TheServerTakesEachOnItsOwnEndpointAndLosesOnlyTheRemovedOne
   while (!second.waiter->FinishedClosing() && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  ASSERT_TRUE(second.waiter->FinishedClosing())
-      << "the connection over the removed device did not end";
+  const bool second_ended = second.waiter->FinishedClosing();
+  // A call over the removed device ends, failed, once its connection has.
+  on_second.join();
+  removal_seen.store(true);
+  on_first.join();
+  ASSERT_TRUE(second_ended) << "the connection over the removed device did not end";
+  EXPECT_EQ(second_failed.code(), absl::StatusCode::kUnavailable) << second_failed;
+  for (const absl::Status& s : first_failures) ADD_FAILURE() << "over the other device: " << s;
+  EXPECT_GT(calls_beside_removal, 0);
+  printf("over the other device: %d calls from before to after the removal, %zu failed\n",
+         calls_beside_removal, first_failures.size());
   EXPECT_EQ(second.waiter->closed_status.code(), absl::StatusCode::kUnavailable)
       << second.waiter->closed_status;
   EXPECT_TRUE(absl::StrContains(second.waiter->closed_status.message(), kSecondIp))
