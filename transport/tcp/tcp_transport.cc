@@ -53,12 +53,25 @@ bool AcceptOutOfResources(int err) {
   return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
 }
 
-// What to try, for the log line of a listener out of resources.
-std::string AcceptAdvice(int err) {
-  if (err != EMFILE) return "";
+// This process's limit on file descriptors and how to raise it, for a
+// failure with EMFILE: "may open 1024 files: raise `ulimit -n`".
+std::string FileLimit() {
   rlimit limit{};
   getrlimit(RLIMIT_NOFILE, &limit);
-  return absl::StrCat(" (this process may open ", limit.rlim_cur, " files: raise `ulimit -n`)");
+  return absl::StrCat("may open ", limit.rlim_cur, " files: raise `ulimit -n`");
+}
+
+// What to try, for the log line of a listener out of resources.
+std::string AcceptAdvice(int err) {
+  return err == EMFILE ? absl::StrCat(" (this process ", FileLimit(), ")") : "";
+}
+
+// Why socket(2) failed with `err`, with what to do when the process is out
+// of descriptors, as it is once it holds as many connections as its limit.
+absl::Status SocketError(int err) {
+  absl::Status error = absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(err)));
+  if (err != EMFILE) return error;
+  return WithWhatToDo(std::move(error), absl::StrCat("This process ", FileLimit(), "."));
 }
 
 // The longest TCP_KEEPIDLE and TCP_KEEPINTVL (seconds) and the most
@@ -183,7 +196,7 @@ struct ServerSocket {
 absl::StatusOr<ServerSocket> ConnectToServer(const SocketAddress& to, int stop_fd,
                                              const std::atomic<bool>* lost, absl::Time deadline) {
   const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  if (fd < 0) return SocketError(errno);
   const auto fail = [&](absl::Status s) {
     close(fd);
     return s;
@@ -904,7 +917,7 @@ absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::ListenSocket(const Socke
                                                                      const Address& asked,
                                                                      AcceptCallback on_accept) {
   const int fd = socket(at.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
+  if (fd < 0) return SocketError(errno);
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (bind(fd, reinterpret_cast<const sockaddr*>(&at.storage), at.len) != 0 ||

@@ -702,6 +702,36 @@ TEST(TcpTransport, AListenerDestroyedMidBatchGetsNoMoreEvents) {
   EXPECT_EQ(accepted.load(), 1) << "the destroyed listener accepted a connection";
 }
 
+// The process out of file descriptors: a low limit (256 at most), filled
+// with copies of a descriptor; Free, or going, gives them back.
+class DescriptorsRunOut {
+ public:
+  // Whether the descriptors ran out (the next one fails with EMFILE).
+  bool Fill(int fd) {
+    if (getrlimit(RLIMIT_NOFILE, &old_limit_) != 0) return false;
+    rlimit low = old_limit_;
+    low.rlim_cur = limit();
+    if (setrlimit(RLIMIT_NOFILE, &low) != 0) return false;
+    lowered_ = true;
+    for (int copy; (copy = dup(fd)) >= 0;) fillers_.push_back(copy);
+    return errno == EMFILE;
+  }
+  // The limit it set.
+  rlim_t limit() const { return std::min<rlim_t>(old_limit_.rlim_cur, 256); }
+  void Free() {
+    for (int fd : fillers_) close(fd);
+    fillers_.clear();
+    if (lowered_) setrlimit(RLIMIT_NOFILE, &old_limit_);
+    lowered_ = false;
+  }
+  ~DescriptorsRunOut() { Free(); }
+
+ private:
+  rlimit old_limit_{};
+  bool lowered_ = false;
+  std::vector<int> fillers_;
+};
+
 // A server out of file descriptors (accept4: EMFILE) leaves the connection
 // in the kernel's backlog and tries again now and then, asleep: its listening
 // socket stays readable, and a listener that kept watching it would spin the
@@ -723,23 +753,11 @@ TEST(TcpTransport, AServerOutOfDescriptorsWaitsAsleepAndTakesTheClientLater) {
   const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(client, 0) << strerror(errno);
 
-  // Descriptors run out: a low limit, filled. Made before, what the test
-  // needs later (the client's socket, the file stderr goes to).
+  // Made before, what the test needs later (the client's socket, the file
+  // stderr goes to).
   ::testing::internal::CaptureStderr();
-  rlimit old_limit{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old_limit), 0);
-  rlimit low = old_limit;
-  low.rlim_cur = std::min<rlim_t>(old_limit.rlim_cur, 256);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0) << strerror(errno);
-  std::vector<int> fillers;
-  for (int fd; (fd = dup(client)) >= 0;) fillers.push_back(fd);
-  const int dup_errno = errno;
-  const auto free_descriptors = [&] {
-    for (int fd : fillers) close(fd);
-    fillers.clear();
-    setrlimit(RLIMIT_NOFILE, &old_limit);
-  };
-  ASSERT_EQ(dup_errno, EMFILE) << strerror(dup_errno);
+  DescriptorsRunOut run_out;
+  ASSERT_TRUE(run_out.Fill(client));
 
   const int connected = connect(client, reinterpret_cast<sockaddr*>(&to), sizeof to);
   const int connect_errno = errno;
@@ -749,7 +767,7 @@ TEST(TcpTransport, AServerOutOfDescriptorsWaitsAsleepAndTakesTheClientLater) {
   const absl::Duration cpu = ProcessCpuTime() - cpu_before;
   pollfd early{client, POLLIN, 0};
   const int taken_early = poll(&early, 1, 0);
-  free_descriptors();
+  run_out.Free();
   ASSERT_EQ(connected, 0) << strerror(connect_errno);
   EXPECT_EQ(taken_early, 0) << "the server took a connection it had no descriptor for";
   EXPECT_LT(cpu, absl::Milliseconds(250)) << "the server spun for " << cpu << " in 500 ms";
@@ -772,6 +790,36 @@ TEST(TcpTransport, AServerOutOfDescriptorsWaitsAsleepAndTakesTheClientLater) {
   EXPECT_EQ(lines, 1u) << log.substr(0, 2000);
   EXPECT_NE(log.find("raise `ulimit -n`"), std::string::npos) << log.substr(0, 2000);
   EXPECT_NE(log.find("accepting on tcp://127.0.0.1:"), std::string::npos) << log.substr(0, 2000);
+}
+
+// A client out of file descriptors (socket: EMFILE), as one that holds as
+// many connections as its limit allows, fails the connect saying the limit
+// and how to raise it, and connects once a descriptor is free.
+TEST(TcpTransport, AClientOutOfDescriptorsSaysWhatToRaise) {
+  NoObserver server_observer;
+  NoObserver client_observer;
+  TcpTransport server(TransportOptions{});
+  auto listener = server.Listen(
+      *ParseAddress("tcp://127.0.0.1:0"),
+      [&](std::shared_ptr<Connection>) -> ConnectionObserver* { return &server_observer; });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  TcpTransport client(TransportOptions{});
+  DescriptorsRunOut run_out;
+  ASSERT_TRUE(run_out.Fill(STDIN_FILENO));
+  auto failed =
+      client.Connect((*listener)->address(), &client_observer, SteadyNow() + absl::Seconds(10));
+  run_out.Free();
+  ASSERT_FALSE(failed.ok()) << "connected with no descriptor free";
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  for (const std::string& part :
+       {std::string("socket: Too many open files"),
+        absl::StrCat("This process may open ", run_out.limit(), " files: raise `ulimit -n`.")}) {
+    EXPECT_TRUE(absl::StrContains(failed.status().message(), part))
+        << "\"" << part << "\" not in: " << failed.status();
+  }
+  auto connected =
+      client.Connect((*listener)->address(), &client_observer, SteadyNow() + absl::Seconds(10));
+  EXPECT_TRUE(connected.ok()) << connected.status();
 }
 
 }  // namespace
