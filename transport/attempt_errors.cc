@@ -1,5 +1,8 @@
 #include "transport/attempt_errors.h"
 
+#include <errno.h>
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <iterator>
 #include <utility>
@@ -51,6 +54,19 @@ absl::Status NothingAnswered(absl::Status timed_out) {
                       "Nothing answered in time: check that the host is up and reachable from "
                       "here (no firewall in the way), and that its server runs and is not too "
                       "busy to take connections.");
+}
+
+std::string FileLimitAdvice() {
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  return absl::StrCat("this process may open ", limit.rlim_cur, " files: raise `ulimit -n`");
+}
+
+absl::Status WithFileLimitAdvice(absl::Status error, int err) {
+  if (err != EMFILE) return error;
+  std::string advice = FileLimitAdvice();
+  advice[0] = 'T';  // a sentence of its own
+  return WithWhatToDo(std::move(error), absl::StrCat(advice, "."));
 }
 
 void FailedAttempts::Add(absl::string_view where, const absl::Status& error) {

@@ -51,6 +51,12 @@ absl::Status Prefixed(absl::StatusCode code, absl::string_view context, const ab
 // check: the same whichever transport's attempt it was.
 absl::Status NothingAnswered(absl::Status timed_out);
 
+// This process's limit on open files and how to raise it, for what failed
+// with EMFILE: "this process may open 1024 files: raise `ulimit -n`".
+std::string FileLimitAdvice();
+// `error` with that advice when `err` is EMFILE; else as it was.
+absl::Status WithFileLimitAdvice(absl::Status error, int err);
+
 class FailedAttempts {
  public:
   // Where advice goes that not every attempt's error has: with the rest at

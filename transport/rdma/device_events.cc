@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/eventfd.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,8 +18,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/steady_clock.h"
+#include "transport/attempt_errors.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/endpoint.h"
+#include "transport/rdma/fault_injection.h"
 
 namespace rdmarpc::transport::rdma {
 namespace {
@@ -51,7 +53,10 @@ struct State {
   std::map<ibv_context*, Device> devices;  // mu; a context while it has endpoints
   size_t watched = 0;                      // mu; endpoints in all devices
   bool stop = false;                       // mu
-  const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  // The reader's wake-up, made when it starts and closed when it stops for
+  // good: a reader that could not be woken could not be stopped, and Unwatch
+  // would wait for it for ever. lifecycle_mu; the reader only reads it.
+  int wake_fd = -1;
 };
 
 // Never destroyed, so never destroyed under a thread that still uses it.
@@ -168,9 +173,19 @@ std::string CheckLink(const std::string& device) {
 
 }  // namespace
 
-void DeviceEvents::Watch(Endpoint* ep) {
+absl::Status DeviceEvents::Watch(Endpoint* ep) {
   State& s = S();
   std::lock_guard<std::mutex> lifecycle(s.lifecycle_mu);
+  if (s.wake_fd < 0) {
+    s.wake_fd = NewWakeFd(FaultInjection::WakeFdOf::kDeviceEvents);
+    if (s.wake_fd < 0) {
+      const int err = errno;
+      return WithFileLimitAdvice(
+          absl::UnavailableError(absl::StrCat("eventfd for the reader of ", ep->device_name(),
+                                              "'s events: ", strerror(err))),
+          err);
+    }
+  }
   ibv_context* verbs = ep->verbs();
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -189,6 +204,7 @@ void DeviceEvents::Watch(Endpoint* ep) {
   } else {
     Wake(s);  // to poll a new context too
   }
+  return absl::OkStatus();
 }
 
 void DeviceEvents::Unwatch(Endpoint* ep) {
@@ -215,7 +231,12 @@ void DeviceEvents::Unwatch(Endpoint* ep) {
   std::lock_guard<std::mutex> lock(s.mu);
   s.devices.erase(ep->verbs());
   s.stop = false;
-  if (s.watched > 0) s.reader = std::thread(ReadEvents);
+  if (s.watched > 0) {
+    s.reader = std::thread(ReadEvents);
+  } else {
+    close(s.wake_fd);
+    s.wake_fd = -1;
+  }
 }
 
 std::string DeviceEvents::PortNote(ibv_context* verbs, uint8_t port) {

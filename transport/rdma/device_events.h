@@ -40,14 +40,17 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace rdmarpc::transport::rdma {
 
 class Endpoint;
 
 class DeviceEvents {
  public:
-  // Events about `ep`'s resources reach it from now on. Any thread.
-  static void Watch(Endpoint* ep);
+  // Events about `ep`'s resources reach it from now on; an error (a process
+  // out of file descriptors) when they cannot. Any thread.
+  static absl::Status Watch(Endpoint* ep);
   // None reaches `ep` once this returns. After the last endpoint on its
   // device, the reader no longer touches the device's context, which may
   // then be closed, and forgets its ports' history; after the last endpoint

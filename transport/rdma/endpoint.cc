@@ -5,7 +5,6 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/stage_trace.h"
 #include "base/steady_clock.h"
+#include "transport/attempt_errors.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/device_events.h"
 #include "transport/rdma/fault_injection.h"
@@ -153,7 +153,11 @@ absl::Status Endpoint::Init() {
   pool_ =
       std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_, windows);
   binds_wait_for_quiet_queue_ = windows && device_attr_.vendor_id == kSoftRoceVendorId;
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  wake_fd_ = NewWakeFd(FaultInjection::WakeFdOf::kEndpoint);
+  if (wake_fd_ < 0) {
+    const int err = errno;
+    return WithFileLimitAdvice(Errno("eventfd", device_name_), err);
+  }
   while (slot_count_.load() < target_) {
     if (absl::Status s = GrowSlots(); !s.ok()) return s;
   }
@@ -161,8 +165,8 @@ absl::Status Endpoint::Init() {
     fprintf(stderr, "rdmarpc[%s]: %s: %s\n", owner_.c_str(), device_name_.c_str(), notice.c_str());
   }
   RefillSrq();
+  if (absl::Status s = DeviceEvents::Watch(this); !s.ok()) return s;
   poller_ = std::thread([this] { PollLoop(); });
-  DeviceEvents::Watch(this);
   return absl::OkStatus();
 }
 

@@ -6,6 +6,9 @@
 #ifndef RDMARPC_TRANSPORT_RDMA_FAULT_INJECTION_H_
 #define RDMARPC_TRANSPORT_RDMA_FAULT_INJECTION_H_
 
+#include <errno.h>
+#include <sys/eventfd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -31,6 +34,15 @@ struct FaultInjection {
     return n;
   }
   static bool TakeStaleRead() { return Take(StaleReads()); }
+
+  // The next N wake-up descriptors made for `whose` fail with EMFILE, as in a
+  // process out of file descriptors (NewWakeFd).
+  enum class WakeFdOf { kTransport, kEndpoint, kDeviceEvents, kCount };
+  static std::atomic<int>& FailWakeFds(WakeFdOf whose) {
+    static std::atomic<int> n[static_cast<int>(WakeFdOf::kCount)]{};
+    return n[static_cast<int>(whose)];
+  }
+  static bool TakeFailedWakeFd(WakeFdOf whose) { return Take(FailWakeFds(whose)); }
 
   // The next N send slots asked of an endpoint are refused, as when all of
   // its stock is held by SENDs in flight.
@@ -225,6 +237,16 @@ struct FaultInjection {
     return v > 0;
   }
 };
+
+// An eventfd for waking `whose` thread, or -1 with errno set (EMFILE when a
+// test has FaultInjection::FailWakeFds armed for it).
+inline int NewWakeFd(FaultInjection::WakeFdOf whose) {
+  if (FaultInjection::TakeFailedWakeFd(whose)) {
+    errno = EMFILE;
+    return -1;
+  }
+  return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+}
 
 }  // namespace rdmarpc::transport::rdma
 

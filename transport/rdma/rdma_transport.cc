@@ -6,7 +6,6 @@
 #include <netdb.h>
 #include <poll.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +36,16 @@ bool IsLoopback(const sockaddr* sa) {
   return IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
 }
 
+// Why a connect or listen cannot be made by a transport without a channel:
+// `failure` is what failed, with its errno.
+absl::Status NoChannel(const std::pair<const char*, int>& failure, internal::Doing doing) {
+  const auto& [what, err] = failure;
+  absl::Status why = absl::UnavailableError(absl::StrCat(what, " failed: ", strerror(err)));
+  // Out of descriptors, the devices are not what to look at.
+  if (err == EMFILE) return WithFileLimitAdvice(std::move(why), err);
+  return WithWhatToDo(std::move(why), internal::DevicesAndTry(doing));
+}
+
 // How soon a ConnectUnless sees its give_up.
 constexpr absl::Duration kGiveUpCheck = absl::Milliseconds(10);
 
@@ -47,8 +56,15 @@ constexpr absl::Duration kGiveUpCheck = absl::Milliseconds(10);
 RdmaTransport::RdmaTransport(TransportOptions options, RdmaOptions rdma, bool server)
     : options_(std::move(options)), rdma_(std::move(rdma)), server_(server) {
   channel_ = rdma_create_event_channel();
-  channel_errno_ = channel_ ? 0 : errno;
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (!channel_) channel_failure_ = {"rdma_create_event_channel", errno};
+  wake_fd_ = NewWakeFd(FaultInjection::WakeFdOf::kTransport);
+  if (channel_ && wake_fd_ < 0) {
+    // Without its wake-up the CM thread would see tasks only at its next
+    // event or relisten: as good as no channel.
+    channel_failure_ = {"eventfd for the rdma_cm thread", errno};
+    rdma_destroy_event_channel(channel_);
+    channel_ = nullptr;
+  }
   if (channel_) {
     fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
     cm_thread_ = std::thread([this] { CmLoop(); });
@@ -61,7 +77,7 @@ RdmaTransport::RdmaTransport(TransportOptions options, RdmaOptions rdma, bool se
 RdmaTransport::~RdmaTransport() {
   Shutdown();
   if (channel_) rdma_destroy_event_channel(channel_);
-  close(wake_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 size_t RdmaTransport::receive_bytes() const {
@@ -354,11 +370,7 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
     const Address& addr, ConnectionObserver* observer, absl::Time deadline,
     const std::atomic<bool>& give_up) {
   if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
-  if (!channel_) {
-    return WithWhatToDo(absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
-                                                            strerror(channel_errno_))),
-                        internal::DevicesAndTry(internal::Doing::kConnect));
-  }
+  if (!channel_) return NoChannel(channel_failure_, internal::Doing::kConnect);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return absl::FailedPreconditionError("transport is shut down");
@@ -534,11 +546,7 @@ void RdmaTransport::AbandonAttempt(Attempt* at) {
 absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& addr,
                                                                 AcceptCallback on_accept) {
   if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
-  if (!channel_) {
-    return WithWhatToDo(absl::UnavailableError(absl::StrCat("rdma_create_event_channel failed: ",
-                                                            strerror(channel_errno_))),
-                        internal::DevicesAndTry(internal::Doing::kListen));
-  }
+  if (!channel_) return NoChannel(channel_failure_, internal::Doing::kListen);
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
   auto named = NamedGidAddress(rdma_, addr.port);

@@ -35,6 +35,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "transport/rdma/device_selection.h"
@@ -135,7 +136,8 @@ class RdmaTransport : public Transport {
   const RdmaOptions rdma_;
   const bool server_;
   rdma_event_channel* channel_ = nullptr;
-  int channel_errno_ = 0;  // why rdma_create_event_channel failed, if it did
+  // What failed, with its errno, when the transport has no channel.
+  std::pair<const char*, int> channel_failure_{"", 0};
   int wake_fd_ = -1;
   std::thread cm_thread_;
   // The CM thread's id while it runs; none once it has exited, when a new

@@ -12,7 +12,6 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -53,25 +52,15 @@ bool AcceptOutOfResources(int err) {
   return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
 }
 
-// This process's limit on file descriptors and how to raise it, for a
-// failure with EMFILE: "may open 1024 files: raise `ulimit -n`".
-std::string FileLimit() {
-  rlimit limit{};
-  getrlimit(RLIMIT_NOFILE, &limit);
-  return absl::StrCat("may open ", limit.rlim_cur, " files: raise `ulimit -n`");
-}
-
 // What to try, for the log line of a listener out of resources.
 std::string AcceptAdvice(int err) {
-  return err == EMFILE ? absl::StrCat(" (this process ", FileLimit(), ")") : "";
+  return err == EMFILE ? absl::StrCat(" (", FileLimitAdvice(), ")") : "";
 }
 
 // Why socket(2) failed with `err`, with what to do when the process is out
 // of descriptors, as it is once it holds as many connections as its limit.
 absl::Status SocketError(int err) {
-  absl::Status error = absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(err)));
-  if (err != EMFILE) return error;
-  return WithWhatToDo(std::move(error), absl::StrCat("This process ", FileLimit(), "."));
+  return WithFileLimitAdvice(absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(err))), err);
 }
 
 // The longest TCP_KEEPIDLE and TCP_KEEPINTVL (seconds) and the most

@@ -220,6 +220,48 @@ int CmIdsOfThisProcess() {
   return answered ? n : -1;
 }
 
+// The transport in a process out of file descriptors (FaultInjection's
+// EMFILE) when it needs a wake-up descriptor: for its rdma_cm thread, for
+// the endpoint a first connection makes, or for the reader of the device's
+// events, without which an endpoint is refused (a reader that could not be
+// woken could not be stopped, and the endpoint's teardown would wait for it
+// for ever). The connect fails UNAVAILABLE naming what failed and the limit
+// to raise, nothing half made is left behind, and with descriptors again the
+// next connect goes through.
+TEST(RdmaTransport, NoDescriptorForAWakeUpFailsThatConnectOnly) {
+  using WakeFdOf = FaultInjection::WakeFdOf;
+  const auto expect_said = [](const absl::Status& s, const char* what) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    for (const char* part : {what, "Too many open files", "raise `ulimit -n`"}) {
+      EXPECT_TRUE(absl::StrContains(s.message(), part)) << "\"" << part << "\" not in: " << s;
+    }
+  };
+  for (const auto& [whose, what] :
+       {std::pair<WakeFdOf, const char*>{WakeFdOf::kEndpoint, "eventfd on "},
+        {WakeFdOf::kDeviceEvents, "eventfd for the reader of "}}) {
+    SCOPED_TRACE(what);
+    Fixture fx;
+    ASSERT_TRUE(fx.Start());
+    FaultInjection::FailWakeFds(whose) = 1;
+    auto failed = fx.Connect(&fx.NewWaiter());
+    // Left armed, the wake-up was never asked for: an endpoint made by an
+    // earlier test still lives, or the reader still runs.
+    EXPECT_EQ(FaultInjection::FailWakeFds(whose).exchange(0), 0);
+    ASSERT_FALSE(failed.ok()) << "connected with no wake-up descriptor";
+    expect_said(failed.status(), what);
+    ExpectServesANewClient(fx, 100000);
+  }
+  Fixture fx;
+  ASSERT_TRUE(fx.Start());
+  Waiter waiter;  // outlives the transport, as an observer must
+  FaultInjection::FailWakeFds(WakeFdOf::kTransport) = 1;
+  RdmaTransport without(TransportOptions{}, RdmaOptions(), /*server=*/false);
+  EXPECT_EQ(FaultInjection::FailWakeFds(WakeFdOf::kTransport).exchange(0), 0);
+  auto failed = without.Connect(fx.addr, &waiter, SteadyNow() + absl::Seconds(10));
+  ASSERT_FALSE(failed.ok());
+  expect_said(failed.status(), "eventfd for the rdma_cm thread failed");
+}
+
 // A connection the server's accept callback refuses (returns no observer):
 // the connect fails UNAVAILABLE with the server's reason, carried in the
 // rdma_cm reject, and the server serves the next client.
