@@ -4,11 +4,17 @@
 // failed, is named in a log line and in the status of the calls it ends,
 // instead of showing up only as flushed completions or a lost connection.
 //
-//   DeviceEvents::Watch(endpoint);     // when the endpoint is made
+//   absl::Status s = DeviceEvents::Watch(endpoint);  // when it is made;
+//                                                     // refuse it if not ok
 //   ...
 //   std::string note = DeviceEvents::PortNote(verbs, port);  // for an error text
 //   ...
 //   DeviceEvents::Unwatch(endpoint);   // before its CQ and SRQ are destroyed
+//
+// The reader is woken (to poll a new device, or to stop) through an eventfd
+// made when it starts. When the process is out of descriptors and none can
+// be made, Watch fails and the endpoint is refused, rather than watched by a
+// reader that nothing could wake to stop.
 //
 // Why process-wide: librdmacm opens each device once per process, so every
 // transport's endpoints on one device share its ibv_context and its one
