@@ -64,9 +64,7 @@ std::string FileLimitAdvice() {
 
 absl::Status WithFileLimitAdvice(absl::Status error, int err) {
   if (err != EMFILE) return error;
-  std::string advice = FileLimitAdvice();
-  advice[0] = 'T';  // a sentence of its own
-  return WithWhatToDo(std::move(error), absl::StrCat(advice, "."));
+  return WithWhatToDo(std::move(error), absl::StrCat("T", FileLimitAdvice().substr(1), "."));
 }
 
 void FailedAttempts::Add(absl::string_view where, const absl::Status& error) {
