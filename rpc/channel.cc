@@ -42,9 +42,14 @@ StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
   Resources own;
   own.transport = std::move(*t);
   if (options.callback_threads > 0) {
-    own.callbacks = std::make_shared<internal::ThreadPool>(options.callback_threads);
+    auto callbacks = internal::ThreadPool::Create(
+        options.callback_threads, absl::StrCat("the callbacks of channel ", address));
+    if (!callbacks.ok()) return callbacks.status();
+    own.callbacks = *std::move(callbacks);
   }
-  own.timers = std::make_shared<internal::TimerQueue>();
+  auto timers = internal::TimerQueue::Create(absl::StrCat("the timers of channel ", address));
+  if (!timers.ok()) return timers.status();
+  own.timers = *std::move(timers);
   return Own(new Channel(address, *addr, options, std::move(own), /*grouped=*/false));
 }
 

@@ -194,7 +194,8 @@ class ChannelGroup;
 class Channel {
  public:
   // INVALID_ARGUMENT for an address that does not parse or options that
-  // cannot work, naming the option. Connects on the first call.
+  // cannot work, naming the option; RESOURCE_EXHAUSTED where the process
+  // may start no more threads, naming the limit. Connects on the first call.
   static StatusOr<std::shared_ptr<Channel>> Create(const std::string& address,
                                                    ChannelOptions options = {});
   ~Channel();
@@ -325,6 +326,14 @@ class Channel {
   // One connect attempt for the calls waiting now (and for WaitForConnected
   // or GetState(true)), and their sending, end, or return to waiting_.
   void ConnectForWaiting();
+  // Sends the calls waiting over `connected`, or ends them with its error
+  // (unless they wait for ready, or the server never saw them: they wait for
+  // the next attempt, as `refused_by_go_away` calls do).
+  void SendWaiting(const StatusOr<std::shared_ptr<transport::Connection>>& connected,
+                   bool refused_by_go_away);
+  // The attempt WakeConnector could not start a thread for (`why`), on the
+  // timer thread: fails as an attempt that could not connect.
+  void FailWithoutConnector(const Status& why);
   // A new observer for a connection about to be made. Holds watch_mu_.
   Watch* NewWatch();
   // conn_ went the slower way (Transport::MayGoFaster): the connector tries

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/new_thread.h"
 #include "base/steady_clock.h"
 #include "rpc/channel.h"
 #include "rpc/internal/channel_watch.h"
@@ -33,18 +34,55 @@ using transport::MessageKind;
 using transport::OutboundMessage;
 
 void Channel::WakeConnector(bool faster) {
+  std::lock_guard<std::mutex> lock(connector_->mu);
+  // A timer or an I/O thread's call as the channel goes: StopConnector may
+  // have returned, and a connector started now would outlive the channel.
+  if (connector_->stop) return;
+  if (faster) {
+    connector_->faster = true;
+  } else {
+    connector_->wanted = true;
+  }
+  if (connector_->running) return;
+  auto thread = NewThread(absl::StrCat("the connector of channel ", target_),
+                          [this, connector = connector_] { RunConnector(this, connector); });
+  if (thread.ok()) {
+    connector_->running = true;
+    thread->detach();
+    return;
+  }
+  // No attempt without a thread: the calls waiting fail as after an attempt
+  // that failed, and the next attempt, after the backoff, tries for a thread
+  // again. On the timer thread, where calls end at their deadlines: whoever
+  // woke the connector (a call, an I/O thread) may hold what ending a call
+  // takes. Under connector_->mu, not stopped: ~Channel's CancelAll drops it.
+  connector_->faster = false;
+  timers_->Schedule(
+      SteadyNow(), [this, why = thread.status()] { FailWithoutConnector(why); }, this);
+}
+
+void Channel::FailWithoutConnector(const Status& why) {
+  const Status failure(StatusCode::kUnavailable,
+                       absl::StrCat("cannot reach ", target_, ": ", why.message()));
   {
     std::lock_guard<std::mutex> lock(connector_->mu);
-    if (faster) {
-      if (connector_->stop) return;  // a timer that fired as the channel went
-      connector_->faster = true;
-    } else {
-      connector_->wanted = true;
-    }
-    if (connector_->running) return;
-    connector_->running = true;
+    // A connector that started meanwhile serves the calls waiting.
+    if (connector_->stop || connector_->running) return;
+    connector_->wanted = false;
   }
-  std::thread(&Channel::RunConnector, this, connector_).detach();
+  std::shared_ptr<transport::Connection> conn;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    conn = conn_;  // made meanwhile by another way (a faster one's try)
+    if (!conn) {
+      ++stats_.connect_attempts;
+      ++stats_.connect_failures;
+      stats_.last_connect_error = failure;
+      StartBackoffLocked(SteadyNow(), failure);
+    }
+  }
+  SendWaiting(conn ? StatusOr<std::shared_ptr<transport::Connection>>(std::move(conn)) : failure,
+              /*refused_by_go_away=*/false);
 }
 
 void Channel::RunConnector(Channel* channel, std::shared_ptr<Connector> connector) {
@@ -218,6 +256,11 @@ void Channel::ConnectForWaiting() {
     std::lock_guard<std::mutex> lock(connector_->mu);
     if (connector_->stop) return;
   }
+  SendWaiting(connected, refused_by_go_away);
+}
+
+void Channel::SendWaiting(const StatusOr<std::shared_ptr<transport::Connection>>& connected,
+                          bool refused_by_go_away) {
   std::vector<Waiting> batch;
   {
     std::lock_guard<InlineMutex> lock(mu_);
@@ -311,6 +354,7 @@ void Channel::ConnectForWaiting() {
     if (pending) not_sent(w, sent, /*unseen=*/true);
   }
   bool another_round;
+  absl::Time retry_after;
   {
     // Calls that came meanwhile wait for the next round, in order, behind
     // those that wait again.
@@ -326,10 +370,17 @@ void Channel::ConnectForWaiting() {
       StartBackoffLocked(SteadyNow(), last_not_sent);
     }
     another_round = !again.empty() || (!conn_ && connect_waiters_ > 0);
+    retry_after = retry_after_;
   }
   if (another_round) {
     std::lock_guard<std::mutex> lock(connector_->mu);
     connector_->wanted = true;
+    // Not on the connector's thread (FailWithoutConnector): it tries for
+    // one again once the backoff ends.
+    if (!connector_->running && !connector_->stop) {
+      timers_->Schedule(
+          std::max(retry_after, SteadyNow()), [this] { WakeConnector(); }, this);
+    }
   }
   RunDeferredAndLeave(scope);
 }

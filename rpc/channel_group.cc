@@ -9,15 +9,22 @@ namespace rdmarpc {
 
 StatusOr<std::shared_ptr<ChannelGroup>> ChannelGroup::Create(ChannelOptions options) {
   if (Status s = Channel::CheckOptions(options); !s.ok()) return s;
-  return std::shared_ptr<ChannelGroup>(new ChannelGroup(std::move(options)));
+  std::shared_ptr<internal::ThreadPool> callbacks;
+  if (options.callback_threads > 0) {
+    auto made =
+        internal::ThreadPool::Create(options.callback_threads, "the callbacks of a channel group");
+    if (!made.ok()) return made.status();
+    callbacks = *std::move(made);
+  }
+  auto timers = internal::TimerQueue::Create("the timers of a channel group");
+  if (!timers.ok()) return timers.status();
+  return std::shared_ptr<ChannelGroup>(
+      new ChannelGroup(std::move(options), std::move(callbacks), *std::move(timers)));
 }
 
-ChannelGroup::ChannelGroup(ChannelOptions options)
-    : options_(std::move(options)),
-      callbacks_(options_.callback_threads > 0
-                     ? std::make_shared<internal::ThreadPool>(options_.callback_threads)
-                     : nullptr),
-      timers_(std::make_shared<internal::TimerQueue>()) {}
+ChannelGroup::ChannelGroup(ChannelOptions options, std::shared_ptr<internal::ThreadPool> callbacks,
+                           std::shared_ptr<internal::TimerQueue> timers)
+    : options_(std::move(options)), callbacks_(std::move(callbacks)), timers_(std::move(timers)) {}
 
 StatusOr<std::shared_ptr<Channel>> ChannelGroup::NewChannel(const std::string& address) {
   auto addr = transport::ParseAddress(address);

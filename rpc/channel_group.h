@@ -63,8 +63,9 @@ namespace rdmarpc {
 class ChannelGroup {
  public:
   // INVALID_ARGUMENT for options no channel could use (negative
-  // callback_threads). The group's threads start here; transports are made
-  // on the first channel of each kind.
+  // callback_threads). The group's threads start here (RESOURCE_EXHAUSTED
+  // where the process may start no more); transports are made on the first
+  // channel of each kind.
   static StatusOr<std::shared_ptr<ChannelGroup>> Create(ChannelOptions options = {});
 
   // A channel to `address` ("rdma://host:port", "tcp://...", "auto://...")
@@ -76,7 +77,8 @@ class ChannelGroup {
   const ChannelOptions& options() const { return options_; }
 
  private:
-  explicit ChannelGroup(ChannelOptions options);
+  ChannelGroup(ChannelOptions options, std::shared_ptr<internal::ThreadPool> callbacks,
+               std::shared_ptr<internal::TimerQueue> timers);
 
   const ChannelOptions options_;
   const std::shared_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline

@@ -78,7 +78,7 @@ class ServerCallImpl : public ServerCall {
   void Respond(Status status, const google::protobuf::MessageLite* response) {
     if (!ctx_.MarkAnswered()) return;
     if (const uint64_t timer = deadline_timer_.load(std::memory_order_acquire); timer != 0) {
-      server_->Timers().Cancel(timer);
+      server_->timers_->Cancel(timer);
     }
     // Past the deadline the client is no longer waiting for a result, and
     // whatever the handler made of its cancellation, the cause is the deadline.
@@ -171,7 +171,7 @@ class ServerCallImpl : public ServerCall {
   static void WatchDeadline(void* self) {
     auto* call = static_cast<ServerCallImpl*>(self);
     std::weak_ptr<ServerCallImpl> weak = call->self_;  // set until the handler is done
-    call->deadline_timer_.store(call->server_->Timers().Schedule(
+    call->deadline_timer_.store(call->server_->timers_->Schedule(
                                     call->ctx_.steady_deadline(),
                                     [weak] {
                                       if (auto c = weak.lock()) c->ctx_.MarkCancelled();
@@ -206,8 +206,7 @@ Server::Server(int workers, size_t max_message_size, size_t max_calls, size_t ma
     : max_message_size_(max_message_size),
       max_calls_(max_calls),
       max_calls_per_conn_(max_calls_per_conn),
-      inline_handlers_(workers == 0),
-      workers_(std::max(workers, 1)) {}
+      inline_handlers_(workers == 0) {}
 
 Server::~Server() { Shutdown(); }
 
@@ -325,7 +324,7 @@ void Server::HandleRequest(Connection& conn, InboundMessage&& msg) {
     call->hold_ = it->second.conn;
   }
   call->self_ = call;
-  if (!workers_.Post([call] { call->Run(); })) {
+  if (!workers_->Post([call] { call->Run(); })) {
     call->Finish(Status(StatusCode::kUnavailable, "server is shutting down"), nullptr);
   }
 }
@@ -461,17 +460,6 @@ void Server::OnGoAwayAck(Connection& conn) {
   }
   it->second.go_away_acked = true;
   cv_.notify_all();
-}
-
-internal::TimerQueue& Server::Timers() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!timers_) timers_ = std::make_unique<internal::TimerQueue>();
-  return *timers_;
-}
-
-internal::TimerQueue* Server::TimersIfMade() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return timers_.get();
 }
 
 void Server::DropReusedCallId(Connection& conn, uint64_t call_id) {
@@ -645,9 +633,9 @@ void Server::Shutdown(absl::Duration grace) {
     while (!delivered() && SteadyNow() < start + grace) absl::SleepFor(absl::Milliseconds(1));
   }
   // Every call is answered: no deadline needs watching.
-  if (internal::TimerQueue* timers = TimersIfMade()) timers->CancelAll(this);
+  if (timers_) timers_->CancelAll(this);
   for (auto& [scheme, t] : transports_) t->Shutdown();
-  workers_.Stop();
+  if (workers_) workers_->Stop();
   std::lock_guard<std::mutex> lock(mu_);
   shut_down_ = true;
   cv_.notify_all();
@@ -732,6 +720,13 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
                                             static_cast<size_t>(max_calls_),
                                             static_cast<size_t>(max_calls_per_conn_)));
   server->interceptors_ = interceptors_;
+  // Before any listener: a call may come as soon as one listens.
+  auto pool = internal::ThreadPool::Create(workers, "the server's handlers");
+  if (!pool.ok()) return pool.status();
+  server->workers_ = *std::move(pool);
+  auto timers = internal::TimerQueue::Create("the server's deadlines");
+  if (!timers.ok()) return timers.status();
+  server->timers_ = *std::move(timers);
   std::vector<const Service*> services(services_.begin(), services_.end());
   if (health_) {
     server->health_ = std::make_unique<HealthService>();

@@ -150,10 +150,6 @@ class Server : private transport::ConnectionObserver {
              const Metadata& md = {}, const google::protobuf::MessageLite* message = nullptr,
              Attachment attachment = Attachment(), size_t message_size = 0);
   void CallFinished(const CallKey& key);
-  // The timer thread that cancels calls at their deadlines for
-  // ServerContext::OnCancel; made by the first call that needs it.
-  internal::TimerQueue& Timers();
-  internal::TimerQueue* TimersIfMade();
 
   const size_t max_message_size_;
   const size_t max_calls_;           // 0: no limit
@@ -170,7 +166,9 @@ class Server : private transport::ConnectionObserver {
   std::map<std::string, std::unique_ptr<transport::Transport>> transports_;  // by scheme
   std::vector<std::unique_ptr<transport::Listener>> listeners_;
   std::vector<std::string> addresses_;
-  internal::ThreadPool workers_;
+  // Made by BuildAndStart before any listener, so that no call finds them
+  // missing.
+  std::unique_ptr<internal::ThreadPool> workers_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -202,8 +200,10 @@ class Server : private transport::ConnectionObserver {
   std::atomic<size_t> limited_in_flight_{0};
   std::atomic<uint64_t> refused_over_limit_{0};
   std::atomic<uint64_t> refused_over_connection_limit_{0};
-  // Guarded by mu_ until made; last, so that it is destroyed (its thread
-  // joined) while what its callbacks reach still exists.
+  // The timer thread that cancels calls at their deadlines for
+  // ServerContext::OnCancel. Made by BuildAndStart with the workers; last, so
+  // that it is destroyed (its thread joined) while what its callbacks reach
+  // still exists.
   std::unique_ptr<internal::TimerQueue> timers_;
 };
 
@@ -237,7 +237,8 @@ class ServerBuilder {
   // added before it as calls come in and before them as they are answered.
   ServerBuilder& AddInterceptor(std::shared_ptr<ServerInterceptor> interceptor);
   // Fails (naming the cause) on an unusable address, a method registered
-  // twice, or two methods whose ids collide.
+  // twice, two methods whose ids collide, or a process that may start no
+  // more threads (RESOURCE_EXHAUSTED, naming its limit).
   StatusOr<std::unique_ptr<Server>> BuildAndStart();
 
  private:

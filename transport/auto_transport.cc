@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/new_thread.h"
 #include "base/steady_clock.h"
 #include "transport/attempt_errors.h"
 #include "transport/tcp/tcp_transport.h"
@@ -57,18 +58,24 @@ class TcpAloneProbe {
  public:
   TcpAloneProbe(Address addr, absl::Time start, absl::Time deadline)
       : stop_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-    if (stop_fd_ < 0) return;  // out of descriptors: RDMA's answer or its deadline decides
-    thread_ = std::thread([this, addr = std::move(addr), start, deadline] {
-      if (!WaitForStart(start)) return;
-      auto alone = TcpListensAlone(addr, stop_fd_, deadline);
-      if (alone.ok() && *alone) tcp_alone_.store(true, std::memory_order_relaxed);
-    });
+    // Out of descriptors or threads, it asks nothing: RDMA's answer or its
+    // deadline decides.
+    if (stop_fd_ < 0) return;
+    auto thread = NewThread("asking whether TCP alone listens",
+                            [this, addr = std::move(addr), start, deadline] {
+                              if (!WaitForStart(start)) return;
+                              auto alone = TcpListensAlone(addr, stop_fd_, deadline);
+                              if (alone.ok() && *alone) {
+                                tcp_alone_.store(true, std::memory_order_relaxed);
+                              }
+                            });
+    if (thread.ok()) thread_ = *std::move(thread);
   }
   ~TcpAloneProbe() {
     if (stop_fd_ < 0) return;
     const uint64_t one = 1;
     (void)!write(stop_fd_, &one, sizeof one);
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
     close(stop_fd_);
   }
   TcpAloneProbe(const TcpAloneProbe&) = delete;
@@ -126,20 +133,26 @@ class TcpUntilRdmaListener : public Listener {
  public:
   using MakeRdma = std::function<absl::StatusOr<Transport*>()>;
 
-  TcpUntilRdmaListener(std::unique_ptr<Listener> tcp, Address rdma_at, MakeRdma rdma,
-                       AcceptCallback on_accept, std::string who)
+  TcpUntilRdmaListener(std::unique_ptr<Listener> tcp, Address rdma_at)
       : tcp_(std::move(tcp)),
         rdma_at_(std::move(rdma_at)),
-        address_(WithScheme(tcp_->address(), "auto")),
-        thread_([this, rdma = std::move(rdma), on_accept = std::move(on_accept),
-                 who = std::move(who)] { LookForRdma(rdma, on_accept, who); }) {}
+        address_(WithScheme(tcp_->address(), "auto")) {}
   ~TcpUntilRdmaListener() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     stopped_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Starts the thread that looks for a device; fails without one.
+  absl::Status Start(MakeRdma rdma, AcceptCallback on_accept, std::string who) {
+    auto thread = NewThread(absl::StrCat("looking for an RDMA device for ", address_.ToString()),
+                            [this, rdma = std::move(rdma), on_accept = std::move(on_accept),
+                             who = std::move(who)] { LookForRdma(rdma, on_accept, who); });
+    if (!thread.ok()) return thread.status();
+    thread_ = *std::move(thread);
+    return absl::OkStatus();
   }
   const Address& address() const override { return address_; }
 
@@ -318,9 +331,10 @@ absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::Listen(const Address& a
     if (!tcp.ok()) return tcp.status();
     Address rdma_at = WithScheme(addr, "rdma");
     rdma_at.port = (*tcp)->address().port;
-    return std::unique_ptr<Listener>(new TcpUntilRdmaListener(
-        *std::move(tcp), std::move(rdma_at), [this] { return Rdma(); }, std::move(on_accept),
-        who_));
+    auto listener = std::make_unique<TcpUntilRdmaListener>(*std::move(tcp), std::move(rdma_at));
+    absl::Status started = listener->Start([this] { return Rdma(); }, std::move(on_accept), who_);
+    if (!started.ok()) return started;
+    return std::unique_ptr<Listener>(std::move(listener));
   }
   if (!rdma_transport.ok()) return rdma_transport.status();
   absl::Status last;

@@ -12,7 +12,9 @@
 // use by then.
 //
 // What not to rely on: work still running at exit delays the exit until it
-// ends; work started after that join has begun is detached.
+// ends; work started after that join has begun is detached. Work that finds
+// no thread (the process at its limit, base/new_thread.h) is said on
+// stderr and runs with the next work that gets one, or at exit.
 #ifndef RDMARPC_RPC_INTERNAL_OWN_THREAD_H_
 #define RDMARPC_RPC_INTERNAL_OWN_THREAD_H_
 

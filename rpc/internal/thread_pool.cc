@@ -2,11 +2,19 @@
 
 #include <algorithm>
 
+#include "base/new_thread.h"
+
 namespace rdmarpc::internal {
 
-ThreadPool::ThreadPool(int threads) {
-  threads = std::max(threads, 1);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([queue = queue_] { Run(queue); });
+absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(int threads,
+                                                               absl::string_view what) {
+  std::unique_ptr<ThreadPool> pool(new ThreadPool());
+  for (int i = 0; i < std::max(threads, 1); ++i) {
+    auto t = NewThread(what, [queue = pool->queue_] { Run(queue); });
+    if (!t.ok()) return t.status();  // the pool's destructor stops those started
+    pool->threads_.push_back(*std::move(t));
+  }
+  return pool;
 }
 
 bool ThreadPool::Post(absl::AnyInvocable<void() &&> task) {

@@ -4,6 +4,9 @@
 // thread, so a slow handler cannot stall the network. Stop() runs what is
 // already queued, then joins; tasks posted after Stop() are refused.
 //
+// A process at its limit on threads gets no pool: Create says which limit
+// (base/new_thread.h), rather than a pool with fewer threads than asked for.
+//
 // A task may destroy the pool (a callback that drops the last reference to
 // the channel that owns it): its own thread cannot be joined then, so it is
 // detached, and it finishes with the queue's state, which it shares, after
@@ -19,13 +22,17 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "base/ring_fifo.h"
 
 namespace rdmarpc::internal {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);
+  // A pool of max(threads, 1) threads, which run `what` ("the callbacks of
+  // channel x"), named in the error when they cannot all be started.
+  static absl::StatusOr<std::unique_ptr<ThreadPool>> Create(int threads, absl::string_view what);
   ~ThreadPool() { Stop(); }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -43,6 +50,7 @@ class ThreadPool {
     RingFifo<absl::AnyInvocable<void() &&>> tasks;  // guarded by mu
     bool stopping = false;                          // guarded by mu
   };
+  ThreadPool() = default;
   static void Run(const std::shared_ptr<Queue>& queue);
 
   const std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();

@@ -36,7 +36,9 @@ TEST(ThreadPool, StopRunsWhatIsQueuedAndRefusesMore) {
   std::vector<int> ran;
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
-  ThreadPool pool(1);
+  auto made = ThreadPool::Create(1, "the test's tasks");
+  ASSERT_TRUE(made.ok()) << made.status();
+  ThreadPool& pool = **made;
   ASSERT_TRUE(pool.Post([&] { released.wait(); }));
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.Post([&ran, i] { ran.push_back(i); }));
   std::thread stopper([&] { pool.Stop(); });
@@ -51,7 +53,9 @@ TEST(ThreadPool, StopRunsWhatIsQueuedAndRefusesMore) {
 // not join, leaves without touching the destroyed pool (ASan would say).
 TEST(ThreadPool, ATaskThatDestroysItsPoolEndsAndItsThreadLeaves) {
   const int before = Threads();
-  auto pool = std::make_unique<ThreadPool>(1);
+  auto made = ThreadPool::Create(1, "the test's tasks");
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<ThreadPool> pool = *std::move(made);
   ASSERT_TRUE(ThreadsBecome(before + 1));
   // The task runs once Post has returned (behind the gate, on the one
   // thread): a pool's owner does not destroy it while it posts to it.

@@ -4,10 +4,18 @@
 #include <chrono>
 #include <utility>
 
+#include "base/new_thread.h"
 #include "base/steady_clock.h"
 
 namespace rdmarpc::internal {
-TimerQueue::TimerQueue() : thread_([this] { Run(); }) {}
+
+absl::StatusOr<std::unique_ptr<TimerQueue>> TimerQueue::Create(absl::string_view what) {
+  std::unique_ptr<TimerQueue> queue(new TimerQueue());
+  auto t = NewThread(what, [q = queue.get()] { q->Run(); });
+  if (!t.ok()) return t.status();
+  queue->thread_ = *std::move(t);
+  return queue;
+}
 
 TimerQueue::~TimerQueue() {
   {
@@ -15,7 +23,7 @@ TimerQueue::~TimerQueue() {
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 uint64_t TimerQueue::Schedule(absl::Time when, absl::AnyInvocable<void() &&> fn,

@@ -4,19 +4,23 @@
 // Callbacks run on the timer thread and must be short (they only complete a
 // call, which hands user code to a pool). One queue may serve several owners
 // (the channels of a ChannelGroup): CancelAll(owner) is how an owner that
-// goes away makes sure none of its callbacks runs after it.
+// goes away makes sure none of its callbacks runs after it. Create fails
+// where the process may start no more threads (base/new_thread.h).
 #ifndef RDMARPC_RPC_INTERNAL_TIMER_QUEUE_H_
 #define RDMARPC_RPC_INTERNAL_TIMER_QUEUE_H_
 
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -24,7 +28,9 @@ namespace rdmarpc::internal {
 
 class TimerQueue {
  public:
-  TimerQueue();
+  // The queue and its thread, which runs `what`'s timers ("the timers of
+  // channel x"), named in the error when it cannot be started.
+  static absl::StatusOr<std::unique_ptr<TimerQueue>> Create(absl::string_view what);
   ~TimerQueue();
 
   // Runs `fn` once SteadyNow() reaches `when` (base/steady_clock.h). Returns
@@ -38,6 +44,7 @@ class TimerQueue {
   void CancelAll(const void* owner);
 
  private:
+  TimerQueue() = default;
   void Run();
 
   struct Timer {

@@ -14,7 +14,9 @@ namespace {
 // CancelAll drops an owner's timers, leaves other owners' alone, and returns
 // only once a callback of the owner that was already running has returned.
 TEST(TimerQueue, CancelAllWaitsForTheOwnersRunningCallbackAndSparesOthers) {
-  TimerQueue timers;
+  auto made = TimerQueue::Create("the test's timers");
+  ASSERT_TRUE(made.ok()) << made.status();
+  TimerQueue& timers = **made;
   int a, b;  // owners
   absl::Notification running, other_fired;
   std::atomic<bool> finished{false};
@@ -42,7 +44,9 @@ TEST(TimerQueue, CancelAllWaitsForTheOwnersRunningCallbackAndSparesOthers) {
 // A timer centuries out (a deadline meant as "never", a peer's timeout_us)
 // leaves the timer thread asleep, and one due meanwhile still fires on time.
 TEST(TimerQueue, ATimerCenturiesOutLeavesTheThreadAsleep) {
-  TimerQueue timers;
+  auto made = TimerQueue::Create("the test's timers");
+  ASSERT_TRUE(made.ok()) << made.status();
+  TimerQueue& timers = **made;
   std::atomic<bool> far_fired{false};
   timers.Schedule(SteadyNow() + absl::Hours(24 * 365 * 300), [&] { far_fired = true; });
   absl::SleepFor(absl::Milliseconds(50));  // the thread is waiting by now

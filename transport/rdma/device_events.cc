@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/new_thread.h"
 #include "base/steady_clock.h"
 #include "transport/attempt_errors.h"
 #include "transport/rdma/counters.h"
@@ -68,6 +69,19 @@ State& S() {
 void Wake(State& s) {
   const uint64_t one = 1;
   (void)!write(s.wake_fd, &one, sizeof one);
+}
+
+// Undoes Watch's taking of `ep`, for which no reader could be started.
+// Holds lifecycle_mu.
+void Forget(State& s, Endpoint* ep) {
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.devices.find(ep->verbs());
+  auto& eps = it->second.endpoints;
+  eps.erase(std::remove(eps.begin(), eps.end(), ep), eps.end());
+  if (eps.empty()) s.devices.erase(it);
+  if (--s.watched > 0) return;
+  close(s.wake_fd);
+  s.wake_fd = -1;
 }
 
 void ReadEvents() {
@@ -199,11 +213,16 @@ absl::Status DeviceEvents::Watch(Endpoint* ep) {
     it->second.endpoints.push_back(ep);
     ++s.watched;
   }
-  if (!s.reader.joinable()) {
-    s.reader = std::thread(ReadEvents);
-  } else {
+  if (s.reader.joinable()) {
     Wake(s);  // to poll a new context too
+    return absl::OkStatus();
   }
+  auto reader = NewThread("the reader of RDMA device events", ReadEvents);
+  if (!reader.ok()) {
+    Forget(s, ep);
+    return reader.status();
+  }
+  s.reader = *std::move(reader);
   return absl::OkStatus();
 }
 
@@ -232,7 +251,16 @@ void DeviceEvents::Unwatch(Endpoint* ep) {
   s.devices.erase(ep->verbs());
   s.stop = false;
   if (s.watched > 0) {
-    s.reader = std::thread(ReadEvents);
+    auto reader = NewThread("the reader of RDMA device events", ReadEvents);
+    if (reader.ok()) {
+      s.reader = *std::move(reader);
+    } else {
+      // The next endpoint made (Watch) tries again.
+      fprintf(stderr,
+              "rdmarpc: %s; the events of the devices still in use are not read until a new "
+              "RDMA endpoint is made\n",
+              std::string(reader.status().message()).c_str());
+    }
   } else {
     close(s.wake_fd);
     s.wake_fd = -1;

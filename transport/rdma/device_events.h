@@ -14,7 +14,8 @@
 // The reader is woken (to poll a new device, or to stop) through an eventfd
 // made when it starts. When the process is out of descriptors and none can
 // be made, Watch fails and the endpoint is refused, rather than watched by a
-// reader that nothing could wake to stop.
+// reader that nothing could wake to stop; so does a process that may start
+// no more threads, when the reader is not running.
 //
 // Why process-wide: librdmacm opens each device once per process, so every
 // transport's endpoints on one device share its ibv_context and its one

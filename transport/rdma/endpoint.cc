@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/new_thread.h"
 #include "base/stage_trace.h"
 #include "base/steady_clock.h"
 #include "transport/attempt_errors.h"
@@ -166,7 +167,10 @@ absl::Status Endpoint::Init() {
   }
   RefillSrq();
   if (absl::Status s = DeviceEvents::Watch(this); !s.ok()) return s;
-  poller_ = std::thread([this] { PollLoop(); });
+  auto poller = NewThread(absl::StrCat("the poller of ", device_name_, " (", owner_, ")"),
+                          [this] { PollLoop(); });
+  if (!poller.ok()) return poller.status();  // Stop lets go of the watch
+  poller_ = *std::move(poller);
   return absl::OkStatus();
 }
 

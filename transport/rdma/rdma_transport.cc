@@ -16,6 +16,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "base/new_thread.h"
 #include "base/steady_clock.h"
 #include "transport/address_race.h"
 #include "transport/attempt_errors.h"
@@ -67,11 +68,18 @@ RdmaTransport::RdmaTransport(TransportOptions options, RdmaOptions rdma, bool se
   }
   if (channel_) {
     fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
-    cm_thread_ = std::thread([this] { CmLoop(); });
-    cm_thread_id_.store(cm_thread_.get_id());
-  } else {
-    cm_exited_ = true;
+    auto thread =
+        NewThread(absl::StrCat("the rdma_cm events of ", options_.name), [this] { CmLoop(); });
+    if (thread.ok()) {
+      cm_thread_ = *std::move(thread);
+      cm_thread_id_.store(cm_thread_.get_id());
+    } else {
+      no_cm_thread_ = thread.status();
+      rdma_destroy_event_channel(channel_);
+      channel_ = nullptr;
+    }
   }
+  if (!channel_) cm_exited_ = true;
 }
 
 RdmaTransport::~RdmaTransport() {
@@ -370,7 +378,10 @@ absl::StatusOr<std::shared_ptr<Connection>> RdmaTransport::ConnectUnless(
     const Address& addr, ConnectionObserver* observer, absl::Time deadline,
     const std::atomic<bool>& give_up) {
   if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
-  if (!channel_) return NoChannel(channel_failure_, internal::Doing::kConnect);
+  if (!channel_) {
+    return no_cm_thread_.ok() ? NoChannel(channel_failure_, internal::Doing::kConnect)
+                              : no_cm_thread_;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return absl::FailedPreconditionError("transport is shut down");
@@ -546,7 +557,10 @@ void RdmaTransport::AbandonAttempt(Attempt* at) {
 absl::StatusOr<std::unique_ptr<Listener>> RdmaTransport::Listen(const Address& addr,
                                                                 AcceptCallback on_accept) {
   if (absl::Status s = CheckRdmaOptions(rdma_, server_); !s.ok()) return s;
-  if (!channel_) return NoChannel(channel_failure_, internal::Doing::kListen);
+  if (!channel_) {
+    return no_cm_thread_.ok() ? NoChannel(channel_failure_, internal::Doing::kListen)
+                              : no_cm_thread_;
+  }
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
   auto named = NamedGidAddress(rdma_, addr.port);

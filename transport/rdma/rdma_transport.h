@@ -136,8 +136,10 @@ class RdmaTransport : public Transport {
   const RdmaOptions rdma_;
   const bool server_;
   rdma_event_channel* channel_ = nullptr;
-  // What failed, with its errno, when the transport has no channel.
+  // What failed, with its errno, when the transport has no channel; or
+  // no_cm_thread_, when it could have none for want of a thread.
   std::pair<const char*, int> channel_failure_{"", 0};
+  absl::Status no_cm_thread_;
   int wake_fd_ = -1;
   std::thread cm_thread_;
   // The CM thread's id while it runs; none once it has exited, when a new

@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/new_thread.h"
 #include "base/steady_clock.h"
 #include "transport/address_race.h"
 #include "transport/attempt_errors.h"
@@ -708,21 +709,40 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
 
 TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp)
     : options_(std::move(options)), tcp_(tcp) {
+  const auto fd_failed = [&](const char* what) {
+    const int err = errno;
+    return WithFileLimitAdvice(
+        absl::UnavailableError(
+            absl::StrCat(what, " for the I/O thread of ", options_.name, ": ", ErrnoText(err))),
+        err);
+  };
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.ptr = nullptr;  // the wake-up fd
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-  thread_ = std::thread([this] { Loop(); });
+  if (epoll_fd_ < 0) unusable_ = fd_failed("epoll_create1");
+  if (unusable_.ok()) wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (unusable_.ok() && wake_fd_ < 0) unusable_ = fd_failed("eventfd");
+  if (unusable_.ok()) stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (unusable_.ok() && stop_fd_ < 0) unusable_ = fd_failed("eventfd");
+  if (unusable_.ok()) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;  // the wake-up fd
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    auto thread = NewThread(absl::StrCat("the I/O of ", options_.name), [this] { Loop(); });
+    if (thread.ok()) {
+      thread_ = *std::move(thread);
+      return;
+    }
+    unusable_ = thread.status();
+  }
+  // No loop: whatever would run on it runs where it is asked (Shutdown).
+  loop_ended_ = true;
 }
 
 TcpTransport::~TcpTransport() {
   Shutdown();
-  close(wake_fd_);
-  close(stop_fd_);
-  close(epoll_fd_);
+  for (const int fd : {wake_fd_, stop_fd_, epoll_fd_}) {
+    if (fd >= 0) close(fd);
+  }
 }
 
 void TcpTransport::Loop() {
@@ -865,6 +885,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
                                                                   ConnectionObserver* observer,
                                                                   absl::Time deadline) {
   if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
+  if (!unusable_.ok()) return unusable_;
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
   const std::string target = addr.ToString();
@@ -890,6 +911,7 @@ absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address&
 absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::Listen(const Address& addr,
                                                                AcceptCallback on_accept) {
   if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
+  if (!unusable_.ok()) return unusable_;
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
   auto listener = ListenOnEachAddress(*addresses, options_.name, [&](const SocketAddress& a) {
@@ -947,7 +969,7 @@ void TcpTransport::Shutdown() {
     for (auto& c : all) c->Finish(absl::UnavailableError("transport shutting down"));
     loop_exit_ = true;
   });
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 }  // namespace rdmarpc::transport

@@ -19,6 +19,9 @@
 // lost its framing); every other connection is untouched. A payload larger
 // than max_message_size is read and thrown away, then reported to the observer
 // as RESOURCE_EXHAUSTED, so the connection stays usable.
+//
+// A transport made where the process is out of descriptors or threads has
+// no I/O thread, and answers every Connect and Listen with what it lacked.
 #ifndef RDMARPC_TRANSPORT_TCP_TCP_TRANSPORT_H_
 #define RDMARPC_TRANSPORT_TCP_TCP_TRANSPORT_H_
 
@@ -30,6 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "transport/tcp/tcp_options.h"
 #include "transport/transport.h"
@@ -87,6 +91,9 @@ class TcpTransport : public Transport {
 
   const TransportOptions options_;
   const TcpOptions tcp_;
+  // Why the transport has no I/O thread (a descriptor or the thread could
+  // not be had): what every Connect and Listen answers. OK when it has one.
+  absl::Status unusable_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   // Readable once Shutdown has begun: ends the Connects waiting for a handshake.

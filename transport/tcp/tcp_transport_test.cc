@@ -716,6 +716,13 @@ class DescriptorsRunOut {
     for (int copy; (copy = dup(fd)) >= 0;) fillers_.push_back(copy);
     return errno == EMFILE;
   }
+  // Closes `n` of the copies: that many descriptors are free.
+  void Spare(size_t n) {
+    for (; n > 0 && !fillers_.empty(); --n) {
+      close(fillers_.back());
+      fillers_.pop_back();
+    }
+  }
   // The limit it set.
   rlim_t limit() const { return std::min<rlim_t>(old_limit_.rlim_cur, 256); }
   void Free() {
@@ -820,6 +827,49 @@ TEST(TcpTransport, AClientOutOfDescriptorsSaysWhatToRaise) {
   auto connected =
       client.Connect((*listener)->address(), &client_observer, SteadyNow() + absl::Seconds(10));
   EXPECT_TRUE(connected.ok()) << connected.status();
+}
+
+// A transport made with no descriptor free (for its epoll set, then with
+// one free for its wake-up's eventfd) has no I/O thread: each Connect and
+// Listen says what it lacked and the limit, rather than waiting for ever on
+// a loop that cannot be woken (before, its thread spun on a failed
+// epoll_wait and Listen hung). A transport made once descriptors are free
+// serves as ever.
+TEST(TcpTransport, ATransportMadeOutOfDescriptorsSaysWhatItLacked) {
+  NoObserver observer;
+  for (const auto& [spare, lacked] :
+       {std::pair<size_t, const char*>{0, "epoll_create1"}, {1, "eventfd"}}) {
+    SCOPED_TRACE(lacked);
+    DescriptorsRunOut run_out;
+    ASSERT_TRUE(run_out.Fill(STDIN_FILENO));
+    run_out.Spare(spare);
+    TransportOptions options;
+    options.name = "starved";
+    TcpTransport starved(options);
+    run_out.Free();
+    const std::string said = absl::StrCat(lacked,
+                                          " for the I/O thread of starved: Too many open "
+                                          "files. This process may open ",
+                                          run_out.limit(), " files: raise `ulimit -n`.");
+    auto listener = starved.Listen(
+        *ParseAddress("tcp://127.0.0.1:0"),
+        [&](std::shared_ptr<Connection>) -> ConnectionObserver* { return &observer; });
+    ASSERT_FALSE(listener.ok());
+    EXPECT_EQ(listener.status().code(), absl::StatusCode::kUnavailable) << listener.status();
+    EXPECT_TRUE(absl::StrContains(listener.status().message(), said)) << listener.status();
+    auto conn = starved.Connect(*ParseAddress("tcp://127.0.0.1:9"), &observer,
+                                SteadyNow() + absl::Seconds(10));
+    ASSERT_FALSE(conn.ok());
+    EXPECT_TRUE(absl::StrContains(conn.status().message(), said)) << conn.status();
+  }
+  TcpTransport server(TransportOptions{});
+  auto listener =
+      server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
+                    [&](std::shared_ptr<Connection>) -> ConnectionObserver* { return &observer; });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  TcpTransport client(TransportOptions{});
+  auto conn = client.Connect((*listener)->address(), &observer, SteadyNow() + absl::Seconds(10));
+  EXPECT_TRUE(conn.ok()) << conn.status();
 }
 
 }  // namespace
