@@ -8,6 +8,7 @@
 //
 // In the Soft-RoCE VM, where the test is root and may make its own cgroup:
 // it puts itself in one and sets its pids.max.
+#include <dirent.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +22,8 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "rpc/channel.h"
+#include "rpc/channel_group.h"
+#include "rpc/interceptor.h"
 #include "rpc/server.h"
 #include "tests/echo_service.h"
 #include "transport/rdma/testing/rdma_test_env.h"
@@ -45,22 +48,46 @@ long long ReadNumber(const std::string& path) {
   return n;
 }
 
-// This process in a cgroup of its own, whose pids.max the test sets.
+bool Empty(const char* dir) {
+  DIR* d = opendir(dir);
+  if (d == nullptr) return false;
+  int entries = 0;
+  while (const dirent* e = readdir(d)) entries += e->d_name[0] != '.';
+  closedir(d);
+  return entries == 0;
+}
+
+// This process in a cgroup of its own, whose pids.max the test sets; on a
+// host (not the VM), it goes back to its own cgroup afterwards.
 class ThreadLimit {
  public:
   static ::testing::AssertionResult Enter() {
-    if (access(absl::StrCat(kRoot, "/cgroup.controllers").c_str(), F_OK) != 0 &&
-        mount("cgroup2", kRoot, "cgroup2", 0, nullptr) != 0) {
-      return ::testing::AssertionFailure() << "mount cgroup2: " << strerror(errno);
+    if (access(absl::StrCat(kRoot, "/cgroup.controllers").c_str(), F_OK) != 0) {
+      // Nothing is mounted there in the VM; on a host, cgroup v1 may be.
+      if (!Empty(kRoot) || mount("cgroup2", kRoot, "cgroup2", 0, nullptr) != 0) {
+        return ::testing::AssertionFailure()
+               << "no cgroup v2 tree at " << kRoot
+               << ": run the test as root on a host with cgroup v2, or in the VM "
+                  "(RDMARPC_VM=always make test)";
+      }
+    }
+    std::ifstream in("/proc/self/cgroup");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("0::", 0) == 0) home_ = line.substr(3);
     }
     if (!Write(absl::StrCat(kRoot, "/cgroup.subtree_control"), "+pids")) {
-      return ::testing::AssertionFailure() << "the kernel has no pids controller";
+      return ::testing::AssertionFailure() << "no pids controller, or not root";
     }
     mkdir(kGroup, 0755);
     if (!Write(absl::StrCat(kGroup, "/cgroup.procs"), std::to_string(getpid()))) {
       return ::testing::AssertionFailure() << "cannot move into " << kGroup;
     }
     return ::testing::AssertionSuccess();
+  }
+  static void Leave() {
+    Write(absl::StrCat(kRoot, home_ == "/" ? "" : home_, "/cgroup.procs"),
+          std::to_string(getpid()));
+    rmdir(kGroup);
   }
   // Threads (tasks) of this process now: the cgroup holds nothing else.
   static int Threads() {
@@ -71,6 +98,9 @@ class ThreadLimit {
     ASSERT_TRUE(Write(absl::StrCat(kGroup, "/pids.max"), std::to_string(Threads() + more)));
   }
   static void Lift() { ASSERT_TRUE(Write(absl::StrCat(kGroup, "/pids.max"), "max")); }
+
+ private:
+  static inline std::string home_ = "/";  // the cgroup this process came from
 };
 
 // Threads that end on their own (a connector, work on a thread of its own)
@@ -117,10 +147,11 @@ std::string Address(const std::string& scheme) {
 class AtTheThreadLimit : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() { ASSERT_TRUE(ThreadLimit::Enter()); }
+  static void TearDownTestSuite() { ThreadLimit::Leave(); }
   void TearDown() override { ThreadLimit::Lift(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Transports, AtTheThreadLimit, ::testing::Values("rdma", "tcp"),
+INSTANTIATE_TEST_SUITE_P(Transports, AtTheThreadLimit, ::testing::Values("rdma", "tcp", "auto"),
                          [](const auto& info) { return info.param; });
 
 // With room for 0, 1, 2, ... threads more, a server is started, a channel
@@ -242,6 +273,99 @@ TEST_P(AtTheThreadLimit, AChannelThatCannotStartItsConnectorTriesAgainAfterItsBa
   const Status s = result.get();
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(resp.data(), "waits");
+}
+
+// A channel group's threads start with it, and a transport's with the
+// group's first channel of its kind: where they cannot, the group or the
+// channel is not made, and no transport without its thread is kept for the
+// channels that come once the limit is lifted.
+TEST_P(AtTheThreadLimit, AChannelGroupAndItsFirstChannelNeedTheirThreads) {
+  TestServer server(Address(GetParam()));
+  ASSERT_TRUE(server.server);
+  ThreadLimit::Allow(0);
+  auto refused = ChannelGroup::Create();
+  ThreadLimit::Lift();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(SaysTheLimit(refused.status().message()));
+  EXPECT_NE(refused.status().message().find("a channel group"), std::string::npos)
+      << refused.status();
+
+  auto group = ChannelGroup::Create();
+  ASSERT_TRUE(group.ok()) << group.status();
+  ThreadLimit::Allow(0);
+  auto first = (*group)->NewChannel(server.address);
+  ThreadLimit::Lift();
+  ASSERT_FALSE(first.ok());
+  EXPECT_TRUE(SaysTheLimit(first.status().message()));
+  auto second = (*group)->NewChannel(server.address);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const Status s = EchoOn(**second, "through the group");
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// A channel dropped in its own inline callback is destroyed on a thread of
+// its own (rpc/internal/own_thread.h). Where none can be had, it waits, and
+// goes with the next channel destroyed that way once one can.
+TEST_P(AtTheThreadLimit, AChannelDroppedInItsOwnCallbackGoesOnceAThreadCanBeHad) {
+  TestServer server(Address(GetParam()));
+  ASSERT_TRUE(server.server);
+  // A connected channel whose call's callback drops the last reference to
+  // it. Its options hold `alive`, which expires as the channel goes.
+  struct Dropped {
+    std::weak_ptr<ClientInterceptor> alive;
+    std::shared_ptr<Channel> channel;
+    ClientContext ctx;
+    EchoRequest req;
+    EchoResponse resp;
+    std::promise<Status> ended;
+  };
+  const auto connect = [&](Dropped& d) {
+    ChannelOptions options;
+    options.callback_threads = 0;
+    auto alive = std::make_shared<ClientInterceptor>();
+    d.alive = alive;
+    options.interceptors.push_back(std::move(alive));
+    auto made = Channel::Create(server.address, std::move(options));
+    ASSERT_TRUE(made.ok()) << made.status();
+    ASSERT_TRUE(EchoOn(**made, "connects first").ok());
+    d.channel = *std::move(made);
+  };
+  const auto drop_in_callback = [&](Dropped& d) {
+    Channel* raw = d.channel.get();
+    d.ctx.set_timeout(absl::Seconds(20));
+    d.req.set_data("last");
+    raw->CallAsync(kEcho, &d.ctx, d.req, &d.resp, [&d](Status s) {
+      d.channel.reset();
+      d.ended.set_value(s);
+    });
+    auto ended = d.ended.get_future();
+    ASSERT_EQ(ended.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_TRUE(ended.get().ok());
+  };
+  const auto gone = [](const Dropped& d) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (!d.alive.expired() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    return d.alive.expired();
+  };
+  Dropped first;
+  ASSERT_NO_FATAL_FAILURE(connect(first));
+  ::testing::internal::CaptureStderr();
+  ThreadLimit::Allow(0);
+  drop_in_callback(first);
+  ThreadLimit::Lift();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(SaysTheLimit(log)) << log;
+  EXPECT_NE(log.find("no thread for work that cannot run where it was started"), std::string::npos)
+      << log;
+  // Deferred, not lost, and not done on the callback's thread: nothing else
+  // could destroy it now.
+  EXPECT_FALSE(first.alive.expired()) << "the first channel went without a thread";
+  Dropped second;
+  ASSERT_NO_FATAL_FAILURE(connect(second));
+  drop_in_callback(second);
+  EXPECT_TRUE(gone(second));
+  EXPECT_TRUE(gone(first)) << "the first channel was never destroyed";
 }
 
 }  // namespace

@@ -207,9 +207,8 @@ class TcpUntilRdmaListener : public Listener {
 
 }  // namespace
 
-AutoTransport::AutoTransport(std::unique_ptr<Transport> rdma, MakeRdma make_rdma,
-                             std::function<std::unique_ptr<Transport>()> make_tcp, std::string who,
-                             absl::Duration remember, FallbackMemory* memory)
+AutoTransport::AutoTransport(std::unique_ptr<Transport> rdma, MakeRdma make_rdma, MakeTcp make_tcp,
+                             std::string who, absl::Duration remember, FallbackMemory* memory)
     : make_rdma_(std::move(make_rdma)),
       make_tcp_(std::move(make_tcp)),
       who_(std::move(who)),
@@ -217,10 +216,28 @@ AutoTransport::AutoTransport(std::unique_ptr<Transport> rdma, MakeRdma make_rdma
       memory_(*memory),
       rdma_(std::move(rdma)) {}
 
-Transport& AutoTransport::Tcp() {
+absl::StatusOr<Transport*> AutoTransport::Tcp() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!tcp_) tcp_ = make_tcp_();
-  return *tcp_;
+  if (tcp_) return tcp_.get();
+  absl::StatusOr<std::unique_ptr<Transport>> made = make_tcp_();
+  if (!made.ok()) return made.status();
+  tcp_ = *std::move(made);
+  return tcp_.get();
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectTcp(const Address& addr,
+                                                                      ConnectionObserver* observer,
+                                                                      absl::Time deadline) {
+  absl::StatusOr<Transport*> tcp = Tcp();
+  if (!tcp.ok()) return tcp.status();
+  return (*tcp)->Connect(WithScheme(addr, "tcp"), observer, deadline);
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::ListenTcp(const Address& addr,
+                                                                   AcceptCallback on_accept) {
+  absl::StatusOr<Transport*> tcp = Tcp();
+  if (!tcp.ok()) return tcp.status();
+  return (*tcp)->Listen(addr, std::move(on_accept));
 }
 
 absl::StatusOr<Transport*> AutoTransport::Rdma() {
@@ -236,19 +253,19 @@ absl::StatusOr<Transport*> AutoTransport::Rdma() {
 absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::Connect(const Address& addr,
                                                                    ConnectionObserver* observer,
                                                                    absl::Time deadline) {
-  if (addr.scheme == "tcp") return Tcp().Connect(addr, observer, deadline);
+  if (addr.scheme == "tcp") return ConnectTcp(addr, observer, deadline);
   absl::StatusOr<Transport*> rdma = Rdma();
   if (addr.scheme != "auto") {
     if (!rdma.ok()) return rdma.status();
     return (*rdma)->Connect(addr, observer, deadline);
   }
   // No device yet: MakeTransport said so once, when it fell back to TCP.
-  if (!rdma.ok()) return Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);
+  if (!rdma.ok()) return ConnectTcp(addr, observer, deadline);
   const std::string target = addr.ToString();
   if (!memory_.FellBackWithin(target, remember_, SteadyNow())) {
     return ConnectRdmaFirst(**rdma, addr, target, observer, deadline);
   }
-  auto tcp = Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);
+  auto tcp = ConnectTcp(addr, observer, deadline);
   if (tcp.ok()) return tcp;
   // Something changed there (a restart with RDMA alone, say): RDMA first
   // again, with what is left.
@@ -293,7 +310,7 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
     fprintf(stderr, "rdmarpc[%s]: %s cannot be reached over RDMA (%s); auto:// connects over TCP\n",
             who_.c_str(), target.c_str(), why.c_str());
   }
-  auto tcp = Tcp().Connect(WithScheme(addr, "tcp"), observer, deadline);
+  auto tcp = ConnectTcp(addr, observer, deadline);
   if (tcp.ok()) {
     memory_.Remember(target, SteadyNow());
     return tcp;
@@ -323,11 +340,11 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectFaster(
 
 absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::Listen(const Address& addr,
                                                                 AcceptCallback on_accept) {
-  if (addr.scheme == "tcp") return Tcp().Listen(addr, std::move(on_accept));
+  if (addr.scheme == "tcp") return ListenTcp(addr, std::move(on_accept));
   absl::StatusOr<Transport*> rdma_transport = Rdma();
   if (!rdma_transport.ok() && addr.scheme == "auto") {
     // No device yet: MakeTransport said so once, when it fell back to TCP.
-    auto tcp = Tcp().Listen(WithScheme(addr, "tcp"), on_accept);
+    auto tcp = ListenTcp(WithScheme(addr, "tcp"), on_accept);
     if (!tcp.ok()) return tcp.status();
     Address rdma_at = WithScheme(addr, "rdma");
     rdma_at.port = (*tcp)->address().port;
@@ -343,7 +360,7 @@ absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::Listen(const Address& a
     if (!rdma.ok() || addr.scheme != "auto") return rdma;
     Address tcp_addr = WithScheme(addr, "tcp");
     tcp_addr.port = (*rdma)->address().port;
-    auto tcp = Tcp().Listen(tcp_addr, on_accept);
+    auto tcp = ListenTcp(tcp_addr, on_accept);
     if (tcp.ok()) {
       return std::unique_ptr<Listener>(new PairedListener(std::move(*rdma), std::move(*tcp)));
     }

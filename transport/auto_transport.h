@@ -74,15 +74,16 @@ class AutoTransport : public Transport {
   // Makes an RDMA transport, or says why there is none yet (UNAVAILABLE
   // while no device is usable).
   using MakeRdma = std::function<absl::StatusOr<std::unique_ptr<Transport>>()>;
+  // Makes the TCP transport, or says why it cannot (no thread or descriptor
+  // for its I/O).
+  using MakeTcp = std::function<absl::StatusOr<std::unique_ptr<Transport>>()>;
 
   // `rdma` is the RDMA transport; null: `make_rdma` makes it when it is
   // first needed, and again at each need while it fails. `make_tcp` makes
-  // the TCP transport when it is first needed. `who` names the owner in the
-  // log line. `memory` (FallbackMemory::Process() but in tests) must
-  // outlive this.
-  AutoTransport(std::unique_ptr<Transport> rdma, MakeRdma make_rdma,
-                std::function<std::unique_ptr<Transport>()> make_tcp, std::string who,
-                absl::Duration remember, FallbackMemory* memory);
+  // the TCP transport when it is first needed, and again while it fails. `who` names the owner in
+  // the log line. `memory` (FallbackMemory::Process() but in tests) must outlive this.
+  AutoTransport(std::unique_ptr<Transport> rdma, MakeRdma make_rdma, MakeTcp make_tcp,
+                std::string who, absl::Duration remember, FallbackMemory* memory);
 
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
                                                       ConnectionObserver* observer,
@@ -96,7 +97,15 @@ class AutoTransport : public Transport {
       const std::atomic<bool>& give_up) override;
 
  private:
-  Transport& Tcp();
+  // The TCP transport, made now if need be; make_tcp_'s error while it
+  // cannot be made.
+  absl::StatusOr<Transport*> Tcp();
+  // Connect (to `addr` as tcp://) and Listen over Tcp(), or its error.
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectTcp(const Address& addr,
+                                                         ConnectionObserver* observer,
+                                                         absl::Time deadline);
+  absl::StatusOr<std::unique_ptr<Listener>> ListenTcp(const Address& addr,
+                                                      AcceptCallback on_accept);
   // The RDMA transport, made now if need be; make_rdma_'s error while it
   // cannot be made.
   absl::StatusOr<Transport*> Rdma();
@@ -108,7 +117,7 @@ class AutoTransport : public Transport {
                                                                absl::Time deadline);
 
   const MakeRdma make_rdma_;
-  const std::function<std::unique_ptr<Transport>()> make_tcp_;
+  const MakeTcp make_tcp_;
   const std::string who_;
   const absl::Duration remember_;
   FallbackMemory& memory_;

@@ -45,8 +45,12 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
                                                          const TransportTunables& tunables) {
   absl::StatusOr<std::string> kind = ResolveScheme(scheme, options.name, tunables);
   if (!kind.ok()) return kind.status();
+  // A transport that could not start its thread is not made: it would fail
+  // every connect and listen even once the process can start threads again.
   if (*kind == "tcp") {
-    return std::unique_ptr<Transport>(new TcpTransport(options, TcpOptionsFromEnv(tunables.tcp)));
+    auto tcp = std::make_unique<TcpTransport>(options, TcpOptionsFromEnv(tunables.tcp));
+    if (!tcp->unusable().ok()) return tcp->unusable();
+    return std::unique_ptr<Transport>(std::move(tcp));
   }
   rdma::RdmaOptions rdma = rdma::RdmaOptionsFromEnv(tunables.rdma);
   // Here rather than at the first connect, so that a channel or server
@@ -55,7 +59,9 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
   std::unique_ptr<Transport> made;
   AutoTransport::MakeRdma make_rdma;
   if (*kind == "rdma") {
-    made = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
+    auto rdma_made = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
+    if (!rdma_made->no_cm_thread().ok()) return rdma_made->no_cm_thread();
+    made = std::move(rdma_made);
     // rdma:// too: an AutoTransport passes rdma:// addresses through
     // untouched, and a ChannelGroup shares this one transport between the
     // rdma:// and auto:// addresses it is given.
@@ -70,14 +76,20 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
               rdma::DescribeDevices().c_str(),
               options.listening ? "auto:// listeners take RDMA connections too"
                                 : "auto:// connections try RDMA first from now on");
-      return std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
+      auto fresh = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
+      if (!fresh->no_cm_thread().ok()) return fresh->no_cm_thread();
+      return fresh;
     };
   }
   TcpOptions tcp = TcpOptionsFromEnv(tunables.tcp);
   return std::unique_ptr<Transport>(new AutoTransport(
       std::move(made), std::move(make_rdma),
-      [options, tcp] { return std::make_unique<TcpTransport>(options, tcp); }, options.name,
-      tunables.tcp_fallback_memory, &FallbackMemory::Process()));
+      [options, tcp]() -> absl::StatusOr<std::unique_ptr<Transport>> {
+        auto fresh = std::make_unique<TcpTransport>(options, tcp);
+        if (!fresh->unusable().ok()) return fresh->unusable();
+        return fresh;
+      },
+      options.name, tunables.tcp_fallback_memory, &FallbackMemory::Process()));
 }
 
 }  // namespace rdmarpc::transport

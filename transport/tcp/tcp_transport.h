@@ -55,6 +55,11 @@ class TcpTransport : public Transport {
                                                    AcceptCallback on_accept) override;
   void Shutdown() override;
 
+  // Not OK when the transport has no I/O thread (a descriptor or the thread
+  // could not be had): what every Connect and Listen answers, and what
+  // MakeTransport answers instead of making it.
+  const absl::Status& unusable() const { return unusable_; }
+
  private:
   friend class TcpConnection;
   friend class TcpListener;
@@ -91,9 +96,7 @@ class TcpTransport : public Transport {
 
   const TransportOptions options_;
   const TcpOptions tcp_;
-  // Why the transport has no I/O thread (a descriptor or the thread could
-  // not be had): what every Connect and Listen answers. OK when it has one.
-  absl::Status unusable_;
+  absl::Status unusable_;  // OK when it has its I/O thread
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   // Readable once Shutdown has begun: ends the Connects waiting for a handshake.
