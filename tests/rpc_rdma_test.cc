@@ -687,4 +687,30 @@ TEST(RdmaRunToCompletion, CallersBlockedAtOnceSpinOneCoreBetweenThem) {
   EXPECT_LE(spinners, 1) << "callers blocked at once each spun a core";
 }
 
+// A channel made while its transport could not have the descriptor its
+// rdma_cm thread is woken through (EMFILE) is not made: its transport would
+// fail every connect for ever. The next one, made once descriptors are free,
+// serves.
+TEST(RdmaChannel, AChannelWhoseTransportHasNoDescriptorIsNotMadeAndTheNextServes) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  TestServer server("rdma://" + ip + ":0");
+  ASSERT_TRUE(server.server);
+  using WakeFdOf = FaultInjection::WakeFdOf;
+  FaultInjection::FailWakeFds(WakeFdOf::kTransport) = 1;
+  auto refused = Channel::Create(server.address);
+  EXPECT_EQ(FaultInjection::FailWakeFds(WakeFdOf::kTransport).exchange(0), 0);
+  ASSERT_FALSE(refused.ok()) << "made a channel whose transport has no wake-up";
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status();
+  for (const char* part :
+       {"eventfd for the rdma_cm thread failed: Too many open files", "raise `ulimit -n`"}) {
+    EXPECT_NE(refused.status().message().find(part), std::string::npos)
+        << "\"" << part << "\" not in: " << refused.status();
+  }
+  auto channel = Channel::Create(server.address);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  const Status s = EchoOn(**channel, std::string(100000, 'n'));
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 }  // namespace rdmarpc::testing

@@ -45,8 +45,10 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
                                                          const TransportTunables& tunables) {
   absl::StatusOr<std::string> kind = ResolveScheme(scheme, options.name, tunables);
   if (!kind.ok()) return kind.status();
-  // A transport that could not start its thread is not made: it would fail
-  // every connect and listen even once the process can start threads again.
+  // A transport that could not start its thread (or, at the descriptor
+  // limit, get what its thread waits on) is not made: it would fail every
+  // connect and listen even once the process has threads and descriptors
+  // again.
   if (*kind == "tcp") {
     auto tcp = std::make_unique<TcpTransport>(options, TcpOptionsFromEnv(tunables.tcp));
     if (!tcp->unusable().ok()) return tcp->unusable();
@@ -60,7 +62,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
   AutoTransport::MakeRdma make_rdma;
   if (*kind == "rdma") {
     auto rdma_made = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
-    if (!rdma_made->no_cm_thread().ok()) return rdma_made->no_cm_thread();
+    if (absl::Status s = rdma_made->Unusable(); !s.ok()) return s;
     made = std::move(rdma_made);
     // rdma:// too: an AutoTransport passes rdma:// addresses through
     // untouched, and a ChannelGroup shares this one transport between the
@@ -77,7 +79,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
               options.listening ? "auto:// listeners take RDMA connections too"
                                 : "auto:// connections try RDMA first from now on");
       auto fresh = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
-      if (!fresh->no_cm_thread().ok()) return fresh->no_cm_thread();
+      if (absl::Status s = fresh->Unusable(); !s.ok()) return s;
       return fresh;
     };
   }

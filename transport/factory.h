@@ -62,8 +62,8 @@ struct TransportTunables {
 // The transport for `scheme`, its tunables overridden by the environment.
 // INVALID_ARGUMENT, naming the option, when the RDMA options of an rdma://
 // (or auto:// resolved to RDMA) transport cannot work (CheckRdmaOptions);
-// RESOURCE_EXHAUSTED when the transport's thread cannot be started (and,
-// for tcp://, UNAVAILABLE when its descriptors cannot be had).
+// RESOURCE_EXHAUSTED when the transport's thread cannot be started, and
+// UNAVAILABLE when the descriptors it needs cannot be had (EMFILE).
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(
     const std::string& scheme, const TransportOptions& options,
     const TransportTunables& tunables = TransportTunables());

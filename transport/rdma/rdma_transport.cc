@@ -82,6 +82,15 @@ RdmaTransport::RdmaTransport(TransportOptions options, RdmaOptions rdma, bool se
   if (!channel_) cm_exited_ = true;
 }
 
+absl::Status RdmaTransport::Unusable() const {
+  if (!no_cm_thread_.ok()) return no_cm_thread_;
+  if (channel_ == nullptr && channel_failure_.second == EMFILE) {
+    return NoChannel(channel_failure_,
+                     server_ ? internal::Doing::kListen : internal::Doing::kConnect);
+  }
+  return absl::OkStatus();
+}
+
 RdmaTransport::~RdmaTransport() {
   Shutdown();
   if (channel_) rdma_destroy_event_channel(channel_);

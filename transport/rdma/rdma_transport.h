@@ -61,11 +61,11 @@ class RdmaTransport : public Transport {
                                                    AcceptCallback on_accept) override;
   void Shutdown() override;
 
-  // Not OK when the transport could not start its rdma_cm thread (the
-  // process at its thread limit): every Connect and Listen would fail so,
-  // and MakeTransport answers with it instead of making a transport that
-  // never works.
-  const absl::Status& no_cm_thread() const { return no_cm_thread_; }
+  // Not OK when the transport has no rdma_cm thread for want of what a
+  // process runs out of and gets back (a thread, or a descriptor: EMFILE):
+  // every Connect and Listen would fail so, and MakeTransport answers with
+  // it instead of making a transport that never works.
+  absl::Status Unusable() const;
 
   // Receive memory registered by this transport (all devices): stays flat as
   // connections come and go.
