@@ -1,5 +1,6 @@
 #include "base/new_thread.h"
 
+#include <pthread.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -112,6 +113,8 @@ std::string ThreadLimitAdvice() {
   absl::StrAppend(&out, ". Raise the limit it reached, or run fewer threads in it.");
   return out;
 }
+
+void NameThisThread(ThreadName name) { pthread_setname_np(pthread_self(), name.c_str()); }
 
 absl::Status NoThread(absl::string_view what, int err) {
   std::string message = absl::StrCat("no thread for ", what, ": ", strerror(err));

@@ -9,12 +9,17 @@
 // process. So every thread it starts comes from here, and a process at its
 // limit gets an error that says which limit it is at and how to raise it:
 //
-//   absl::StatusOr<std::thread> t = NewThread("the poller of rxe0", [this] { PollLoop(); });
+//   absl::StatusOr<std::thread> t =
+//       NewThread("rdma-poll", "the poller of rxe0", [this] { PollLoop(); });
 //   if (!t.ok()) return t.status();
 //   // RESOURCE_EXHAUSTED: "no thread for the poller of rxe0: Resource
 //   // temporarily unavailable. This process runs 37 threads, and its cgroup
 //   // /t allows 37 tasks (pids.max) ...: raise ..."
 //   poller_ = *std::move(t);
+//
+// Each thread is named (`ps -L`, `top -H`, gdb and perf show it), so that
+// one can tell the library's pollers, connectors and timers apart from each
+// other and from the application's threads.
 //
 // What not to rely on: the limits named are those that could be read (a
 // cgroup's pids.max where its file is visible), not every one the kernel
@@ -22,6 +27,7 @@
 #ifndef RDMARPC_BASE_NEW_THREAD_H_
 #define RDMARPC_BASE_NEW_THREAD_H_
 
+#include <cstddef>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -42,11 +48,32 @@ absl::Status NoThread(absl::string_view what, int err);
 // (pids.max) ...". Empty when none could be read.
 std::string ThreadLimitAdvice();
 
-// Starts `body` on a new thread, or says why it could not (NoThread).
+// A thread's name: a string literal of at most 15 characters, the kernel's
+// limit (TASK_COMM_LEN less the NUL), checked where it is written.
+class ThreadName {
+ public:
+  template <size_t N>
+  constexpr ThreadName(const char (&name)[N]) : name_(name) {  // NOLINT: implicit by design
+    static_assert(N <= 16, "a thread's name has at most 15 characters");
+  }
+  const char* c_str() const { return name_; }
+
+ private:
+  const char* name_;
+};
+
+// Gives the calling thread `name`.
+void NameThisThread(ThreadName name);
+
+// Starts `body` on a new thread named `name`, or says why it could not
+// (NoThread).
 template <typename F>
-absl::StatusOr<std::thread> NewThread(absl::string_view what, F&& body) {
+absl::StatusOr<std::thread> NewThread(ThreadName name, absl::string_view what, F&& body) {
   try {
-    return std::thread(std::forward<F>(body));
+    return std::thread([name, body = std::forward<F>(body)]() mutable {
+      NameThisThread(name);
+      body();
+    });
   } catch (const std::system_error& e) {
     return NoThread(what, e.code().value());
   }

@@ -19,20 +19,19 @@
 #ifndef RDMARPC_BASE_SIGNAL_STORM_H_
 #define RDMARPC_BASE_SIGNAL_STORM_H_
 
-#include <dirent.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/threads_of_process.h"
 
 namespace rdmarpc {
 
@@ -79,18 +78,6 @@ class SignalStorm {
   }
   static void Count(int) { Delivered().fetch_add(1, std::memory_order_relaxed); }
 
-  static std::vector<pid_t> Threads() {
-    std::vector<pid_t> tids;
-    DIR* d = opendir("/proc/self/task");
-    if (d == nullptr) return tids;
-    while (const dirent* e = readdir(d)) {
-      const pid_t tid = static_cast<pid_t>(atoi(e->d_name));
-      if (tid > 0) tids.push_back(tid);
-    }
-    closedir(d);
-    return tids;
-  }
-
   void Send(absl::Duration period) {
     const pid_t pid = getpid();
     const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
@@ -98,7 +85,7 @@ class SignalStorm {
     std::vector<pid_t> tids;
     for (int round = 0; !stop_.load(); ++round) {
       // Listing /proc costs more than a round's signals: every 8th round.
-      if (round % 8 == 0) tids = Threads();
+      if (round % 8 == 0) tids = ThreadIdsOfThisProcess();
       for (pid_t tid : tids) {
         if (tid == self) continue;
         // ESRCH: the thread ended since the list was read.

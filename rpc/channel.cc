@@ -42,12 +42,14 @@ StatusOr<std::shared_ptr<Channel>> Channel::Create(const std::string& address,
   Resources own;
   own.transport = std::move(*t);
   if (options.callback_threads > 0) {
-    auto callbacks = internal::ThreadPool::Create(
-        options.callback_threads, absl::StrCat("the callbacks of channel ", address));
+    auto callbacks =
+        internal::ThreadPool::Create(options.callback_threads, "rpc-callback",
+                                     absl::StrCat("the callbacks of channel ", address));
     if (!callbacks.ok()) return callbacks.status();
     own.callbacks = *std::move(callbacks);
   }
-  auto timers = internal::TimerQueue::Create(absl::StrCat("the timers of channel ", address));
+  auto timers =
+      internal::TimerQueue::Create("rpc-timer", absl::StrCat("the timers of channel ", address));
   if (!timers.ok()) return timers.status();
   own.timers = *std::move(timers);
   return Own(new Channel(address, *addr, options, std::move(own), /*grouped=*/false));

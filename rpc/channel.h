@@ -311,6 +311,8 @@ class Channel {
   // Starts (or lengthens) the backoff after an attempt begun at `start`
   // failed with `failure`.
   void StartBackoffLocked(absl::Time start, const Status& failure);
+  // The same, and the attempt counted in stats() as failed.
+  void EndFailedAttemptLocked(absl::Time start, const Status& failure);
   // A call that found no connection, or calls waiting for one: tracked,
   // queued in waiting_ and handed to the connector.
   void Wait(const MethodInfo& method, Pending&& p, const google::protobuf::MessageLite& request,
@@ -331,14 +333,20 @@ class Channel {
   // the next attempt, as `refused_by_go_away` calls do).
   void SendWaiting(const StatusOr<std::shared_ptr<transport::Connection>>& connected,
                    bool refused_by_go_away);
-  // The attempt WakeConnector could not start a thread for (`why`), on the
-  // timer thread: fails as an attempt that could not connect.
+  // What WakeConnector could not start a thread for (`why`), on the timer
+  // thread: an attempt fails as one that could not connect, and a try of
+  // the faster way is put off as one that failed.
   void FailWithoutConnector(const Status& why);
   // A new observer for a connection about to be made. Holds watch_mu_.
   Watch* NewWatch();
   // conn_ went the slower way (Transport::MayGoFaster): the connector tries
   // the faster one after `wait`.
   void ScheduleFasterLocked(absl::Duration wait);
+  // Whether conn_ still went the slower way, with a try of the faster way due.
+  bool StillSlowerLocked() const { return slower_conn_ != nullptr && conn_.get() == slower_conn_; }
+  // After a try of the faster way that failed, the next, twice as late (up
+  // to 12 x tcp_fallback_upgrade), if conn_ is still the slower one.
+  bool TryFasterLaterLocked();
   // The server of `conn` listens the faster way too now, which it did not
   // as conn was made: tries begin as in ScheduleFasterLocked, if conn is
   // conn_.

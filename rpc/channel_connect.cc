@@ -44,7 +44,7 @@ void Channel::WakeConnector(bool faster) {
     connector_->wanted = true;
   }
   if (connector_->running) return;
-  auto thread = NewThread(absl::StrCat("the connector of channel ", target_),
+  auto thread = NewThread("rpc-connector", absl::StrCat("the connector of channel ", target_),
                           [this, connector = connector_] { RunConnector(this, connector); });
   if (thread.ok()) {
     connector_->running = true;
@@ -53,32 +53,46 @@ void Channel::WakeConnector(bool faster) {
   }
   // No attempt without a thread: the calls waiting fail as after an attempt
   // that failed, and the next attempt, after the backoff, tries for a thread
-  // again. On the timer thread, where calls end at their deadlines: whoever
-  // woke the connector (a call, an I/O thread) may hold what ending a call
-  // takes. Under connector_->mu, not stopped: ~Channel's CancelAll drops it.
-  connector_->faster = false;
+  // again; a try of the faster way is put off as after one that failed. On
+  // the timer thread, where calls end at their deadlines: whoever woke the
+  // connector (a call, an I/O thread) may hold what ending a call takes.
+  // Under connector_->mu, not stopped: ~Channel's CancelAll drops it.
   timers_->Schedule(
       SteadyNow(), [this, why = thread.status()] { FailWithoutConnector(why); }, this);
 }
 
 void Channel::FailWithoutConnector(const Status& why) {
-  const Status failure(StatusCode::kUnavailable,
-                       absl::StrCat("cannot reach ", target_, ": ", why.message()));
+  bool wanted;
+  bool faster;
   {
     std::lock_guard<std::mutex> lock(connector_->mu);
-    // A connector that started meanwhile serves the calls waiting.
+    // A connector that started meanwhile does what was asked.
     if (connector_->stop || connector_->running) return;
-    connector_->wanted = false;
+    wanted = std::exchange(connector_->wanted, false);
+    faster = std::exchange(connector_->faster, false);
   }
+  if (faster) {
+    absl::Duration next = absl::ZeroDuration();
+    {
+      std::lock_guard<InlineMutex> lock(mu_);
+      if (TryFasterLaterLocked()) next = faster_wait_;
+    }
+    if (next > absl::ZeroDuration()) {
+      fprintf(stderr, "rdmarpc[channel %s]: no try of the faster way now (%s); the next in %s\n",
+              target_.c_str(), std::string(why.message()).c_str(),
+              absl::FormatDuration(next).c_str());
+    }
+  }
+  if (!wanted) return;
+  const Status failure(StatusCode::kUnavailable,
+                       absl::StrCat("cannot reach ", target_, ": ", why.message()));
   std::shared_ptr<transport::Connection> conn;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     conn = conn_;  // made meanwhile by another way (a faster one's try)
     if (!conn) {
       ++stats_.connect_attempts;
-      ++stats_.connect_failures;
-      stats_.last_connect_error = failure;
-      StartBackoffLocked(SteadyNow(), failure);
+      EndFailedAttemptLocked(SteadyNow(), failure);
     }
   }
   SendWaiting(conn ? StatusOr<std::shared_ptr<transport::Connection>>(std::move(conn)) : failure,
@@ -123,6 +137,13 @@ void Channel::ScheduleFasterLocked(absl::Duration wait) {
       SteadyNow() + wait, [this] { WakeConnector(/*faster=*/true); }, this);
 }
 
+bool Channel::TryFasterLaterLocked() {
+  if (!StillSlowerLocked()) return false;
+  faster_wait_ = std::min(faster_wait_ * 2, options_.transport.tcp_fallback_upgrade * 12);
+  ScheduleFasterLocked(faster_wait_);
+  return true;
+}
+
 void Channel::OnMayGoFaster(Watch& watch, transport::Connection& conn) {
   if (options_.transport.tcp_fallback_upgrade <= absl::ZeroDuration()) return;
   std::lock_guard<InlineMutex> lock(mu_);
@@ -138,19 +159,16 @@ void Channel::OnMayGoFaster(Watch& watch, transport::Connection& conn) {
 }
 
 void Channel::TryFasterWay() {
-  const auto still_slower_locked = [&] {
-    return slower_conn_ != nullptr && conn_.get() == slower_conn_;
-  };
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    if (!still_slower_locked()) return;
+    if (!StillSlowerLocked()) return;
   }
   // Not beside another attempt: EnsureConnected sets conn_ too. It waits
   // only where conn_ was lost, which ends this try (faster_give_up_).
   std::lock_guard<std::mutex> connecting(connect_mu_);
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    if (!still_slower_locked()) return;
+    if (!StillSlowerLocked()) return;
     faster_give_up_.store(false);
   }
   {
@@ -161,18 +179,13 @@ void Channel::TryFasterWay() {
   Watch* watch = NewWatch();
   auto conn = transport_->ConnectFaster(addr_, watch, SteadyNow() + options_.connect_timeout,
                                         faster_give_up_);
-  const auto try_later_locked = [&] {
-    if (!still_slower_locked()) return;
-    faster_wait_ = std::min(faster_wait_ * 2, options_.transport.tcp_fallback_upgrade * 12);
-    ScheduleFasterLocked(faster_wait_);
-  };
   if (!conn.ok()) {
     {
       std::lock_guard<std::mutex> lock(watch_mu_);
       watch->done = true;
     }
     std::lock_guard<InlineMutex> lock(mu_);
-    try_later_locked();
+    TryFasterLaterLocked();
     return;
   }
   std::shared_ptr<transport::Connection> slower;
@@ -187,7 +200,7 @@ void Channel::TryFasterWay() {
       watch->sending.fetch_or(1, std::memory_order_acq_rel);
       acknowledge = true;
       DrainLocked(*conn);
-    } else if (!watch->lost && still_slower_locked()) {
+    } else if (!watch->lost && StillSlowerLocked()) {
       slower = std::move(conn_);
       Watch* slower_watch = conn_watch_;
       slower_watch->moved = true;
@@ -200,7 +213,7 @@ void Channel::TryFasterWay() {
       // With a send under way there is a call on it, and EndSend ends the drain.
       end_drain = slower_watch->sending.fetch_or(1, std::memory_order_acq_rel) == 0;
     } else {
-      try_later_locked();  // lost as soon as it was made
+      TryFasterLaterLocked();  // lost as soon as it was made
     }
   }
   if (acknowledge) AckGoAway(**conn, /*tell_server=*/true);  // and closes it: no call went on it
@@ -483,12 +496,16 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
       }
       return conn_;
     }
-    StartBackoffLocked(start, failure);
-    ++stats_.connect_failures;
-    stats_.last_connect_error = failure;
+    EndFailedAttemptLocked(start, failure);
   }
   if (acknowledge) AckGoAway(**conn, /*tell_server=*/true);  // and closes it: no call went on it
   return failure;
+}
+
+void Channel::EndFailedAttemptLocked(absl::Time start, const Status& failure) {
+  StartBackoffLocked(start, failure);
+  ++stats_.connect_failures;
+  stats_.last_connect_error = failure;
 }
 
 void Channel::StartBackoffLocked(absl::Time start, const Status& failure) {

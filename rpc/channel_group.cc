@@ -11,12 +11,12 @@ StatusOr<std::shared_ptr<ChannelGroup>> ChannelGroup::Create(ChannelOptions opti
   if (Status s = Channel::CheckOptions(options); !s.ok()) return s;
   std::shared_ptr<internal::ThreadPool> callbacks;
   if (options.callback_threads > 0) {
-    auto made =
-        internal::ThreadPool::Create(options.callback_threads, "the callbacks of a channel group");
+    auto made = internal::ThreadPool::Create(options.callback_threads, "rpc-callback",
+                                             "the callbacks of a channel group");
     if (!made.ok()) return made.status();
     callbacks = *std::move(made);
   }
-  auto timers = internal::TimerQueue::Create("the timers of a channel group");
+  auto timers = internal::TimerQueue::Create("rpc-timer", "the timers of a channel group");
   if (!timers.ok()) return timers.status();
   return std::shared_ptr<ChannelGroup>(
       new ChannelGroup(std::move(options), std::move(callbacks), *std::move(timers)));

@@ -721,10 +721,10 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
                                             static_cast<size_t>(max_calls_per_conn_)));
   server->interceptors_ = interceptors_;
   // Before any listener: a call may come as soon as one listens.
-  auto pool = internal::ThreadPool::Create(workers, "the server's handlers");
+  auto pool = internal::ThreadPool::Create(workers, "rpc-handler", "the server's handlers");
   if (!pool.ok()) return pool.status();
   server->workers_ = *std::move(pool);
-  auto timers = internal::TimerQueue::Create("the server's deadlines");
+  auto timers = internal::TimerQueue::Create("rpc-deadline", "the server's deadlines");
   if (!timers.ok()) return timers.status();
   server->timers_ = *std::move(timers);
   std::vector<const Service*> services(services_.begin(), services_.end());

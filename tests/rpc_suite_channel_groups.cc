@@ -1,7 +1,6 @@
 // Channel groups, which share one transport's threads among channels to
 // many servers, and channels destroyed from their own callbacks (see
 // rpc_suite.h).
-#include <dirent.h>
 
 #include <chrono>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/threads_of_process.h"
 #include "rpc/channel.h"
 #include "rpc/channel_group.h"
 #include "rpc/server.h"
@@ -27,15 +27,7 @@ namespace {
 
 using test::EchoResponse;
 
-// Threads of this process.
-int ThreadCount() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
+int ThreadCount() { return static_cast<int>(ThreadIdsOfThisProcess().size()); }
 
 // The threads a channel keeps once connected: its connector thread, which
 // ends once nothing waits for a connection, may outlive the first call by a

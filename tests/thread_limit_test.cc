@@ -20,12 +20,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/steady_clock.h"
+#include "base/threads_of_process.h"
 #include "gtest/gtest.h"
 #include "rpc/channel.h"
 #include "rpc/channel_group.h"
 #include "rpc/interceptor.h"
 #include "rpc/server.h"
 #include "tests/echo_service.h"
+#include "transport/fallback_memory.h"
 #include "transport/rdma/testing/rdma_test_env.h"
 
 namespace rdmarpc::testing {
@@ -98,6 +101,14 @@ class ThreadLimit {
     ASSERT_TRUE(Write(absl::StrCat(kGroup, "/pids.max"), std::to_string(Threads() + more)));
   }
   static void Lift() { ASSERT_TRUE(Write(absl::StrCat(kGroup, "/pids.max"), "max")); }
+  // Threads refused so far for the limit (pids.events).
+  static long long Refusals() {
+    std::ifstream in(absl::StrCat(kGroup, "/pids.events"));
+    std::string key;
+    long long n = -1;
+    while (in >> key >> n && key != "max") n = -1;
+    return n;
+  }
 
  private:
   static inline std::string home_ = "/";  // the cgroup this process came from
@@ -144,12 +155,16 @@ std::string Address(const std::string& scheme) {
   return absl::StrCat(scheme, "://", rdma::testing::RequireRdmaTestAddress(), ":0");
 }
 
-class AtTheThreadLimit : public ::testing::TestWithParam<std::string> {
+template <typename Test>
+class UnderThreadLimit : public Test {
  protected:
   static void SetUpTestSuite() { ASSERT_TRUE(ThreadLimit::Enter()); }
   static void TearDownTestSuite() { ThreadLimit::Leave(); }
   void TearDown() override { ThreadLimit::Lift(); }
 };
+
+class AtTheThreadLimit : public UnderThreadLimit<::testing::TestWithParam<std::string>> {};
+class AnAutoChannelAtTheThreadLimit : public UnderThreadLimit<::testing::Test> {};
 
 INSTANTIATE_TEST_SUITE_P(Transports, AtTheThreadLimit, ::testing::Values("rdma", "tcp", "auto"),
                          [](const auto& info) { return info.param; });
@@ -366,6 +381,57 @@ TEST_P(AtTheThreadLimit, AChannelDroppedInItsOwnCallbackGoesOnceAThreadCanBeHad)
   drop_in_callback(second);
   EXPECT_TRUE(gone(second));
   EXPECT_TRUE(gone(first)) << "the first channel was never destroyed";
+}
+
+// An auto:// channel over TCP to a server that listens over RDMA too tries
+// RDMA from time to time (ChannelOptions::transport.tcp_fallback_upgrade).
+// A try that cannot start its thread is put off as one that failed, saying
+// so, and the channel moves to RDMA once a try can have its thread. Before,
+// such a try was dropped, and the channel stayed on TCP for good.
+TEST_F(AnAutoChannelAtTheThreadLimit, MovesToRdmaOnceATryCanHaveItsThread) {
+  TestServer server(Address("auto"));
+  ASSERT_TRUE(server.server);
+  // Over TCP first, as after a device went away.
+  transport::FallbackMemory::Process().Remember(server.address, SteadyNow());
+  ChannelOptions options;
+  options.transport.tcp_fallback_upgrade = absl::Seconds(1);
+  auto channel = Channel::Create(server.address, options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  ASSERT_TRUE(EchoOn(**channel, "over TCP").ok());
+  ASSERT_EQ((*channel)->stats().upgrades, 0u) << "not over TCP first";
+  // The connector that made the connection ends on its own: a try of RDMA
+  // needs a thread of its own again.
+  const absl::Time ended_by = absl::Now() + absl::Seconds(10);
+  while (ThreadsNamed("rpc-connector") > 0 && absl::Now() < ended_by) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(ThreadsNamed("rpc-connector"), 0);
+
+  ::testing::internal::CaptureStderr();
+  const long long refused = ThreadLimit::Refusals();
+  ThreadLimit::Allow(0);
+  const absl::Time tried_by = absl::Now() + absl::Seconds(10);
+  while (ThreadLimit::Refusals() == refused && absl::Now() < tried_by) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_GT(ThreadLimit::Refusals(), refused) << "no try of RDMA within 10 s";
+  EXPECT_EQ((*channel)->stats().upgrades, 0u) << "moved to RDMA without a thread";
+  ThreadLimit::Lift();
+  const absl::Time moved_by = absl::Now() + absl::Seconds(20);
+  while ((*channel)->stats().upgrades == 0 && absl::Now() < moved_by) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ((*channel)->stats().upgrades, 1u) << "still over TCP once threads could be had";
+  // Which limit it names is not asked here: the limit may be lifted as the
+  // error is written (SaysTheLimit is checked where the limit stays).
+  const size_t line = log.find(absl::StrCat(
+      "rdmarpc[channel ", server.address, "]: no try of the faster way now (no thread for the ",
+      "connector of channel ", server.address, ": Resource temporarily unavailable."));
+  ASSERT_NE(line, std::string::npos) << log;
+  EXPECT_NE(log.find("); the next in 2s\n", line), std::string::npos) << log;
+  const Status s = EchoOn(**channel, "over RDMA");
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ class TcpAloneProbe {
     // Out of descriptors or threads, it asks nothing: RDMA's answer or its
     // deadline decides.
     if (stop_fd_ < 0) return;
-    auto thread = NewThread("asking whether TCP alone listens",
+    auto thread = NewThread("auto-tcp-probe", "asking whether TCP alone listens",
                             [this, addr = std::move(addr), start, deadline] {
                               if (!WaitForStart(start)) return;
                               auto alone = TcpListensAlone(addr, stop_fd_, deadline);
@@ -147,7 +147,8 @@ class TcpUntilRdmaListener : public Listener {
   }
   // Starts the thread that looks for a device; fails without one.
   absl::Status Start(MakeRdma rdma, AcceptCallback on_accept, std::string who) {
-    auto thread = NewThread(absl::StrCat("looking for an RDMA device for ", address_.ToString()),
+    auto thread = NewThread("auto-rdma-seek",
+                            absl::StrCat("looking for an RDMA device for ", address_.ToString()),
                             [this, rdma = std::move(rdma), on_accept = std::move(on_accept),
                              who = std::move(who)] { LookForRdma(rdma, on_accept, who); });
     if (!thread.ok()) return thread.status();

@@ -51,6 +51,7 @@ class Joiner {
     auto shared = std::make_shared<std::vector<Work>>(std::move(batch));
     auto done = std::make_shared<std::atomic<bool>>(false);
     auto thread = NewThread(
+        "rpc-own-thread",
         "work that cannot run where it was started (a channel dropped in its own callback)",
         [shared, done] {
           for (Work& w : *shared) std::move(w)();

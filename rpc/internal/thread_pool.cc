@@ -6,11 +6,11 @@
 
 namespace rdmarpc::internal {
 
-absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(int threads,
+absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(int threads, ThreadName name,
                                                                absl::string_view what) {
   std::unique_ptr<ThreadPool> pool(new ThreadPool());
   for (int i = 0; i < std::max(threads, 1); ++i) {
-    auto t = NewThread(what, [queue = pool->queue_] { Run(queue); });
+    auto t = NewThread(name, what, [queue = pool->queue_] { Run(queue); });
     if (!t.ok()) return t.status();  // the pool's destructor stops those started
     pool->threads_.push_back(*std::move(t));
   }

@@ -24,15 +24,18 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/new_thread.h"
 #include "base/ring_fifo.h"
 
 namespace rdmarpc::internal {
 
 class ThreadPool {
  public:
-  // A pool of max(threads, 1) threads, which run `what` ("the callbacks of
-  // channel x"), named in the error when they cannot all be started.
-  static absl::StatusOr<std::unique_ptr<ThreadPool>> Create(int threads, absl::string_view what);
+  // A pool of max(threads, 1) threads named `name`, which run `what` ("the
+  // callbacks of channel x"), named in the error when they cannot all be
+  // started.
+  static absl::StatusOr<std::unique_ptr<ThreadPool>> Create(int threads, ThreadName name,
+                                                            absl::string_view what);
   ~ThreadPool() { Stop(); }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

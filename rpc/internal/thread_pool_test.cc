@@ -36,7 +36,7 @@ TEST(ThreadPool, StopRunsWhatIsQueuedAndRefusesMore) {
   std::vector<int> ran;
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
-  auto made = ThreadPool::Create(1, "the test's tasks");
+  auto made = ThreadPool::Create(1, "test-task", "the test's tasks");
   ASSERT_TRUE(made.ok()) << made.status();
   ThreadPool& pool = **made;
   ASSERT_TRUE(pool.Post([&] { released.wait(); }));
@@ -53,7 +53,7 @@ TEST(ThreadPool, StopRunsWhatIsQueuedAndRefusesMore) {
 // not join, leaves without touching the destroyed pool (ASan would say).
 TEST(ThreadPool, ATaskThatDestroysItsPoolEndsAndItsThreadLeaves) {
   const int before = Threads();
-  auto made = ThreadPool::Create(1, "the test's tasks");
+  auto made = ThreadPool::Create(1, "test-task", "the test's tasks");
   ASSERT_TRUE(made.ok()) << made.status();
   std::unique_ptr<ThreadPool> pool = *std::move(made);
   ASSERT_TRUE(ThreadsBecome(before + 1));

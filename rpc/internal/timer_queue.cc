@@ -9,9 +9,10 @@
 
 namespace rdmarpc::internal {
 
-absl::StatusOr<std::unique_ptr<TimerQueue>> TimerQueue::Create(absl::string_view what) {
+absl::StatusOr<std::unique_ptr<TimerQueue>> TimerQueue::Create(ThreadName name,
+                                                               absl::string_view what) {
   std::unique_ptr<TimerQueue> queue(new TimerQueue());
-  auto t = NewThread(what, [q = queue.get()] { q->Run(); });
+  auto t = NewThread(name, what, [q = queue.get()] { q->Run(); });
   if (!t.ok()) return t.status();
   queue->thread_ = *std::move(t);
   return queue;

@@ -23,14 +23,16 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/new_thread.h"
 
 namespace rdmarpc::internal {
 
 class TimerQueue {
  public:
-  // The queue and its thread, which runs `what`'s timers ("the timers of
-  // channel x"), named in the error when it cannot be started.
-  static absl::StatusOr<std::unique_ptr<TimerQueue>> Create(absl::string_view what);
+  // The queue and its thread named `name`, which runs `what`'s timers ("the
+  // timers of channel x"), named in the error when it cannot be started.
+  static absl::StatusOr<std::unique_ptr<TimerQueue>> Create(ThreadName name,
+                                                            absl::string_view what);
   ~TimerQueue();
 
   // Runs `fn` once SteadyNow() reaches `when` (base/steady_clock.h). Returns

@@ -14,7 +14,7 @@ namespace {
 // CancelAll drops an owner's timers, leaves other owners' alone, and returns
 // only once a callback of the owner that was already running has returned.
 TEST(TimerQueue, CancelAllWaitsForTheOwnersRunningCallbackAndSparesOthers) {
-  auto made = TimerQueue::Create("the test's timers");
+  auto made = TimerQueue::Create("test-timer", "the test's timers");
   ASSERT_TRUE(made.ok()) << made.status();
   TimerQueue& timers = **made;
   int a, b;  // owners
@@ -44,7 +44,7 @@ TEST(TimerQueue, CancelAllWaitsForTheOwnersRunningCallbackAndSparesOthers) {
 // A timer centuries out (a deadline meant as "never", a peer's timeout_us)
 // leaves the timer thread asleep, and one due meanwhile still fires on time.
 TEST(TimerQueue, ATimerCenturiesOutLeavesTheThreadAsleep) {
-  auto made = TimerQueue::Create("the test's timers");
+  auto made = TimerQueue::Create("test-timer", "the test's timers");
   ASSERT_TRUE(made.ok()) << made.status();
   TimerQueue& timers = **made;
   std::atomic<bool> far_fired{false};

@@ -217,7 +217,7 @@ absl::Status DeviceEvents::Watch(Endpoint* ep) {
     Wake(s);  // to poll a new context too
     return absl::OkStatus();
   }
-  auto reader = NewThread("the reader of RDMA device events", ReadEvents);
+  auto reader = NewThread("rdma-dev-events", "the reader of RDMA device events", ReadEvents);
   if (!reader.ok()) {
     Forget(s, ep);
     return reader.status();
@@ -251,7 +251,7 @@ void DeviceEvents::Unwatch(Endpoint* ep) {
   s.devices.erase(ep->verbs());
   s.stop = false;
   if (s.watched > 0) {
-    auto reader = NewThread("the reader of RDMA device events", ReadEvents);
+    auto reader = NewThread("rdma-dev-events", "the reader of RDMA device events", ReadEvents);
     if (reader.ok()) {
       s.reader = *std::move(reader);
     } else {

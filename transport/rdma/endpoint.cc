@@ -167,8 +167,9 @@ absl::Status Endpoint::Init() {
   }
   RefillSrq();
   if (absl::Status s = DeviceEvents::Watch(this); !s.ok()) return s;
-  auto poller = NewThread(absl::StrCat("the poller of ", device_name_, " (", owner_, ")"),
-                          [this] { PollLoop(); });
+  auto poller =
+      NewThread("rdma-poll", absl::StrCat("the poller of ", device_name_, " (", owner_, ")"),
+                [this] { PollLoop(); });
   if (!poller.ok()) return poller.status();  // Stop lets go of the watch
   poller_ = *std::move(poller);
   return absl::OkStatus();

@@ -68,8 +68,8 @@ RdmaTransport::RdmaTransport(TransportOptions options, RdmaOptions rdma, bool se
   }
   if (channel_) {
     fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
-    auto thread =
-        NewThread(absl::StrCat("the rdma_cm events of ", options_.name), [this] { CmLoop(); });
+    auto thread = NewThread("rdma-cm", absl::StrCat("the rdma_cm events of ", options_.name),
+                            [this] { CmLoop(); });
     if (thread.ok()) {
       cm_thread_ = *std::move(thread);
       cm_thread_id_.store(cm_thread_.get_id());

@@ -727,7 +727,8 @@ TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp)
     ev.events = EPOLLIN;
     ev.data.ptr = nullptr;  // the wake-up fd
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-    auto thread = NewThread(absl::StrCat("the I/O of ", options_.name), [this] { Loop(); });
+    auto thread =
+        NewThread("tcp-io", absl::StrCat("the I/O of ", options_.name), [this] { Loop(); });
     if (thread.ok()) {
       thread_ = *std::move(thread);
       return;
