@@ -345,7 +345,8 @@ class Channel {
   // Whether conn_ still went the slower way, with a try of the faster way due.
   bool StillSlowerLocked() const { return slower_conn_ != nullptr && conn_.get() == slower_conn_; }
   // After a try of the faster way that failed, the next, twice as late (up
-  // to 12 x tcp_fallback_upgrade), if conn_ is still the slower one.
+  // to 12 x tcp_fallback_upgrade), if conn_ is still the slower one; false
+  // where it is not, and nothing is tried.
   bool TryFasterLaterLocked();
   // The server of `conn` listens the faster way too now, which it did not
   // as conn was made: tries begin as in ScheduleFasterLocked, if conn is
