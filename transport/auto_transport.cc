@@ -170,7 +170,9 @@ class TcpUntilRdmaListener : public Listener {
         }
       }
       absl::StatusOr<Transport*> rdma = make_rdma();
-      if (!rdma.ok()) continue;  // no device yet: MakeTransport said so once
+      // No device yet (MakeTransport said so once), or its transport cannot
+      // be made (Rdma() says so once).
+      if (!rdma.ok()) continue;
       auto listener = (*rdma)->Listen(rdma_at_, on_accept);
       if (!listener.ok()) {
         if (listener.status().message() != said) {
@@ -246,7 +248,17 @@ absl::StatusOr<Transport*> AutoTransport::Rdma() {
   if (rdma_) return rdma_.get();
   if (shut_down_) return absl::UnavailableError(absl::StrCat(who_, ": the transport is shut down"));
   absl::StatusOr<std::unique_ptr<Transport>> made = make_rdma_();
-  if (!made.ok()) return made.status();
+  if (!made.ok()) {
+    // Every connect and every look of a listener tries again: one line for
+    // all of them, not one each.
+    const bool not_made = made.status().GetPayload(kRdmaNotMade).has_value();
+    if (not_made && !told_not_made_) {
+      fprintf(stderr, "rdmarpc[%s]: %s; auto:// goes on over TCP and tries RDMA again\n",
+              who_.c_str(), std::string(made.status().message()).c_str());
+    }
+    told_not_made_ = not_made;
+    return made.status();
+  }
   rdma_ = *std::move(made);
   return rdma_.get();
 }

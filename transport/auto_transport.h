@@ -63,16 +63,24 @@
 #include <mutex>
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "transport/fallback_memory.h"
 #include "transport/transport.h"
 
 namespace rdmarpc::transport {
 
+// Marks MakeRdma's error when a device is usable but the RDMA transport
+// could not be made (no thread or file descriptor for it): auto:// says so
+// once, goes on over TCP, and tries again at each need, saying nothing more
+// until it is made or the device goes.
+inline constexpr absl::string_view kRdmaNotMade = "type.rdmarpc.dev/transport.RdmaNotMade";
+
 class AutoTransport : public Transport {
  public:
   // Makes an RDMA transport, or says why there is none yet (UNAVAILABLE
-  // while no device is usable).
+  // while no device is usable; an error marked kRdmaNotMade while one is
+  // but the transport cannot be made).
   using MakeRdma = std::function<absl::StatusOr<std::unique_ptr<Transport>>()>;
   // Makes the TCP transport, or says why it cannot (no thread or descriptor
   // for its I/O).
@@ -126,6 +134,7 @@ class AutoTransport : public Transport {
   std::unique_ptr<Transport> rdma_;
   std::unique_ptr<Transport> tcp_;
   bool shut_down_ = false;  // guarded by mu_: nothing more is made
+  bool told_not_made_ = false;  // guarded by mu_: kRdmaNotMade was said
 };
 
 }  // namespace rdmarpc::transport

@@ -338,6 +338,15 @@ struct NoDeviceYet {
             [this]() -> absl::StatusOr<std::unique_ptr<Transport>> {
               ++rdma_asked;
               if (!device) return absl::UnavailableError("no usable RDMA device");
+              if (not_made > 0) {
+                --not_made;
+                absl::Status s = absl::ResourceExhaustedError(
+                    absl::StrCat("an RDMA device is usable (rxe0), but the RDMA transport cannot "
+                                 "be made: no thread for the rdma_cm events (try ",
+                                 rdma_asked.load(), ")"));
+                s.SetPayload(kRdmaNotMade, absl::Cord());
+                return s;
+              }
               return std::unique_ptr<Transport>(rdma_owned.release());
             },
             [this] { return std::unique_ptr<Transport>(tcp_owned.release()); }, "test",
@@ -347,6 +356,9 @@ struct NoDeviceYet {
   // Atomic: an auto:// listener looks for a device on a thread of its own.
   std::atomic<bool> device{false};
   std::atomic<int> rdma_asked{0};
+  // Makes of the RDMA transport, with a device, that fail as without a
+  // thread for it.
+  std::atomic<int> not_made{0};
   std::unique_ptr<ScriptedTransport> rdma_owned = std::make_unique<ScriptedTransport>();
   std::unique_ptr<ScriptedTransport> tcp_owned = std::make_unique<ScriptedTransport>();
   ScriptedTransport* rdma = rdma_owned.get();
@@ -380,6 +392,35 @@ TEST(AutoTransport, WithoutADeviceYetAutoGoesOverTcpAndTurnsToRdmaOnceOneIsUsabl
   EXPECT_EQ(n.rdma->connects, (std::vector<std::string>{"rdma://10.0.0.2:7", "auto://10.0.0.2:7"}));
   EXPECT_EQ(n.tcp->connects.size(), 1u);
   EXPECT_EQ(n.rdma_asked, 4) << "the RDMA transport was made more than once";
+}
+
+// A device usable but its RDMA transport not made (no thread or descriptor
+// for it): one line says so, however many connects try again meanwhile,
+// each goes over TCP, and the first try that makes it connects over RDMA.
+// Before, each try said "an RDMA device is usable now" as if it were used.
+TEST(AutoTransport, ADeviceWhoseTransportCannotBeMadeIsSaidOnceAndTriedAtEachConnect) {
+  NoDeviceYet n;
+  const Address target = At("auto://10.0.0.2:7");
+  n.device = true;
+  n.not_made = 3;
+  n.tcp->connect_results = {absl::OkStatus(), absl::OkStatus(), absl::OkStatus()};
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(n.t.Connect(target, nullptr, SteadyNow() + absl::Seconds(5)).ok()) << i;
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(n.tcp->connects.size(), 3u);
+  EXPECT_EQ(n.rdma_asked, 3);
+  const std::string line =
+      "rdmarpc[test]: an RDMA device is usable (rxe0), but the RDMA transport cannot be made: "
+      "no thread for the rdma_cm events (try 1); auto:// goes on over TCP and tries RDMA again\n";
+  EXPECT_EQ(log, line);
+
+  n.rdma->connect_results = {absl::OkStatus()};
+  EXPECT_TRUE(n.t.Connect(target, nullptr, SteadyNow() + absl::Seconds(5)).ok());
+  EXPECT_EQ(n.rdma->connects, std::vector<std::string>{"auto://10.0.0.2:7"});
+  EXPECT_EQ(n.tcp->connects.size(), 3u);
+  EXPECT_EQ(n.rdma_asked, 4);
 }
 
 TEST(AutoTransport, WithoutADeviceYetShutDownMakesNoRdma) {

@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "transport/attempt_errors.h"
 #include "transport/auto_transport.h"
 #include "transport/rdma/rdma_options.h"
 #include "transport/rdma/rdma_transport.h"
@@ -74,12 +76,20 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& sche
         return absl::UnavailableError(
             absl::StrCat("no usable RDMA device (", rdma::DescribeDevices(), ")"));
       }
+      auto fresh = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
+      if (absl::Status s = fresh->Unusable(); !s.ok()) {
+        absl::Status not_made =
+            Prefixed(s.code(),
+                     absl::StrCat("an RDMA device is usable (", rdma::DescribeDevices(),
+                                  "), but the RDMA transport cannot be made"),
+                     s);
+        not_made.SetPayload(kRdmaNotMade, absl::Cord());
+        return not_made;
+      }
       fprintf(stderr, "rdmarpc[%s]: an RDMA device is usable now (%s); %s\n", options.name.c_str(),
               rdma::DescribeDevices().c_str(),
               options.listening ? "auto:// listeners take RDMA connections too"
                                 : "auto:// connections try RDMA first from now on");
-      auto fresh = std::make_unique<rdma::RdmaTransport>(options, rdma, options.listening);
-      if (absl::Status s = fresh->Unusable(); !s.ok()) return s;
       return fresh;
     };
   }
