@@ -2,9 +2,9 @@
 // NewThread gave them (base/new_thread.h), read from /proc/self/task. For
 // tests that check a component started, ended or left no thread behind:
 //
-//   const int before = ThreadsOfThisProcess().size();
+//   const size_t before = ThreadIdsOfThisProcess().size();
 //   ... make and drop a channel ...
-//   EXPECT_EQ(ThreadsOfThisProcess().size(), before);
+//   EXPECT_EQ(ThreadIdsOfThisProcess().size(), before);
 //   EXPECT_EQ(ThreadsNamed("rpc-connector"), 0);
 //
 // What not to rely on: it is a snapshot; a thread that ends on its own (a
@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
