@@ -1,27 +1,19 @@
 #include "rpc/internal/thread_pool.h"
 
-#include <dirent.h>
-
 #include <chrono>
 #include <future>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "base/threads_of_process.h"
 #include "gtest/gtest.h"
 
 namespace rdmarpc::internal {
 namespace {
 
 // This process's threads, from /proc.
-int Threads() {
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return -1;
-  int n = 0;
-  while (dirent* e = readdir(dir)) n += e->d_name[0] != '.';
-  closedir(dir);
-  return n;
-}
+int Threads() { return static_cast<int>(ThreadIdsOfThisProcess().size()); }
 
 // True once the process has `n` threads, within 10 s.
 bool ThreadsBecome(int n) {

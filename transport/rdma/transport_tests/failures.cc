@@ -30,6 +30,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/threads_of_process.h"
 #include "gtest/gtest.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/endpoint.h"
@@ -201,10 +202,7 @@ TEST(RdmaTransport, ThousandConnectDisconnectCyclesDoNotLeak) {
 // kernel names the thread that created an id, so any of our threads counts.
 int CmIdsOfThisProcess() {
   std::set<std::string> ours;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) ours.insert(absl::StrCat(" pid ", e->d_name, " "));
-    closedir(d);
-  }
+  for (const pid_t tid : ThreadIdsOfThisProcess()) ours.insert(absl::StrCat(" pid ", tid, " "));
   FILE* f = popen("rdma resource show cm_id 2>&1", "r");
   if (f == nullptr) return -1;
   int n = 0;
