@@ -75,7 +75,7 @@ enum class MessageKind : uint8_t {
   kRequest = 1,   // client -> server: a call
   kResponse = 2,  // server -> client: the call's result
   kCancel = 3,    // client -> server: stop working on call_id
-  kCredit = 4,    // either way: only returns credits (no call)
+  kCredit = 4,    // either way: only returns credits (no call), at least one
   kRelease = 5,   // client -> server: done READing the advertised response
   kGoAway = 6,    // server -> client: shutting down, send no new call on this
                   // connection (those in flight still end on it); then

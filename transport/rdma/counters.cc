@@ -62,6 +62,7 @@ constexpr Field kFields[] = {
     &RdmaCounters::credit_messages,
     &RdmaCounters::credit_shrinks,
     &RdmaCounters::credit_shrinks_overdue,
+    &RdmaCounters::frames_without_credit,
     &RdmaCounters::keepalives,
     &RdmaCounters::keepalives_behind_reads,
     &RdmaCounters::connections_opened,
@@ -193,11 +194,11 @@ std::string RdmaCounters::ToString() const {
       " device_rnr_naks_sent=", Show(naks.sent), " rnr_retry_exhausted=", rnr_retry_exhausted,
       " credit_stalls=", credit_stalls, " credit_msgs=", credit_messages,
       " credit_shrinks=", credit_shrinks, " (overdue ", credit_shrinks_overdue, ")",
-      " keepalives=", keepalives, " (behind reads ", keepalives_behind_reads, ")",
-      " conns_opened=", connections_opened, " conns_closed=", connections_closed,
-      " (unfinished accepts ", accepts_unfinished, ")", " registered_bytes=", registered_bytes,
-      " poller_sleeps=", poller_sleeps, " caller_completions=", caller_completions,
-      " device_events=", device_events);
+      " frames_without_credit=", frames_without_credit, " keepalives=", keepalives,
+      " (behind reads ", keepalives_behind_reads, ")", " conns_opened=", connections_opened,
+      " conns_closed=", connections_closed, " (unfinished accepts ", accepts_unfinished, ")",
+      " registered_bytes=", registered_bytes, " poller_sleeps=", poller_sleeps,
+      " caller_completions=", caller_completions, " device_events=", device_events);
 }
 
 }  // namespace rdmarpc::transport::rdma

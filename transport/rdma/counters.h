@@ -65,6 +65,9 @@ struct RdmaCounters {
   uint64_t credit_shrinks = 0;
   // Of which not answered within RdmaOptions::shrink_answer_timeout_ms.
   uint64_t credit_shrinks_overdue = 0;
+  // Frames a peer sent with no credit of ours left: each ended its
+  // connection (rdma_connection.h, "A peer that sends without credit").
+  uint64_t frames_without_credit = 0;
   // Zero-byte WRITEs sent to peers silent for RdmaOptions::keepalive_ms.
   uint64_t keepalives = 0;
   // Of which sent behind READs in flight, none of which had completed for

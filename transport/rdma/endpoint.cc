@@ -34,7 +34,6 @@
 namespace rdmarpc::transport::rdma {
 namespace {
 
-constexpr int kPollBatch = 32;
 // A spinner that finds nothing yields the CPU only every kIdlePollsPerYield
 // rounds: a yield per round is a system call per round (+6 us per round trip
 // measured on Soft-RoCE), never yielding lets a spinner keep a core for a
@@ -718,14 +717,20 @@ bool Endpoint::TryOwnIo() {
 void Endpoint::ReleaseIo() { io_thread_.store(std::thread::id(), std::memory_order_release); }
 
 int Endpoint::PollCompletions(bool until_empty) {
-  ibv_wc wcs[kPollBatch];
+  ibv_wc* wcs = polled_.data();
   int found = 0;
   const size_t queues = cq_count_.load(std::memory_order_acquire);
   for (size_t q = 0; q < queues; ++q) {
     CompletionQueue& cq = cqs_[q];
     int n;
     do {
-      n = ibv_poll_cq(cq.cq, kPollBatch, wcs);
+      n = ibv_poll_cq(cq.cq, kCompletionsPerPoll, wcs);
+      if (n > 0) {
+        // Credits queued from now on go out after every frame of this
+        // batch arrived (RdmaConnection::OverdrawnLocked).
+        poll_round_.store(poll_round_.load(std::memory_order_relaxed) + 1,
+                          std::memory_order_release);
+      }
       for (int i = 0; i < n; ++i) {
         HandleCompletion(wcs[i]);
         // After each completion, not each batch: a frame's credit may go
@@ -735,11 +740,11 @@ int Endpoint::PollCompletions(bool until_empty) {
         if (posted_ < refill_below_) RefillSrq();
       }
       found += std::max(n, 0);
-      if (cq.returning != 0 && n < kPollBatch) {
+      if (cq.returning != 0 && n < kCompletionsPerPoll) {
         ReturnCompletions(cq.cq, static_cast<uint32_t>(cq.returning));
         cq.returning = 0;
       }
-    } while (until_empty && n == kPollBatch);
+    } while (until_empty && n == kCompletionsPerPoll);
   }
   return found;
 }

@@ -189,6 +189,12 @@ class Endpoint {
   // a task that ends a connection calls this first, or what the peer sent
   // last and the device already placed would be dropped. I/O context only.
   void DrainCompletions();
+  // Counts the batches of completions taken off the CQs: bumped after each
+  // ibv_poll_cq that finds any, before they are handled (release). A
+  // connection stamps the credits it sends with it (acquire), so that its
+  // credit check counts only those sent before a frame's batch was polled,
+  // which the peer may have had. Any thread.
+  uint64_t poll_round() const { return poll_round_.load(std::memory_order_acquire); }
   // True on the thread that owns the I/O context right now.
   bool OwnsIo() const {
     return io_thread_.load(std::memory_order_relaxed) == std::this_thread::get_id();
@@ -505,6 +511,16 @@ class Endpoint {
   // one (the peer's still matters: ReadOp::give_up).
   const std::chrono::nanoseconds sweep_interval_;
   uint32_t polls_since_sweep_ = 0;                    // I/O context
+  // Completions taken off a CQ at once, before any is handled: a batch is
+  // what the credit check (RdmaConnection::OverdrawnLocked) sees together.
+  // A peer that floods past its credit while the poller lags has its frames
+  // waiting in the CQ; taken a few at a time, each few would be checked
+  // against the credit returned while the ones before were handled, and a
+  // flood that stays that far ahead would never show. 12 KB, here rather
+  // than on the stack of whichever thread drives.
+  static constexpr int kCompletionsPerPoll = 256;
+  std::array<ibv_wc, kCompletionsPerPoll> polled_{};  // I/O context
+  std::atomic<uint64_t> poll_round_{0};               // written in I/O context
   std::chrono::steady_clock::time_point last_sweep_;  // I/O context
 };
 

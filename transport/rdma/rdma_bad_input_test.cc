@@ -10,14 +10,18 @@
 // the accept timeout; a peer whose rdma_cm private data is not our handshake
 // is refused (a client) or named in a clear connect error (a server); a peer
 // that grants credits before it posts receives gets every response, windows
-// intact, once it does.
+// intact, once it does; a peer that sends past its credit loses its
+// connection, and one that keeps to it does not.
 // Throughout, a good client is served.
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -55,6 +59,7 @@ std::string ResponseBytes(size_t size) {
 class Answerer : public ConnectionObserver {
  public:
   void OnMessage(Connection& conn, InboundMessage&& msg) override {
+    endpoint_.store(static_cast<RdmaConnection&>(conn).endpoint());
     if (msg.header.kind != MessageKind::kRequest) return;
     OutboundMessage r;
     r.header.kind = MessageKind::kResponse;
@@ -105,8 +110,11 @@ class Answerer : public ConnectionObserver {
     return closed_.size();
   }
   size_t response_bytes = 0;  // set before the first request
+  // The server's endpoint, once a frame has come; null before.
+  Endpoint* endpoint() const { return endpoint_.load(); }
 
  private:
+  std::atomic<Endpoint*> endpoint_{nullptr};
   std::mutex mu_;
   std::vector<absl::Status> closed_;
   size_t requests_ = 0;
@@ -197,6 +205,8 @@ TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
   Header over_wire_limit = SmallRequest(1, 0);
   over_wire_limit.flags = kFlagRemotePayload;
   over_wire_limit.payload_len = kMaxPayloadBytes + 1;
+  Header empty_credit;
+  empty_credit.kind = MessageKind::kCredit;
   std::string bad_magic_frame = Frame(bad_magic);
   bad_magic_frame[0] ^= 0x5a;
   const struct {
@@ -213,6 +223,7 @@ TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
        "164 bytes received, header says 74"},
       {"advertised payload of 0 bytes", Frame(empty_advert), "advertises a payload of 0 bytes"},
       {"advertised payload over the wire limit", Frame(over_wire_limit), "exceeds the limit"},
+      {"credit frame without credit", Frame(empty_credit), "a kCredit that returns no credit"},
   };
   uint64_t good_id = 2;
   for (const auto& c : cases) {
@@ -453,6 +464,11 @@ TEST(RdmaBadInput, APeerThatReturnsNoCreditsPinsNoMoreThanTheBacklogBound) {
   const size_t held = options.max_backlog_bytes / (kHeaderSize + kAnswer);
   const size_t requests = kRawRecvs + held + 16;
   for (uint64_t id = 1; id <= requests; ++id) {
+    // Within its credit: the server keeps returning credit (kCredit frames
+    // need none of ours), and a peer past it would lose its connection.
+    ASSERT_TRUE(peer.AwaitCredits(id > peer.granted_window ? id - peer.granted_window : 0,
+                                  absl::Seconds(10)))
+        << "no credit for request " << id;
     ASSERT_TRUE(peer.Send(Frame(SmallRequest(id, 0)))) << "request " << id;
   }
   const absl::Time until = absl::Now() + absl::Seconds(20);
@@ -480,6 +496,107 @@ TEST(RdmaBadInput, APeerThatReturnsNoCreditsPinsNoMoreThanTheBacklogBound) {
     EXPECT_EQ(h->payload_len, kAnswer);
   }
   EXPECT_EQ(server.answerer.closed_count(), 0u);
+  (*good)->Close();
+}
+
+// Holds an endpoint's I/O thread, in a task that waits, until released or
+// destroyed: what peers send meanwhile waits in its CQ.
+class IoHold {
+ public:
+  explicit IoHold(Endpoint* endpoint) {
+    endpoint->RunOnPoller([state = state_] {
+      std::unique_lock<std::mutex> lock(state->mu);
+      state->held = true;
+      state->cv.notify_all();
+      state->cv.wait(lock, [&] { return state->released; });
+    });
+  }
+  IoHold(const IoHold&) = delete;
+  IoHold& operator=(const IoHold&) = delete;
+  ~IoHold() { Release(); }
+  // Whether the task holds the I/O thread, waiting up to 10 s for it to.
+  bool Held() {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    return state_->cv.wait_for(lock, std::chrono::seconds(10), [&] { return state_->held; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->released = true;
+    state_->cv.notify_all();
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool held = false;      // guarded by mu
+    bool released = false;  // guarded by mu
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// A peer that sends past its credit takes receive slots that the server's
+// other connections were promised. With the server's I/O thread held, a
+// raw peer sends its whole window, and then, on a second connection, one
+// frame more: let go, the server finds them all in its CQ at once. The
+// first peer is served; the second has its window handled and its
+// connection ended at the frame past it, naming the peer. A good client is
+// served throughout.
+TEST(RdmaBadInput, APeerThatSendsWithoutCreditLosesItsConnection) {
+  GoodClient good_observer;
+  Server server;
+  ASSERT_TRUE(server.Start(1u << 20));
+  auto good = server.ConnectGoodClient(&good_observer);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE(good_observer.Call(**good, 1).ok());
+  Endpoint* const endpoint = server.answerer.endpoint();
+  ASSERT_NE(endpoint, nullptr);
+  uint64_t good_id = 2;
+  for (const uint32_t past : {0u, 1u}) {
+    SCOPED_TRACE(past == 0 ? "its window" : "one frame past its window");
+    // The first peer's connection ended once it was gone.
+    for (const absl::Time until = absl::Now() + absl::Seconds(10);
+         server.answerer.closed_count() < past && absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    const size_t closed_before = server.answerer.closed_count();
+    ASSERT_EQ(closed_before, past);
+    const size_t requests_before = server.answerer.requests();
+    const uint64_t without_credit_before = Counters().frames_without_credit;
+    RawPeer peer;
+    ASSERT_EQ(peer.Connect(server.listener->address()), "");
+    const uint32_t window = peer.granted_window;
+    ASSERT_GT(window, 0u);
+    {
+      IoHold hold(endpoint);
+      ASSERT_TRUE(hold.Held());
+      for (uint64_t id = 1; id <= window + past; ++id) {
+        ASSERT_TRUE(peer.Send(Frame(SmallRequest(id, 0)))) << "frame " << id;
+      }
+    }
+    for (const absl::Time until = absl::Now() + absl::Seconds(10);
+         server.answerer.requests() < requests_before + window && absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (past == 0) {
+      EXPECT_FALSE(peer.Disconnected(absl::Milliseconds(500))) << "an honest peer was dropped";
+      EXPECT_EQ(server.answerer.closed_count(), closed_before);
+    } else {
+      EXPECT_TRUE(peer.Disconnected(absl::Seconds(10)))
+          << "the server kept the connection; other CM events: " << peer.OtherEvents();
+      auto why = server.answerer.ClosedAfter(closed_before);
+      ASSERT_TRUE(why.has_value()) << "the server's side did not end";
+      EXPECT_EQ(why->code(), absl::StatusCode::kInternal) << *why;
+      EXPECT_TRUE(absl::StrContains(why->message(), "frame without credit from rdma://")) << *why;
+      EXPECT_TRUE(absl::StrContains(why->message(),
+                                    absl::StrCat("sent 1 frame past its window of ", window)))
+          << *why;
+    }
+    EXPECT_EQ(Counters().frames_without_credit - without_credit_before, past);
+    EXPECT_EQ(server.answerer.requests() - requests_before, window)
+        << "the frames within the window were not all handled";
+    EXPECT_TRUE(good_observer.Call(**good, good_id++).ok()) << "the good client was not served";
+  }
   (*good)->Close();
 }
 
@@ -717,6 +834,31 @@ class EndWatcher : public ConnectionObserver {
   std::optional<absl::Status> why_;
 };
 
+// An rdmarpc client transport named `name`, connected to a raw server.
+struct ClientOfRawServer {
+  RawPeer raw_server;
+  EndWatcher watcher;  // outlives the transport, which calls it
+  std::unique_ptr<RdmaTransport> client;
+  std::shared_ptr<Connection> conn;
+
+  // "" or what failed.
+  std::string Connect(const char* name, const RdmaOptions& options) {
+    const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
+    if (ip.empty()) return "no RDMA test address";
+    const std::optional<Address> address = raw_server.Listen(ip);
+    if (!address.has_value()) return "the raw server cannot listen";
+    TransportOptions co;
+    co.name = name;
+    client = std::make_unique<RdmaTransport>(co, options, false);
+    std::string accepted;
+    auto connected = ConnectToRawServer(*client, raw_server, *address, &watcher, &accepted);
+    if (!accepted.empty()) return "the raw server's accept: " + accepted;
+    if (!connected.ok()) return connected.status().ToString();
+    conn = *std::move(connected);
+    return "";
+  }
+};
+
 // A server whose machine vanishes while a request waits for its answer:
 // nothing of the client's is outstanding on the wire, so only the client's
 // keepalive can notice. The connection ends UNAVAILABLE naming the server,
@@ -724,26 +866,18 @@ class EndWatcher : public ConnectionObserver {
 // no deadline and a large payload still advertised for the server's READ:
 // neither may keep the keepalive from going out.
 TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
-  const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
-  ASSERT_FALSE(ip.empty());
-  RawPeer raw_server;
-  const std::optional<Address> address = raw_server.Listen(ip);
-  ASSERT_TRUE(address.has_value());
-  EndWatcher watcher;  // outlives the transport, which calls it
-  TransportOptions co;
-  co.name = "keepalive-client";
-  RdmaTransport client(co, KeepaliveOptions(), false);
-  std::string accepted;
-  auto conn = ConnectToRawServer(client, raw_server, *address, &watcher, &accepted);
-  ASSERT_EQ(accepted, "");
-  ASSERT_TRUE(conn.ok()) << conn.status();
+  ClientOfRawServer c;
+  ASSERT_EQ(c.Connect("keepalive-client", KeepaliveOptions()), "");
+  RawPeer& raw_server = c.raw_server;
+  EndWatcher& watcher = c.watcher;
+  std::shared_ptr<Connection>& conn = c.conn;
   OutboundMessage request;
   request.header.kind = MessageKind::kRequest;
   request.header.call_id = 1;
-  auto payload = (*conn)->AllocatePayload(1u << 20);
+  auto payload = conn->AllocatePayload(1u << 20);
   ASSERT_TRUE(payload.ok()) << payload.status();
   request.payload = std::move(*payload);
-  ASSERT_TRUE((*conn)->Send(std::move(request)).ok());
+  ASSERT_TRUE(conn->Send(std::move(request)).ok());
   auto received = raw_server.NextFrame(absl::Seconds(10));
   ASSERT_TRUE(received.has_value() && received->call_id == 1) << "the request never arrived";
   ASSERT_TRUE(received->remote_payload()) << "1 MiB went by SEND, not advertised for READ";
@@ -758,7 +892,7 @@ TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
   ASSERT_TRUE(why.has_value()) << "the client never noticed";
   EXPECT_EQ(why->code(), absl::StatusCode::kUnavailable) << *why;
   EXPECT_NE(
-      why->message().find("keepalive (a zero-byte RDMA WRITE) to " + std::string((*conn)->peer())),
+      why->message().find("keepalive (a zero-byte RDMA WRITE) to " + std::string(conn->peer())),
       std::string::npos)
       << *why;
   EXPECT_NE(why->message().find("peer_timeout_ms"), std::string::npos) << *why;
@@ -768,6 +902,34 @@ TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
 
 // Private data that is not an rdmarpc handshake of our version: none at all,
 // another protocol's bytes, or a version we do not speak.
+// The same check on a client: a server that sends it more frames than its
+// window, while the client's I/O thread is held, loses the connection.
+TEST(RdmaBadInput, AServerThatSendsWithoutCreditLosesItsConnection) {
+  ClientOfRawServer c;
+  ASSERT_EQ(c.Connect("credit-client", RdmaOptions()), "");
+  const uint32_t window = c.raw_server.granted_window;
+  ASSERT_GT(window, 0u);
+  const uint64_t without_credit_before = Counters().frames_without_credit;
+  {
+    IoHold hold(std::static_pointer_cast<RdmaConnection>(c.conn)->endpoint());
+    ASSERT_TRUE(hold.Held());
+    for (uint64_t id = 1; id <= window + 1; ++id) {
+      Header response;
+      response.kind = MessageKind::kResponse;
+      response.call_id = id;
+      ASSERT_TRUE(c.raw_server.Send(Frame(response))) << "frame " << id;
+    }
+  }
+  auto why = c.watcher.EndedWithin(absl::Seconds(10));
+  ASSERT_TRUE(why.has_value()) << "the client kept the connection";
+  EXPECT_EQ(why->code(), absl::StatusCode::kInternal) << *why;
+  EXPECT_TRUE(absl::StrContains(why->message(), "frame without credit from rdma://")) << *why;
+  EXPECT_TRUE(
+      absl::StrContains(why->message(), absl::StrCat("sent 1 frame past its window of ", window)))
+      << *why;
+  EXPECT_EQ(Counters().frames_without_credit - without_credit_before, 1u);
+}
+
 std::vector<std::pair<const char*, std::string>> ForeignHandshakes() {
   Handshake other_version;
   other_version.version = Handshake::kVersion + 1;

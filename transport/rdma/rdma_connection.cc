@@ -411,6 +411,7 @@ RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
 absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
                                               const absl::FunctionRef<void(char*)>* write) {
   p.header.credits = to_return_.exchange(0, std::memory_order_relaxed);
+  if (p.header.credits != 0) NoteCreditsSentLocked(p.header.credits);
   const size_t payload_size = write != nullptr ? p.header.payload_len : p.payload.size();
   const size_t frame = kHeaderSize + p.metadata.size() + payload_size;
   const bool inl = frame <= max_inline_;

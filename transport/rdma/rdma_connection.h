@@ -80,6 +80,25 @@
 // READs until the connection is ended (bench/RESULTS.md, "RNR retry is no
 // safety net on Soft-RoCE").
 //
+// A peer that sends without credit. An SRQ serves every connection of its
+// endpoint, so a peer that sent past its credit would take slots the others
+// were promised. A frame on credit is checked as it is handled: the frames
+// the peer spent, plus the credits its kShrink answers gave back, must not
+// exceed its handshake window plus the credits we put in frames before the
+// batch of completions that brought it was polled (Endpoint::poll_round;
+// the credits granted while handling that batch, or not yet sent, cannot
+// have reached it). Past that, the connection ends INTERNAL ("frame without
+// credit", counted as frames_without_credit) and the others go on. The
+// check never blames an honest peer: a credit counted was queued before the
+// batch's poll, and posted after it, if anything. What it cannot see: the
+// credit sent while one batch was handled counts for the next, though the
+// peer may have sent the next batch's frames before that credit reached
+// it, so a peer ahead by no more than that is missed. A flood past the
+// window while the poller lags comes as one batch (up to Endpoint::
+// kCompletionsPerPoll frames) with more frames than credit, and is caught.
+// kCredit frames cost no credit and are not counted, but one that returns
+// no credit is malformed.
+//
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
 // connection's QP (no other QP can use its rkey) over exactly the payload's
@@ -487,6 +506,12 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t PeerWindow() const;
   void TopUpLocked();
   bool CreditWorthSending() const;
+  // Credit checks (see "A peer that sends without credit" above): notes
+  // `credits` put in a frame, and says by how many frames the peer has
+  // spent more than it can have had, once peer_holds_ has taken off the
+  // frame just received (> 0: it sent without credit).
+  void NoteCreditsSentLocked(uint32_t credits);
+  int64_t OverdrawnLocked() const;
   void SendShrinkLocked();
   void ReleaseAdvertisedLocked(uint64_t token);
   void ExpireUnreleased(absl::Time now);
@@ -609,6 +634,11 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // Credits for the peer that the next frame carries (TopUpLocked); written
   // under mu_, read without it to decide on a kCredit frame.
   std::atomic<uint32_t> to_return_{0};
+  // The credits put in frames during poll round credits_round_
+  // (Endpoint::poll_round): not yet with the peer as far as frames polled
+  // in that round are concerned (OverdrawnLocked).
+  uint64_t credits_round_ = 0;    // guarded by mu_
+  int64_t credits_in_round_ = 0;  // guarded by mu_
   // kShrink frames to send ahead of the backlog, as counts: our request
   // (shared windows) and our answer to the peer's.
   uint32_t ask_to_send_ = 0;     // guarded by mu_

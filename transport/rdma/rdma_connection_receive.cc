@@ -43,6 +43,11 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
     return Fail(absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": ", length,
                                                  " bytes received, header says ", expected)));
   }
+  if (h.kind == MessageKind::kCredit && h.credits == 0) {
+    endpoint_->ReleaseSlot(slot);
+    return Fail(absl::InternalError(
+        absl::StrCat("malformed frame from ", peer_, ": a kCredit that returns no credit")));
+  }
   // A frame on credit, or our kShrink's answer, gives back what it took
   // off the endpoint's budget; another connection may be waiting for it.
   int64_t given_back = CostsCredit(h.kind) ? 1 : 0;
@@ -79,38 +84,51 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       endpoint_->QueueReshare();
     }
   }
-  bool queued;
-  uint32_t peer_release_ms;
+  bool queued = false;
+  uint32_t peer_release_ms = 0;
   uint32_t room_back = 0;
+  int64_t overdrawn = 0;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    peer_release_ms = peer_release_timeout_ms_;
-    if (shrink_asked != 0) {
-      // What the peer takes back may have been spent already: the debt is
-      // paid from the credits it returns next. Answered ahead of the
-      // backlog, which may wait for those very credits.
-      credits_ -= static_cast<int64_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
-      answer_to_send_ += static_cast<uint32_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
-      SendShrinkLocked();
+    if (CostsCredit(h.kind)) overdrawn = OverdrawnLocked();
+    if (overdrawn <= 0) {
+      peer_release_ms = peer_release_timeout_ms_;
+      if (shrink_asked != 0) {
+        // What the peer takes back may have been spent already: the debt is
+        // paid from the credits it returns next. Answered ahead of the
+        // backlog, which may wait for those very credits.
+        credits_ -= static_cast<int64_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
+        answer_to_send_ += static_cast<uint32_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
+        SendShrinkLocked();
+      }
+      // Only for a response some request awaits: a peer that sends others
+      // cannot make room that was never taken.
+      if (h.kind == MessageKind::kResponse && responses_awaited_ > 0) {
+        --responses_awaited_;
+        room_back = 1;
+      }
+      if (h.credits) {
+        credits_ += h.credits;
+        FlushBacklogLocked();
+      }
+      if (given_back != 0) TopUpLocked();
+      if (h.kind == MessageKind::kRelease) ReleaseAdvertisedLocked(h.remote.token);
+      if (h.kind == MessageKind::kResponse && !request_tokens_.empty()) {
+        auto range = request_tokens_.equal_range(h.call_id);
+        for (auto it = range.first; it != range.second; ++it) ReleaseAdvertisedLocked(it->second);
+        request_tokens_.erase(range.first, range.second);
+      }
+      queued = !outbox_.empty();
     }
-    // Only for a response some request awaits: a peer that sends others
-    // cannot make room that was never taken.
-    if (h.kind == MessageKind::kResponse && responses_awaited_ > 0) {
-      --responses_awaited_;
-      room_back = 1;
-    }
-    if (h.credits) {
-      credits_ += h.credits;
-      FlushBacklogLocked();
-    }
-    if (given_back != 0) TopUpLocked();
-    if (h.kind == MessageKind::kRelease) ReleaseAdvertisedLocked(h.remote.token);
-    if (h.kind == MessageKind::kResponse && !request_tokens_.empty()) {
-      auto range = request_tokens_.equal_range(h.call_id);
-      for (auto it = range.first; it != range.second; ++it) ReleaseAdvertisedLocked(it->second);
-      request_tokens_.erase(range.first, range.second);
-    }
-    queued = !outbox_.empty();
+  }
+  if (overdrawn > 0) {
+    endpoint_->ReleaseSlot(slot);
+    Count(&RdmaCounters::frames_without_credit);
+    return Fail(absl::InternalError(absl::StrCat(
+        "frame without credit from ", peer_, ": it sent ", overdrawn,
+        overdrawn == 1 ? " frame" : " frames", " past its window of ", credit_window_,
+        " and the credits we had sent it; the connection ends, so that its frames cannot "
+        "empty the receive queue that other connections share")));
   }
   endpoint_->ReturnResponseRoom(room_back);
   if (queued) FlushOutbox().IgnoreError();
@@ -176,6 +194,28 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
 
 uint32_t RdmaConnection::PeerWindow() const {
   return endpoint_->shares_credits() ? endpoint_->CreditWindow() : credit_window_;
+}
+
+void RdmaConnection::NoteCreditsSentLocked(uint32_t credits) {
+  // A round read stale (older than one already noted) leaves the credits
+  // counted as sent before: the check may then miss a frame, never blame
+  // one wrongly.
+  const uint64_t round = endpoint_->poll_round();
+  if (round > credits_round_) {
+    credits_round_ = round;
+    credits_in_round_ = 0;
+  }
+  if (round == credits_round_) credits_in_round_ += credits;
+}
+
+int64_t RdmaConnection::OverdrawnLocked() const {
+  // peer_holds_ counts every credit granted; the peer can have spent only
+  // those sent before this frame's batch was polled, not those still to go
+  // out (to_return_) nor those sent since (in this round).
+  const uint64_t round = endpoint_->poll_round();
+  const int64_t not_yet_sent = to_return_.load(std::memory_order_relaxed) +
+                               (credits_round_ == round ? credits_in_round_ : 0);
+  return not_yet_sent - peer_holds_;
 }
 
 void RdmaConnection::TopUpLocked() {

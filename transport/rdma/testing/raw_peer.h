@@ -44,6 +44,13 @@ class RawPeer {
   // The text of the last REJ's private data (Connect's "rejected"), up to
   // its first zero byte.
   std::string rejection;
+  // The window the rdmarpc side granted in its handshake: the frames on
+  // credit this peer may send before it has any credit back. 0 before
+  // Connect or Accept has succeeded.
+  uint32_t granted_window = 0;
+  // The credits the server has returned so far, in any frame this peer has
+  // taken off its CQ (Send, NextFrame, AwaitCredits).
+  uint64_t credits_received = 0;
 
   ~RawPeer() {
     if (id_ != nullptr && id_->qp != nullptr) rdma_destroy_qp(id_);
@@ -210,6 +217,21 @@ class RawPeer {
     return h;
   }
 
+  // Whether credits_received reaches `total` within `timeout`; frames that
+  // come meanwhile are kept for NextFrame.
+  bool AwaitCredits(uint64_t total, absl::Duration timeout) {
+    const absl::Time until = absl::Now() + timeout;
+    while (credits_received < total && absl::Now() < until) {
+      ibv_wc wc{};
+      if (ibv_poll_cq(cq_, 1, &wc) > 0) {
+        if (wc.wr_id < kRawRecvs) OnRecv(wc);
+      } else {
+        sched_yield();
+      }
+    }
+    return credits_received >= total;
+  }
+
   // True when the server ends the connection within `timeout`. It says so
   // by a DREQ (DISCONNECTED here) once its CM has seen our RTU. Our first
   // frame can outrun the RTU, and a server that fails the connection before
@@ -310,8 +332,17 @@ class RawPeer {
   void OnRecv(const ibv_wc& wc) {
     if (wc.status != IBV_WC_SUCCESS) return;  // flushed at teardown
     auto h = DecodeHeader(&recv_buf_[wc.wr_id * kRawSlot], wc.byte_len);
+    if (h.ok()) credits_received += h->credits;
     if (h.ok() && h->kind != MessageKind::kCredit) frames_.push_back(*h);
     PostRecv(static_cast<int>(wc.wr_id));
+  }
+
+  // granted_window, from the rdmarpc side's handshake.
+  void NoteGrant(const rdma_conn_param& conn) {
+    if (conn.private_data == nullptr || conn.private_data_len < sizeof(Handshake)) return;
+    Handshake granted;
+    memcpy(&granted, conn.private_data, sizeof granted);
+    granted_window = granted.credits;
   }
 
   // The type of the next rdma_cm event, or RDMA_CM_EVENT_TIMEWAIT_EXIT
@@ -323,6 +354,7 @@ class RawPeer {
       return RDMA_CM_EVENT_TIMEWAIT_EXIT;
     }
     const rdma_cm_event_type type = ev->event;
+    if (type == RDMA_CM_EVENT_ESTABLISHED) NoteGrant(ev->param.conn);
     if (type == RDMA_CM_EVENT_REJECTED && ev->param.conn.private_data != nullptr) {
       const char* text = static_cast<const char*>(ev->param.conn.private_data);
       rejection.assign(text, strnlen(text, ev->param.conn.private_data_len));
@@ -345,6 +377,7 @@ class RawPeer {
       const rdma_cm_event_type type = ev->event;
       const bool wanted = type == want || (also && type == *also);
       if (wanted && id != nullptr) *id = ev->id;
+      if (wanted && type == RDMA_CM_EVENT_CONNECT_REQUEST) NoteGrant(ev->param.conn);
       if (!wanted) {
         absl::StrAppend(&other_events_, other_events_.empty() ? "" : ", ", rdma_event_str(type),
                         " (status ", ev->status, ")");
