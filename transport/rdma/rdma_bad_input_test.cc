@@ -900,8 +900,6 @@ TEST(RdmaBadInput, ServerThatVanishesIsNoticedByTheClientsKeepalive) {
          std::string(why->message()).c_str());
 }
 
-// Private data that is not an rdmarpc handshake of our version: none at all,
-// another protocol's bytes, or a version we do not speak.
 // The same check on a client: a server that sends it more frames than its
 // window, while the client's I/O thread is held, loses the connection.
 TEST(RdmaBadInput, AServerThatSendsWithoutCreditLosesItsConnection) {
@@ -930,6 +928,8 @@ TEST(RdmaBadInput, AServerThatSendsWithoutCreditLosesItsConnection) {
   EXPECT_EQ(Counters().frames_without_credit - without_credit_before, 1u);
 }
 
+// Private data that is not an rdmarpc handshake of our version: none at all,
+// another protocol's bytes, or a version we do not speak.
 std::vector<std::pair<const char*, std::string>> ForeignHandshakes() {
   Handshake other_version;
   other_version.version = Handshake::kVersion + 1;

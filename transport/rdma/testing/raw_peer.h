@@ -48,8 +48,8 @@ class RawPeer {
   // credit this peer may send before it has any credit back. 0 before
   // Connect or Accept has succeeded.
   uint32_t granted_window = 0;
-  // The credits the server has returned so far, in any frame this peer has
-  // taken off its CQ (Send, NextFrame, AwaitCredits).
+  // The credits the rdmarpc side has returned so far, in the frames this
+  // peer has taken off its CQ (Send, NextFrame, AwaitCredits).
   uint64_t credits_received = 0;
 
   ~RawPeer() {
