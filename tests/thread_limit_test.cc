@@ -124,6 +124,17 @@ bool ThreadsBecome(int n) {
   return ThreadLimit::Threads() == n;
 }
 
+// Whether no thread named `name` is left within 10 s. A connector ends on its
+// own once connected; gone only after a limit was set at the count that
+// still held it, it would leave room for a thread the test means to refuse.
+bool NoThreadNamed(const char* name) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (ThreadsNamed(name) > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return ThreadsNamed(name) == 0;
+}
+
 // What a failure for want of a thread must say: what lacked it, the limit,
 // and what to do.
 ::testing::AssertionResult SaysTheLimit(absl::string_view text) {
@@ -365,6 +376,7 @@ TEST_P(AtTheThreadLimit, AChannelDroppedInItsOwnCallbackGoesOnceAThreadCanBeHad)
   };
   Dropped first;
   ASSERT_NO_FATAL_FAILURE(connect(first));
+  ASSERT_TRUE(NoThreadNamed("rpc-connector"));
   ::testing::internal::CaptureStderr();
   ThreadLimit::Allow(0);
   drop_in_callback(first);
@@ -403,11 +415,7 @@ TEST_F(AnAutoChannelAtTheThreadLimit, MovesToRdmaOnceATryCanHaveItsThread) {
   ASSERT_EQ((*channel)->stats().upgrades, 0u) << "not over TCP first";
   // The connector that made the connection ends on its own: a try of RDMA
   // needs a thread of its own again.
-  const absl::Time ended_by = absl::Now() + absl::Seconds(10);
-  while (ThreadsNamed("rpc-connector") > 0 && absl::Now() < ended_by) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_EQ(ThreadsNamed("rpc-connector"), 0);
+  ASSERT_TRUE(NoThreadNamed("rpc-connector"));
 
   ::testing::internal::CaptureStderr();
   const long long refused = ThreadLimit::Refusals();
