@@ -517,7 +517,9 @@ class Endpoint {
   // waiting in the CQ; taken a few at a time, each few would be checked
   // against the credit returned while the ones before were handled, and a
   // flood that stays that far ahead would never show. 12 KB, here rather
-  // than on the stack of whichever thread drives.
+  // than on the stack of whichever thread drives; one buffer will do, as
+  // nothing polls while a completion is handled (Drive refuses on the
+  // thread that owns the I/O context, DrainCompletions runs from tasks).
   static constexpr int kCompletionsPerPoll = 256;
   std::array<ibv_wc, kCompletionsPerPoll> polled_{};  // I/O context
   std::atomic<uint64_t> poll_round_{0};               // written in I/O context
