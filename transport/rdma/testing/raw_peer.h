@@ -204,12 +204,7 @@ class RawPeer {
   std::optional<Header> NextFrame(absl::Duration timeout) {
     const absl::Time until = absl::Now() + timeout;
     do {
-      ibv_wc wc{};
-      if (ibv_poll_cq(cq_, 1, &wc) > 0) {
-        if (wc.wr_id < kRawRecvs) OnRecv(wc);
-      } else {
-        sched_yield();
-      }
+      TakeReceive();
     } while (frames_.empty() && absl::Now() < until);
     if (frames_.empty()) return std::nullopt;
     Header h = frames_.front();
@@ -221,14 +216,7 @@ class RawPeer {
   // come meanwhile are kept for NextFrame.
   bool AwaitCredits(uint64_t total, absl::Duration timeout) {
     const absl::Time until = absl::Now() + timeout;
-    while (credits_received < total && absl::Now() < until) {
-      ibv_wc wc{};
-      if (ibv_poll_cq(cq_, 1, &wc) > 0) {
-        if (wc.wr_id < kRawRecvs) OnRecv(wc);
-      } else {
-        sched_yield();
-      }
-    }
+    while (credits_received < total && absl::Now() < until) TakeReceive();
     return credits_received >= total;
   }
 
@@ -327,6 +315,17 @@ class RawPeer {
     wr.sg_list = &sge;
     wr.num_sge = 1;
     ibv_post_recv(qp_, &wr, &bad);
+  }
+
+  // One completion off the CQ, handled if it is a receive; a yield when
+  // there is none (the rdmarpc side shares this machine's CPUs).
+  void TakeReceive() {
+    ibv_wc wc{};
+    if (ibv_poll_cq(cq_, 1, &wc) > 0) {
+      if (wc.wr_id < kRawRecvs) OnRecv(wc);
+    } else {
+      sched_yield();
+    }
   }
 
   void OnRecv(const ibv_wc& wc) {
