@@ -75,7 +75,9 @@ enum class MessageKind : uint8_t {
   kRequest = 1,   // client -> server: a call
   kResponse = 2,  // server -> client: the call's result
   kCancel = 3,    // client -> server: stop working on call_id
-  kCredit = 4,    // either way: only returns credits (no call), at least one
+  kCredit = 4,    // either way: only returns credits (no call), at least one;
+                  // the credits a side holds never exceed the largest window
+                  // the other side's handshake says it grants
   kRelease = 5,   // client -> server: done READing the advertised response
   kGoAway = 6,    // server -> client: shutting down, send no new call on this
                   // connection (those in flight still end on it); then
@@ -84,10 +86,11 @@ enum class MessageKind : uint8_t {
   kShrink = 7,    // RDMA only, costs no credit. From the receiver of a
                   // connection's frames: take `call_id` credits back off the
                   // window granted (its shared receive queue is being shared
-                  // among more connections); the other side takes them off
-                  // its credits, going into debt for any already spent, and
-                  // answers with a kShrink of the same count, behind every
-                  // frame it sent on those credits
+                  // among more connections), at least one, and not before
+                  // the answer to the last such ask came; the other side
+                  // takes them off its credits, going into debt for any
+                  // already spent, and answers with a kShrink of the same
+                  // count, behind every frame it sent on those credits
   kHello = 8,     // TCP only, server -> client, empty: the first frame on
                   // every connection, sent once the server has taken it.
                   // The kernel completes a TCP connect before the server

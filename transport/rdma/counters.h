@@ -68,6 +68,11 @@ struct RdmaCounters {
   // Frames a peer sent with no credit of ours left: each ended its
   // connection (rdma_connection.h, "A peer that sends without credit").
   uint64_t frames_without_credit = 0;
+  // kCredit and kShrink frames (free) that a peer had no cause to send:
+  // credit past the largest window it granted, or a kShrink asking again
+  // before our answer to its last one could reach it. Each ended its
+  // connection (rdma_connection.h, "A peer that sends without credit").
+  uint64_t unwarranted_control_frames = 0;
   // Zero-byte WRITEs sent to peers silent for RdmaOptions::keepalive_ms.
   uint64_t keepalives = 0;
   // Of which sent behind READs in flight, none of which had completed for

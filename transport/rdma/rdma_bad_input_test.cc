@@ -10,8 +10,9 @@
 // the accept timeout; a peer whose rdma_cm private data is not our handshake
 // is refused (a client) or named in a clear connect error (a server); a peer
 // that grants credits before it posts receives gets every response, windows
-// intact, once it does; a peer that sends past its credit loses its
-// connection, and one that keeps to it does not.
+// intact, once it does; a peer that sends past its credit, returns credit
+// past the largest window it granted or asks for credit back out of turn
+// loses its connection, and one that keeps to the rules does not.
 // Throughout, a good client is served.
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -21,6 +22,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <future>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -77,10 +79,19 @@ class Answerer : public ConnectionObserver {
     ++requests_;
     if (!sent.ok()) refused_.push_back(sent);
   }
-  // The requests answered or refused so far, and the refusals.
+  // The requests answered or refused so far, and the refusals. A request
+  // is counted just after its answer is sent: its client may have it first.
   size_t requests() {
     std::lock_guard<std::mutex> lock(mu_);
     return requests_;
+  }
+  // Whether requests() reaches `n` within 10 s.
+  bool AwaitRequests(size_t n) {
+    for (const absl::Time until = absl::Now() + absl::Seconds(10);
+         requests() < n && absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return requests() >= n;
   }
   std::vector<absl::Status> refused() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -207,6 +218,8 @@ TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
   over_wire_limit.payload_len = kMaxPayloadBytes + 1;
   Header empty_credit;
   empty_credit.kind = MessageKind::kCredit;
+  Header empty_shrink;
+  empty_shrink.kind = MessageKind::kShrink;
   std::string bad_magic_frame = Frame(bad_magic);
   bad_magic_frame[0] ^= 0x5a;
   const struct {
@@ -224,6 +237,7 @@ TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
       {"advertised payload of 0 bytes", Frame(empty_advert), "advertises a payload of 0 bytes"},
       {"advertised payload over the wire limit", Frame(over_wire_limit), "exceeds the limit"},
       {"credit frame without credit", Frame(empty_credit), "a kCredit that returns no credit"},
+      {"kShrink that asks for nothing", Frame(empty_shrink), "a kShrink that asks for no credit"},
   };
   uint64_t good_id = 2;
   for (const auto& c : cases) {
@@ -485,15 +499,17 @@ TEST(RdmaBadInput, APeerThatReturnsNoCreditsPinsNoMoreThanTheBacklogBound) {
   EXPECT_EQ(server.answerer.closed_count(), 0u);
   EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
 
+  // Each answer's credit back as it is taken, as a client would: more than
+  // the window it granted would end the connection.
   Header credit;
   credit.kind = MessageKind::kCredit;
-  credit.credits = static_cast<uint32_t>(requests);
-  ASSERT_TRUE(peer.Send(Frame(credit)));
+  credit.credits = 1;
   for (uint64_t id = 1; id <= kRawRecvs + held; ++id) {
     auto h = peer.NextFrame(absl::Seconds(10));
     ASSERT_TRUE(h.has_value()) << "answer " << id << " never came";
     EXPECT_EQ(h->call_id, id);
     EXPECT_EQ(h->payload_len, kAnswer);
+    ASSERT_TRUE(peer.Send(Frame(credit))) << "credit for answer " << id;
   }
   EXPECT_EQ(server.answerer.closed_count(), 0u);
   (*good)->Close();
@@ -535,6 +551,52 @@ class IoHold {
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
+// A server and a good client that has had a call answered, beside which
+// raw peers break the credit rules.
+struct ServerOfRuleBreakers {
+  GoodClient good_observer;  // outlives the transports, which call it
+  Server server;
+  std::shared_ptr<Connection> good;
+  uint64_t good_id = 1;
+  Endpoint* endpoint = nullptr;  // the server's
+
+  bool Start() {
+    if (!server.Start(1u << 20)) return false;
+    auto c = server.ConnectGoodClient(&good_observer);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return false;
+    good = *std::move(c);
+    ExpectGoodClientServed();
+    endpoint = server.answerer.endpoint();
+    return endpoint != nullptr;
+  }
+  ~ServerOfRuleBreakers() {
+    if (good) good->Close();
+  }
+
+  // The server ends `peer`'s connection, the connection ended after the
+  // first `closed_before`: INTERNAL, its reason saying each of `says`.
+  void ExpectCut(RawPeer& peer, size_t closed_before, std::initializer_list<std::string> says) {
+    EXPECT_TRUE(peer.Disconnected(absl::Seconds(10)))
+        << "the server kept the connection; other CM events: " << peer.OtherEvents();
+    const std::optional<absl::Status> why = server.answerer.ClosedAfter(closed_before);
+    EXPECT_TRUE(why.has_value()) << "the server's side did not end";
+    if (why.has_value()) {
+      EXPECT_EQ(why->code(), absl::StatusCode::kInternal) << *why;
+      for (const std::string& part : says) {
+        EXPECT_TRUE(absl::StrContains(why->message(), part)) << *why;
+      }
+    }
+  }
+  // Returns once the server has counted the call, so that a test can count
+  // the requests that follow.
+  void ExpectGoodClientServed() {
+    const size_t requests = server.answerer.requests();
+    EXPECT_TRUE(good_observer.Call(*good, good_id++).ok()) << "the good client was not served";
+    EXPECT_TRUE(server.answerer.AwaitRequests(requests + 1));
+  }
+};
+
 // A peer that sends past its credit takes receive slots that the server's
 // other connections were promised. With the server's I/O thread held, a
 // raw peer sends its whole window, and then, on a second connection, one
@@ -543,61 +605,117 @@ class IoHold {
 // connection ended at the frame past it, naming the peer. A good client is
 // served throughout.
 TEST(RdmaBadInput, APeerThatSendsWithoutCreditLosesItsConnection) {
-  GoodClient good_observer;
-  Server server;
-  ASSERT_TRUE(server.Start(1u << 20));
-  auto good = server.ConnectGoodClient(&good_observer);
-  ASSERT_TRUE(good.ok()) << good.status();
-  ASSERT_TRUE(good_observer.Call(**good, 1).ok());
-  Endpoint* const endpoint = server.answerer.endpoint();
-  ASSERT_NE(endpoint, nullptr);
-  uint64_t good_id = 2;
+  ServerOfRuleBreakers s;
+  ASSERT_TRUE(s.Start());
+  Answerer& answerer = s.server.answerer;
   for (const uint32_t past : {0u, 1u}) {
     SCOPED_TRACE(past == 0 ? "its window" : "one frame past its window");
     // The first peer's connection ended once it was gone.
     for (const absl::Time until = absl::Now() + absl::Seconds(10);
-         server.answerer.closed_count() < past && absl::Now() < until;) {
+         answerer.closed_count() < past && absl::Now() < until;) {
       absl::SleepFor(absl::Milliseconds(10));
     }
-    const size_t closed_before = server.answerer.closed_count();
+    const size_t closed_before = answerer.closed_count();
     ASSERT_EQ(closed_before, past);
-    const size_t requests_before = server.answerer.requests();
+    const size_t requests_before = answerer.requests();
     const uint64_t without_credit_before = Counters().frames_without_credit;
     RawPeer peer;
-    ASSERT_EQ(peer.Connect(server.listener->address()), "");
+    ASSERT_EQ(peer.Connect(s.server.listener->address()), "");
     const uint32_t window = peer.granted_window;
     ASSERT_GT(window, 0u);
     {
-      IoHold hold(endpoint);
+      IoHold hold(s.endpoint);
       ASSERT_TRUE(hold.Held());
       for (uint64_t id = 1; id <= window + past; ++id) {
         ASSERT_TRUE(peer.Send(Frame(SmallRequest(id, 0)))) << "frame " << id;
       }
     }
-    for (const absl::Time until = absl::Now() + absl::Seconds(10);
-         server.answerer.requests() < requests_before + window && absl::Now() < until;) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    answerer.AwaitRequests(requests_before + window);
     if (past == 0) {
       EXPECT_FALSE(peer.Disconnected(absl::Milliseconds(500))) << "an honest peer was dropped";
-      EXPECT_EQ(server.answerer.closed_count(), closed_before);
+      EXPECT_EQ(answerer.closed_count(), closed_before);
     } else {
-      EXPECT_TRUE(peer.Disconnected(absl::Seconds(10)))
-          << "the server kept the connection; other CM events: " << peer.OtherEvents();
-      auto why = server.answerer.ClosedAfter(closed_before);
-      ASSERT_TRUE(why.has_value()) << "the server's side did not end";
-      EXPECT_EQ(why->code(), absl::StatusCode::kInternal) << *why;
-      EXPECT_TRUE(absl::StrContains(why->message(), "frame without credit from rdma://")) << *why;
-      EXPECT_TRUE(absl::StrContains(why->message(),
-                                    absl::StrCat("sent 1 frame past its window of ", window)))
-          << *why;
+      s.ExpectCut(peer, closed_before,
+                  {"frame without credit from rdma://",
+                   absl::StrCat("sent 1 frame past its window of ", window)});
     }
     EXPECT_EQ(Counters().frames_without_credit - without_credit_before, past);
-    EXPECT_EQ(server.answerer.requests() - requests_before, window)
+    EXPECT_EQ(answerer.requests() - requests_before, window)
         << "the frames within the window were not all handled";
-    EXPECT_TRUE(good_observer.Call(**good, good_id++).ok()) << "the good client was not served";
+    s.ExpectGoodClientServed();
   }
-  (*good)->Close();
+}
+
+// Free frames are bounded too. A peer returns credit only for frames it
+// was sent, so we never hold more than the largest window its handshake
+// says it may grant (max_credits); as each kCredit brings one credit at
+// least, a peer can send no more of them than we sent it frames, plus that
+// window. A raw peer that granted 4 of at most 8 returns 4 more: the server
+// holds 8, keeps the connection and answers a request (which spends one).
+// Then the peer returns 2, one past 8: the connection ends, naming the
+// peer. A good client is served throughout.
+TEST(RdmaBadInput, APeerThatReturnsCreditPastItsWindowLosesItsConnection) {
+  ServerOfRuleBreakers s;
+  ASSERT_TRUE(s.Start());
+  const uint64_t unwarranted_before = Counters().unwarranted_control_frames;
+  RawPeer peer;
+  peer.our_window = 4;
+  peer.our_largest_window = 8;
+  ASSERT_EQ(peer.Connect(s.server.listener->address()), "");
+  Header credit;
+  credit.kind = MessageKind::kCredit;
+  credit.credits = 1;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(peer.Send(Frame(credit))) << "credit " << i;
+  ASSERT_TRUE(peer.Send(Frame(SmallRequest(1, 0))));
+  const std::optional<Header> answer = peer.NextFrame(absl::Seconds(10));
+  ASSERT_TRUE(answer.has_value()) << "a peer at its largest window was not answered";
+  EXPECT_EQ(answer->call_id, 1u);
+  EXPECT_EQ(s.server.answerer.closed_count(), 0u);
+  EXPECT_EQ(Counters().unwarranted_control_frames, unwarranted_before);
+
+  credit.credits = 2;
+  ASSERT_TRUE(peer.Send(Frame(credit)));
+  s.ExpectCut(peer, 0,
+              {"credit past its window from rdma://",
+               "returned 1 credit more than its largest window, 8,"});
+  EXPECT_EQ(Counters().unwarranted_control_frames - unwarranted_before, 1u);
+  s.ExpectGoodClientServed();
+}
+
+// A kShrink ask is free too, and takes a frame to answer: a peer asks again
+// only once the answer to its last ask has reached it. A raw peer that
+// waits for each answer is answered each time; when the server finds two
+// asks of its in one batch of completions (its I/O thread held while they
+// came), the connection ends at the second, naming the peer. A good client
+// is served throughout.
+TEST(RdmaBadInput, APeerThatAsksForCreditBackOutOfTurnLosesItsConnection) {
+  ServerOfRuleBreakers s;
+  ASSERT_TRUE(s.Start());
+  const uint64_t unwarranted_before = Counters().unwarranted_control_frames;
+  RawPeer peer;
+  ASSERT_EQ(peer.Connect(s.server.listener->address()), "");
+  Header ask;
+  ask.kind = MessageKind::kShrink;
+  ask.call_id = 1;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(peer.Send(Frame(ask))) << "ask " << i;
+    const std::optional<Header> answer = peer.NextFrame(absl::Seconds(10));
+    ASSERT_TRUE(answer.has_value()) << "ask " << i << " was not answered";
+    EXPECT_EQ(answer->kind, MessageKind::kShrink);
+    EXPECT_EQ(answer->call_id, 1u);
+  }
+  EXPECT_EQ(s.server.answerer.closed_count(), 0u);
+  EXPECT_EQ(Counters().unwarranted_control_frames, unwarranted_before);
+
+  {
+    IoHold hold(s.endpoint);
+    ASSERT_TRUE(hold.Held());
+    ASSERT_TRUE(peer.Send(Frame(ask)));
+    ASSERT_TRUE(peer.Send(Frame(ask)));
+  }
+  s.ExpectCut(peer, 0, {"kShrink out of turn from rdma://", "before our answer to its last ask"});
+  EXPECT_EQ(Counters().unwarranted_control_frames - unwarranted_before, 1u);
+  s.ExpectGoodClientServed();
 }
 
 constexpr uint32_t kKeepaliveMs = 200;
@@ -928,6 +1046,33 @@ TEST(RdmaBadInput, AServerThatSendsWithoutCreditLosesItsConnection) {
   EXPECT_EQ(Counters().frames_without_credit - without_credit_before, 1u);
 }
 
+// The same bound on a client, learnt from the server's handshake once
+// rdma_cm reports it: a raw server that granted 4 of at most 8 returns 4
+// (kept), then 1 more (the connection ends).
+TEST(RdmaBadInput, AServerThatReturnsCreditPastItsWindowLosesItsConnection) {
+  ClientOfRawServer c;
+  c.raw_server.our_window = 4;
+  c.raw_server.our_largest_window = 8;
+  ASSERT_EQ(c.Connect("credit-client", RdmaOptions()), "");
+  const uint64_t unwarranted_before = Counters().unwarranted_control_frames;
+  Header credit;
+  credit.kind = MessageKind::kCredit;
+  credit.credits = 4;
+  ASSERT_TRUE(c.raw_server.Send(Frame(credit)));
+  EXPECT_FALSE(c.watcher.EndedWithin(absl::Milliseconds(500)).has_value())
+      << "a server at its largest window lost its connection";
+  credit.credits = 1;
+  ASSERT_TRUE(c.raw_server.Send(Frame(credit)));
+  auto why = c.watcher.EndedWithin(absl::Seconds(10));
+  ASSERT_TRUE(why.has_value()) << "the client kept the connection";
+  EXPECT_EQ(why->code(), absl::StatusCode::kInternal) << *why;
+  EXPECT_TRUE(absl::StrContains(why->message(), "credit past its window from rdma://")) << *why;
+  EXPECT_TRUE(
+      absl::StrContains(why->message(), "returned 1 credit more than its largest window, 8,"))
+      << *why;
+  EXPECT_EQ(Counters().unwarranted_control_frames - unwarranted_before, 1u);
+}
+
 // Private data that is not an rdmarpc handshake of our version: none at all,
 // another protocol's bytes, or a version we do not speak.
 std::vector<std::pair<const char*, std::string>> ForeignHandshakes() {
@@ -972,6 +1117,13 @@ TEST(RdmaBadInput, ClientsTheServerCannotServeAreRefusedSayingWhy) {
                       : "no rdmarpc handshake in the private data (not an rdmarpc client?)");
   }
   {
+    SCOPED_TRACE("a window past its largest");
+    RawPeer peer;
+    peer.our_window = 8;
+    peer.our_largest_window = 4;
+    refused(peer, "its handshake grants a window of 8 past its largest, 4");
+  }
+  {
     SCOPED_TRACE("no queue pair");
     RawPeer peer;  // makes its own queue pair, with verbs
     const size_t reserved = server.transport->completion_queue_use().reserved;
@@ -986,34 +1138,50 @@ TEST(RdmaBadInput, ClientsTheServerCannotServeAreRefusedSayingWhy) {
   (*good)->Close();
 }
 
-// A server whose rdma_cm private data is not an rdmarpc handshake: the
-// connect fails UNAVAILABLE saying so, instead of a connection that would
-// misread every frame.
+// A server whose rdma_cm private data is not an rdmarpc handshake, or one
+// that breaks its own bound: the connect fails UNAVAILABLE saying so,
+// instead of a connection that would misread every frame.
 TEST(RdmaBadInput, ServerWithoutOurHandshakeIsAClearConnectError) {
   const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
   ASSERT_FALSE(ip.empty());
-  for (const auto& [what, bytes] : ForeignHandshakes()) {
-    SCOPED_TRACE(what);
-    RawPeer raw_server;
-    raw_server.private_data = bytes;
+  // The connect's failure, naming the server.
+  auto connect_fails = [&](RawPeer& raw_server) -> absl::Status {
     const std::optional<Address> address = raw_server.Listen(ip);
-    ASSERT_TRUE(address.has_value());
+    if (!address.has_value()) return absl::InternalError("the raw server cannot listen");
     EndWatcher watcher;  // outlives the transport, which calls it
     TransportOptions co;
     co.name = "handshake-client";
     RdmaTransport client(co, RdmaOptions(), false);
     std::string accepted;  // "accept" when the client drops it at once
     auto conn = ConnectToRawServer(client, raw_server, *address, &watcher, &accepted);
-    ASSERT_FALSE(conn.ok()) << "connected to a server that sent no rdmarpc handshake";
+    EXPECT_FALSE(conn.ok()) << "connected to a server that sent no valid rdmarpc handshake";
+    if (conn.ok()) return absl::OkStatus();
     EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable) << conn.status();
+    EXPECT_NE(conn.status().message().find(address->host), absl::string_view::npos)
+        << "the error should name the server: " << conn.status();
+    return conn.status();
+  };
+  for (const auto& [what, bytes] : ForeignHandshakes()) {
+    SCOPED_TRACE(what);
+    RawPeer raw_server;
+    raw_server.private_data = bytes;
+    const absl::Status failed = connect_fails(raw_server);
     const bool versioned = absl::string_view(what).find("version") != absl::string_view::npos;
     const std::string expected =
         versioned
             ? absl::StrCat("the server speaks rdmarpc handshake version ", Handshake::kVersion + 1)
             : "not an rdmarpc server?";
-    EXPECT_NE(conn.status().message().find(expected), absl::string_view::npos) << conn.status();
-    EXPECT_NE(conn.status().message().find(address->host), absl::string_view::npos)
-        << "the error should name the server: " << conn.status();
+    EXPECT_TRUE(absl::StrContains(failed.message(), expected)) << failed;
+  }
+  {
+    SCOPED_TRACE("a window past its largest");
+    RawPeer raw_server;
+    raw_server.our_window = 8;
+    raw_server.our_largest_window = 4;
+    const absl::Status failed = connect_fails(raw_server);
+    EXPECT_TRUE(absl::StrContains(
+        failed.message(), "the server's handshake grants a window of 8 past its largest, 4"))
+        << failed;
   }
 }
 

@@ -99,6 +99,7 @@ void RdmaConnection::SetPeer(const Handshake& peer) {
   // its debt stands.
   credits_ += peer.credits;
   peer_credit_window_ = peer.credits;
+  peer_max_credits_ = peer.max_credits;
   peer_release_timeout_ms_ = peer.release_timeout_ms;
   if (peer.slot_size) frame_limit_ = std::min<size_t>(endpoint_->slot_size(), peer.slot_size);
   const size_t derived = frame_limit_ - kHeaderSize;
@@ -411,7 +412,7 @@ RdmaConnection::Outgoing& RdmaConnection::QueueLocked() {
 absl::Status RdmaConnection::QueueFrameLocked(OutboundMessage& p,
                                               const absl::FunctionRef<void(char*)>* write) {
   p.header.credits = to_return_.exchange(0, std::memory_order_relaxed);
-  if (p.header.credits != 0) NoteCreditsSentLocked(p.header.credits);
+  if (p.header.credits != 0) credits_sent_.Add(endpoint_->poll_round(), p.header.credits);
   const size_t payload_size = write != nullptr ? p.header.payload_len : p.payload.size();
   const size_t frame = kHeaderSize + p.metadata.size() + payload_size;
   const bool inl = frame <= max_inline_;

@@ -96,8 +96,22 @@
 // it, so a peer ahead by no more than that is missed. A flood past the
 // window while the poller lags comes as one batch (up to Endpoint::
 // kCompletionsPerPoll frames) with more frames than credit, and is caught.
-// kCredit frames cost no credit and are not counted, but one that returns
-// no credit is malformed.
+// kCredit and kShrink frames cost no credit, but are bounded all the same
+// (counted as unwarranted_control_frames when one breaks its bound):
+//   - a peer returns credit only for frames we sent it, so we never hold
+//     more than the largest window its handshake says it may grant
+//     (Handshake::max_credits). Each kCredit returns one credit at least
+//     (one that returns none is malformed), so a peer can send no more of
+//     them than we sent it frames, plus that window. Past that bound the
+//     connection ends ("credit past its window"). A client learns the
+//     bound when rdma_cm reports the server's handshake, and checks credit
+//     that came before it with the next frame after;
+//   - a kShrink ask asks for one credit at least, and a peer asks again
+//     only once our answer to its last ask has reached it: an ask that our
+//     answers queued before its batch was polled do not leave room for
+//     ends the connection ("kShrink out of turn"). Like the frame check,
+//     it can miss an ask that came just after an answer queued in the
+//     previous batch, never blame an honest one.
 //
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
@@ -191,15 +205,20 @@
 #include "absl/time/clock.h"
 #include "base/inline_mutex.h"
 #include "base/ring_fifo.h"
+#include "transport/rdma/counters.h"
 #include "transport/rdma/endpoint.h"
+#include "transport/rdma/sent_by_round.h"
 #include "transport/transport.h"
 
 namespace rdmarpc::transport::rdma {
 
-// The rdma_cm private data both sides send (16 bytes, little-endian).
+// The rdma_cm private data both sides send (20 bytes, little-endian). Both
+// sides must speak the same version: a peer of another one is refused at
+// connect, both versions named.
 struct Handshake {
   static constexpr uint16_t kMagic = 0x4852;  // "RH"
-  static constexpr uint8_t kVersion = 2;      // 2: kShrink frames (shared windows)
+  // 2: kShrink frames (shared windows); 3: max_credits.
+  static constexpr uint8_t kVersion = 3;
   uint16_t magic = kMagic;
   uint8_t version = kVersion;
   uint8_t reserved = 0;
@@ -209,8 +228,13 @@ struct Handshake {
   // (RdmaOptions::release_timeout_ms); 0: until released. The receiver does
   // not start a READ of such a payload once half of it has passed.
   uint32_t release_timeout_ms = 0;
+  // The largest window the sender may ever grant on this connection (a
+  // shared window grows as connections leave), at least `credits`: the
+  // receiver may never hold more credits than this, so credit returned
+  // past it is refused ("A peer that sends without credit").
+  uint32_t max_credits = 0;
 };
-static_assert(sizeof(Handshake) == 16, "handshake fits any rdma_cm private data");
+static_assert(sizeof(Handshake) == 20, "handshake fits any rdma_cm private data (56 bytes)");
 
 // A refused connection request's REJ private data: kRefusalPrefix, then why,
 // as text, at most kMaxRefusalBytes in all (IB CM carries 148 and pads them
@@ -506,12 +530,17 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   uint32_t PeerWindow() const;
   void TopUpLocked();
   bool CreditWorthSending() const;
-  // Credit checks (see "A peer that sends without credit" above): notes
-  // `credits` put in a frame, and says by how many frames the peer has
-  // spent more than it can have had, once peer_holds_ has taken off the
-  // frame just received (> 0: it sent without credit).
-  void NoteCreditsSentLocked(uint32_t credits);
+  // Credit checks (see "A peer that sends without credit" above) of frame
+  // `h`, a kShrink asking `shrink_asked` credits back if not 0: OK, or
+  // INTERNAL saying which rule the peer broke, with the counter to count it
+  // in. Before the frame changes anything but peer_holds_. The rules, each
+  // > 0 when broken, by how much: the frames the peer spent past what it
+  // can have had; the peer's kShrink asks before this one that our answers
+  // queued before this frame's poll round did not cover.
+  absl::Status CheckCreditRulesLocked(const Header& h, uint64_t shrink_asked,
+                                      RdmaCounters::Field* counter) const;
   int64_t OverdrawnLocked() const;
+  int64_t AskedTooSoonLocked() const;
   void SendShrinkLocked();
   void ReleaseAdvertisedLocked(uint64_t token);
   void ExpireUnreleased(absl::Time now);
@@ -634,15 +663,19 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   // Credits for the peer that the next frame carries (TopUpLocked); written
   // under mu_, read without it to decide on a kCredit frame.
   std::atomic<uint32_t> to_return_{0};
-  // The credits put in frames during poll round credits_round_
-  // (Endpoint::poll_round): not yet with the peer as far as frames polled
-  // in that round are concerned (OverdrawnLocked).
-  uint64_t credits_round_ = 0;    // guarded by mu_
-  int64_t credits_in_round_ = 0;  // guarded by mu_
+  // The credits put in frames, by poll round (OverdrawnLocked).
+  SentByRound credits_sent_;  // guarded by mu_
   // kShrink frames to send ahead of the backlog, as counts: our request
   // (shared windows) and our answer to the peer's.
   uint32_t ask_to_send_ = 0;     // guarded by mu_
   uint32_t answer_to_send_ = 0;  // guarded by mu_
+  // The peer's kShrink asks received, and those our queued answers
+  // covered, by poll round (AskedTooSoonLocked).
+  int64_t asks_received_ = 0;  // guarded by mu_
+  SentByRound asks_answered_;  // guarded by mu_
+  // The handshake's max_credits: no more credits than this may we hold
+  // (CheckCreditRulesLocked). 0 until a client has the server's handshake.
+  uint32_t peer_max_credits_ = 0;  // guarded by mu_
 
   // I/O context (endpoint.h).
   // Credits the peer holds or has in flight to us: what we granted and

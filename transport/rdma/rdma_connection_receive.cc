@@ -60,6 +60,11 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
           absl::InternalError(absl::StrCat("malformed frame from ", peer_, ": a kShrink answering ",
                                            shrink_asked_, " credits says ", h.call_id)));
     }
+    if (h.call_id == 0) {
+      endpoint_->ReleaseSlot(slot);
+      return Fail(absl::InternalError(
+          absl::StrCat("malformed frame from ", peer_, ": a kShrink that asks for no credit")));
+    }
     if (shrink_asked_ != 0) {
       given_back += shrink_asked_;
       shrink_asked_ = 0;
@@ -87,16 +92,18 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   bool queued = false;
   uint32_t peer_release_ms = 0;
   uint32_t room_back = 0;
-  int64_t overdrawn = 0;
+  absl::Status broken;
+  RdmaCounters::Field broken_counter = nullptr;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    if (CostsCredit(h.kind)) overdrawn = OverdrawnLocked();
-    if (overdrawn <= 0) {
+    broken = CheckCreditRulesLocked(h, shrink_asked, &broken_counter);
+    if (broken.ok()) {
       peer_release_ms = peer_release_timeout_ms_;
       if (shrink_asked != 0) {
         // What the peer takes back may have been spent already: the debt is
         // paid from the credits it returns next. Answered ahead of the
         // backlog, which may wait for those very credits.
+        ++asks_received_;
         credits_ -= static_cast<int64_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
         answer_to_send_ += static_cast<uint32_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
         SendShrinkLocked();
@@ -121,14 +128,10 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       queued = !outbox_.empty();
     }
   }
-  if (overdrawn > 0) {
+  if (!broken.ok()) {
     endpoint_->ReleaseSlot(slot);
-    Count(&RdmaCounters::frames_without_credit);
-    return Fail(absl::InternalError(absl::StrCat(
-        "frame without credit from ", peer_, ": it sent ", overdrawn,
-        overdrawn == 1 ? " frame" : " frames", " past its window of ", credit_window_,
-        " and the credits we had sent it; the connection ends, so that its frames cannot "
-        "empty the receive queue that other connections share")));
+    Count(broken_counter);
+    return Fail(std::move(broken));
   }
   endpoint_->ReturnResponseRoom(room_back);
   if (queued) FlushOutbox().IgnoreError();
@@ -196,26 +199,60 @@ uint32_t RdmaConnection::PeerWindow() const {
   return endpoint_->shares_credits() ? endpoint_->CreditWindow() : credit_window_;
 }
 
-void RdmaConnection::NoteCreditsSentLocked(uint32_t credits) {
-  // A round read stale (older than one already noted) leaves the credits
-  // counted as sent before: the check may then miss a frame, never blame
-  // one wrongly.
-  const uint64_t round = endpoint_->poll_round();
-  if (round > credits_round_) {
-    credits_round_ = round;
-    credits_in_round_ = 0;
+absl::Status RdmaConnection::CheckCreditRulesLocked(const Header& h, uint64_t shrink_asked,
+                                                    RdmaCounters::Field* counter) const {
+  constexpr absl::string_view kWhy =
+      "; the connection ends, so that its frames cannot empty the receive queue that other "
+      "connections share";
+  if (CostsCredit(h.kind)) {
+    if (const int64_t over = OverdrawnLocked(); over > 0) {
+      *counter = &RdmaCounters::frames_without_credit;
+      return absl::InternalError(absl::StrCat(
+          "frame without credit from ", peer_, ": it sent ", over, over == 1 ? " frame" : " frames",
+          " past its window of ", credit_window_, " and the credits we had sent it", kWhy));
+    }
   }
-  if (round == credits_round_) credits_in_round_ += credits;
+  if (shrink_asked != 0) {
+    if (const int64_t unanswered = AskedTooSoonLocked(); unanswered > 0) {
+      *counter = &RdmaCounters::unwarranted_control_frames;
+      return absl::InternalError(absl::StrCat(
+          "kShrink out of turn from ", peer_,
+          ": it asked for credit back again before our answer to its last ask could reach it",
+          kWhy));
+    }
+  }
+  // The handshake's bound is known from the start on a server, and once
+  // rdma_cm reports the server's on a client: a frame before that is
+  // checked with the next one after.
+  if (h.credits != 0 && peer_max_credits_ != 0) {
+    const int64_t held =
+        credits_ - static_cast<int64_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX)) + h.credits;
+    if (const int64_t past = held - peer_max_credits_; past > 0) {
+      *counter = &RdmaCounters::unwarranted_control_frames;
+      return absl::InternalError(
+          absl::StrCat("credit past its window from ", peer_, ": it returned ", past,
+                       past == 1 ? " credit" : " credits", " more than its largest window, ",
+                       peer_max_credits_, ", lets us hold", kWhy));
+    }
+  }
+  return absl::OkStatus();
 }
 
 int64_t RdmaConnection::OverdrawnLocked() const {
   // peer_holds_ counts every credit granted; the peer can have spent only
   // those sent before this frame's batch was polled, not those still to go
   // out (to_return_) nor those sent since (in this round).
-  const uint64_t round = endpoint_->poll_round();
-  const int64_t not_yet_sent = to_return_.load(std::memory_order_relaxed) +
-                               (credits_round_ == round ? credits_in_round_ : 0);
+  const int64_t not_yet_sent =
+      to_return_.load(std::memory_order_relaxed) + credits_sent_.InRound(endpoint_->poll_round());
   return not_yet_sent - peer_holds_;
+}
+
+int64_t RdmaConnection::AskedTooSoonLocked() const {
+  // A peer asks again only once our answer to its last ask has reached it,
+  // so before this frame's poll round.
+  const int64_t answered_before =
+      asks_answered_.total() - asks_answered_.InRound(endpoint_->poll_round());
+  return asks_received_ - answered_before;
 }
 
 void RdmaConnection::TopUpLocked() {
@@ -300,6 +337,9 @@ void RdmaConnection::SendShrinkLocked() {
     // Without room now, FlushBacklogLocked sends it when room comes.
     if (!CanPostLocked(p.header)) return;
     *count = 0;
+    if (count == &answer_to_send_) {
+      asks_answered_.Add(endpoint_->poll_round(), asks_received_ - asks_answered_.total());
+    }
     QueueFrameLocked(p).IgnoreError();
   }
 }

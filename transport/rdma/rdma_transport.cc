@@ -368,9 +368,11 @@ uint32_t RdmaTransport::LocalCredits(const Endpoint& ep) const {
   return rdma_.strict_credits ? ep.StrictWindow(ep.ConfiguredWindow()) : ep.JoiningWindow();
 }
 
-Handshake RdmaTransport::LocalHandshake(uint32_t credits) const {
+Handshake RdmaTransport::LocalHandshake(const Endpoint& ep, uint32_t credits) const {
   Handshake hs;
   hs.credits = credits;
+  // A shared window grows back as connections leave; any other stays put.
+  hs.max_credits = ep.shares_credits() ? std::max(credits, ep.ConfiguredWindow()) : credits;
   hs.slot_size = static_cast<uint32_t>(rdma_.slot_size);
   hs.release_timeout_ms = rdma_.release_timeout_ms;
   return hs;

@@ -136,7 +136,7 @@ class RdmaTransport : public Transport {
   // half the receive slots, and with strict_credits at most what the slots
   // not spoken for hold (0: none; the connection is refused).
   uint32_t LocalCredits(const Endpoint& ep) const;
-  Handshake LocalHandshake(uint32_t credits) const;
+  Handshake LocalHandshake(const Endpoint& ep, uint32_t credits) const;
 
   const TransportOptions options_;
   const RdmaOptions rdma_;

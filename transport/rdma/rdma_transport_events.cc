@@ -198,7 +198,7 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       conn->set_observer(at->observer);
       Track(conn);
       (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });
-      const Handshake hs = LocalHandshake(credits);
+      const Handshake hs = LocalHandshake(**ep, credits);
       rdma_conn_param param{};
       param.private_data = &hs;
       param.private_data_len = sizeof hs;
@@ -232,6 +232,11 @@ void RdmaTransport::HandleEvent(rdma_cm_event* ev) {
       if (hs.version != Handshake::kVersion) {
         fail(absl::StrCat("the server speaks rdmarpc handshake version ", hs.version, ", we speak ",
                           Handshake::kVersion));
+        break;
+      }
+      if (hs.max_credits < hs.credits) {
+        fail(absl::StrCat("the server's handshake grants a window of ", hs.credits,
+                          " past its largest, ", hs.max_credits));
         break;
       }
       if (absl::Status s = CheckGidIndex(id, rdma_); !s.ok()) {
@@ -295,6 +300,10 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
     return refuse(absl::StrCat("it speaks rdmarpc handshake version ", hs.version, ", we speak ",
                                Handshake::kVersion));
   }
+  if (hs.max_credits < hs.credits) {
+    return refuse(absl::StrCat("its handshake grants a window of ", hs.credits,
+                               " past its largest, ", hs.max_credits));
+  }
   if (rdma_.trace) {
     TraceLine(options_.name,
               absl::StrCat("connection request from ", peer, ": it grants ", hs.credits,
@@ -333,7 +342,7 @@ void RdmaTransport::OnConnectRequest(rdma_cm_event* ev, RdmaListener* listener) 
   (*ep)->RunOnPollerAndWait([&] { (*ep)->AddConnection(conn); });
   Track(conn);
   cm_targets_[child] = CmTarget{nullptr, nullptr, conn};
-  const Handshake ours = LocalHandshake(credits);
+  const Handshake ours = LocalHandshake(**ep, credits);
   rdma_conn_param param{};
   param.private_data = &ours;
   param.private_data_len = sizeof ours;

@@ -73,6 +73,11 @@ class RawPeer {
   // sends no RTU: as if the RTU were lost on the way.
   bool lose_rtu = false;
 
+  // What this peer's handshake grants: a window, and the largest one it
+  // may grow to (the rdmarpc side holds no more credits than that).
+  uint32_t our_window = kRawRecvs;
+  uint32_t our_largest_window = kRawRecvs;
+
   // Posts no receive until PostReceives: the credits the handshake grants
   // are not backed, and the server's SENDs meet RNR NAKs until then.
   bool withhold_receives = false;
@@ -293,7 +298,8 @@ class RawPeer {
   // One READ each way at a time, with a valid rdmarpc handshake or, when
   // set, private_data instead.
   rdma_conn_param ConnParam() {
-    handshake_.credits = kRawRecvs;
+    handshake_.credits = our_window;
+    handshake_.max_credits = our_largest_window;
     handshake_.slot_size = kRawSlot;
     rdma_conn_param param{};
     if (private_data.has_value()) {
