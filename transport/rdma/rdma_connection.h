@@ -107,11 +107,11 @@
 //     bound when rdma_cm reports the server's handshake, and checks credit
 //     that came before it with the next frame after;
 //   - a kShrink ask asks for one credit at least, and a peer asks again
-//     only once our answer to its last ask has reached it: an ask that our
-//     answers queued before its batch was polled do not leave room for
-//     ends the connection ("kShrink out of turn"). Like the frame check,
-//     it can miss an ask that came just after an answer queued in the
-//     previous batch, never blame an honest one.
+//     only once our answer to its last ask has reached it: an ask that
+//     comes while an earlier one has no answer queued before its batch was
+//     polled ends the connection ("kShrink out of turn"). Like the frame
+//     check, it can miss an ask that came just after an answer queued
+//     while the previous batch was handled, never blame an honest one.
 //
 // Buffer lifetime (the rule that makes remote memory safe). A payload is
 // exposed to the peer only through a type-2 memory window, bound to this
@@ -531,12 +531,13 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   void TopUpLocked();
   bool CreditWorthSending() const;
   // Credit checks (see "A peer that sends without credit" above) of frame
-  // `h`, a kShrink asking `shrink_asked` credits back if not 0: OK, or
-  // INTERNAL saying which rule the peer broke, with the counter to count it
-  // in. Before the frame changes anything but peer_holds_. The rules, each
-  // > 0 when broken, by how much: the frames the peer spent past what it
-  // can have had; the peer's kShrink asks before this one that our answers
-  // queued before this frame's poll round did not cover.
+  // `h`, a kShrink asking `shrink_asked` credits back if not 0, before it
+  // changes anything but peer_holds_: OK, or INTERNAL saying which rule the
+  // peer broke, with the counter to count it in. Two of the rules say by
+  // how much they were broken (> 0): the frames the peer spent past what
+  // it can have had (OverdrawnLocked), and its kShrink asks before this one
+  // that no answer of ours queued before this frame's poll round covered
+  // (AskedTooSoonLocked).
   absl::Status CheckCreditRulesLocked(const Header& h, uint64_t shrink_asked,
                                       RdmaCounters::Field* counter) const;
   int64_t OverdrawnLocked() const;
