@@ -205,7 +205,6 @@
 #include "absl/time/clock.h"
 #include "base/inline_mutex.h"
 #include "base/ring_fifo.h"
-#include "transport/rdma/counters.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/sent_by_round.h"
 #include "transport/transport.h"
@@ -532,14 +531,21 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   bool CreditWorthSending() const;
   // Credit checks (see "A peer that sends without credit" above) of frame
   // `h`, a kShrink asking `shrink_asked` credits back if not 0, before it
-  // changes anything but peer_holds_: OK, or INTERNAL saying which rule the
-  // peer broke, with the counter to count it in. Two of the rules say by
-  // how much they were broken (> 0): the frames the peer spent past what
-  // it can have had (OverdrawnLocked), and its kShrink asks before this one
-  // that no answer of ours queued before this frame's poll round covered
-  // (AskedTooSoonLocked).
-  absl::Status CheckCreditRulesLocked(const Header& h, uint64_t shrink_asked,
-                                      RdmaCounters::Field* counter) const;
+  // changes anything but peer_holds_: the rule it broke, if any, by how
+  // much, and the limit it went past. A plain struct, not a status: it is
+  // made for every frame received. FailForBreach ends the connection
+  // saying why. Two of the rules say by how much they were broken (> 0):
+  // the frames the peer spent past what it can have had (OverdrawnLocked),
+  // and its kShrink asks before this one that no answer of ours queued
+  // before this frame's poll round covered (AskedTooSoonLocked).
+  struct CreditBreach {
+    enum Rule : uint8_t { kNone, kFrameWithoutCredit, kShrinkOutOfTurn, kCreditPastWindow };
+    Rule rule = kNone;
+    int64_t by = 0;
+    int64_t limit = 0;  // the window it went past
+  };
+  CreditBreach CheckCreditRulesLocked(const Header& h, uint64_t shrink_asked) const;
+  void FailForBreach(const CreditBreach& breach);
   int64_t OverdrawnLocked() const;
   int64_t AskedTooSoonLocked() const;
   void SendShrinkLocked();

@@ -26,6 +26,33 @@ using internal::RevocationRule;
 using internal::Rounded;
 using internal::WrId;
 
+// Inline, ahead of OnRecv: it runs for every frame, and a call that returns
+// a struct costs more than the checks themselves (bench/fast_path_ir.sh).
+inline RdmaConnection::CreditBreach RdmaConnection::CheckCreditRulesLocked(
+    const Header& h, uint64_t shrink_asked) const {
+  if (CostsCredit(h.kind)) {
+    if (const int64_t over = OverdrawnLocked(); over > 0) {
+      return {CreditBreach::kFrameWithoutCredit, over, credit_window_};
+    }
+  }
+  if (shrink_asked != 0) {
+    if (const int64_t unanswered = AskedTooSoonLocked(); unanswered > 0) {
+      return {CreditBreach::kShrinkOutOfTurn, unanswered, 0};
+    }
+  }
+  // The handshake's bound is known from the start on a server, and once
+  // rdma_cm reports the server's on a client: a frame before that is
+  // checked with the next one after.
+  if (h.credits != 0 && peer_max_credits_ != 0) {
+    const int64_t held =
+        credits_ - static_cast<int64_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX)) + h.credits;
+    if (const int64_t past = held - peer_max_credits_; past > 0) {
+      return {CreditBreach::kCreditPastWindow, past, peer_max_credits_};
+    }
+  }
+  return {};
+}
+
 void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   RDMARPC_STAGE(kRecvDecode);
   ++heard_;
@@ -92,12 +119,11 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   bool queued = false;
   uint32_t peer_release_ms = 0;
   uint32_t room_back = 0;
-  absl::Status broken;
-  RdmaCounters::Field broken_counter = nullptr;
+  CreditBreach breach;
   {
     std::lock_guard<InlineMutex> lock(mu_);
-    broken = CheckCreditRulesLocked(h, shrink_asked, &broken_counter);
-    if (broken.ok()) {
+    breach = CheckCreditRulesLocked(h, shrink_asked);
+    if (breach.rule == CreditBreach::kNone) {
       peer_release_ms = peer_release_timeout_ms_;
       if (shrink_asked != 0) {
         // What the peer takes back may have been spent already: the debt is
@@ -128,10 +154,9 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       queued = !outbox_.empty();
     }
   }
-  if (!broken.ok()) {
+  if (breach.rule != CreditBreach::kNone) {
     endpoint_->ReleaseSlot(slot);
-    Count(broken_counter);
-    return Fail(std::move(broken));
+    return FailForBreach(breach);
   }
   endpoint_->ReturnResponseRoom(room_back);
   if (queued) FlushOutbox().IgnoreError();
@@ -199,43 +224,32 @@ uint32_t RdmaConnection::PeerWindow() const {
   return endpoint_->shares_credits() ? endpoint_->CreditWindow() : credit_window_;
 }
 
-absl::Status RdmaConnection::CheckCreditRulesLocked(const Header& h, uint64_t shrink_asked,
-                                                    RdmaCounters::Field* counter) const {
+void RdmaConnection::FailForBreach(const CreditBreach& breach) {
   constexpr absl::string_view kWhy =
       "; the connection ends, so that its frames cannot empty the receive queue that other "
       "connections share";
-  if (CostsCredit(h.kind)) {
-    if (const int64_t over = OverdrawnLocked(); over > 0) {
-      *counter = &RdmaCounters::frames_without_credit;
-      return absl::InternalError(absl::StrCat(
-          "frame without credit from ", peer_, ": it sent ", over, over == 1 ? " frame" : " frames",
-          " past its window of ", credit_window_, " and the credits we had sent it", kWhy));
-    }
-  }
-  if (shrink_asked != 0) {
-    if (const int64_t unanswered = AskedTooSoonLocked(); unanswered > 0) {
-      *counter = &RdmaCounters::unwarranted_control_frames;
-      return absl::InternalError(absl::StrCat(
+  switch (breach.rule) {
+    case CreditBreach::kNone:
+      return;
+    case CreditBreach::kFrameWithoutCredit:
+      Count(&RdmaCounters::frames_without_credit);
+      return Fail(absl::InternalError(
+          absl::StrCat("frame without credit from ", peer_, ": it sent ", breach.by,
+                       breach.by == 1 ? " frame" : " frames", " past its window of ", breach.limit,
+                       " and the credits we had sent it", kWhy)));
+    case CreditBreach::kShrinkOutOfTurn:
+      Count(&RdmaCounters::unwarranted_control_frames);
+      return Fail(absl::InternalError(absl::StrCat(
           "kShrink out of turn from ", peer_,
           ": it asked for credit back again before our answer to its last ask could reach it",
-          kWhy));
-    }
+          kWhy)));
+    case CreditBreach::kCreditPastWindow:
+      Count(&RdmaCounters::unwarranted_control_frames);
+      return Fail(absl::InternalError(
+          absl::StrCat("credit past its window from ", peer_, ": it returned ", breach.by,
+                       breach.by == 1 ? " credit" : " credits", " more than its largest window, ",
+                       breach.limit, ", lets us hold", kWhy)));
   }
-  // The handshake's bound is known from the start on a server, and once
-  // rdma_cm reports the server's on a client: a frame before that is
-  // checked with the next one after.
-  if (h.credits != 0 && peer_max_credits_ != 0) {
-    const int64_t held =
-        credits_ - static_cast<int64_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX)) + h.credits;
-    if (const int64_t past = held - peer_max_credits_; past > 0) {
-      *counter = &RdmaCounters::unwarranted_control_frames;
-      return absl::InternalError(
-          absl::StrCat("credit past its window from ", peer_, ": it returned ", past,
-                       past == 1 ? " credit" : " credits", " more than its largest window, ",
-                       peer_max_credits_, ", lets us hold", kWhy));
-    }
-  }
-  return absl::OkStatus();
 }
 
 int64_t RdmaConnection::OverdrawnLocked() const {
