@@ -42,6 +42,7 @@
 namespace rdmarpc::transport::rdma {
 namespace {
 
+using testing::CreditFrame;
 using testing::Frame;
 using testing::kRawRecvs;
 using testing::kRawSlot;
@@ -216,8 +217,6 @@ TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
   Header over_wire_limit = SmallRequest(1, 0);
   over_wire_limit.flags = kFlagRemotePayload;
   over_wire_limit.payload_len = kMaxPayloadBytes + 1;
-  Header empty_credit;
-  empty_credit.kind = MessageKind::kCredit;
   Header empty_shrink;
   empty_shrink.kind = MessageKind::kShrink;
   std::string bad_magic_frame = Frame(bad_magic);
@@ -236,7 +235,7 @@ TEST(RdmaBadInput, MalformedFramesEndOnlyTheirConnection) {
        "164 bytes received, header says 74"},
       {"advertised payload of 0 bytes", Frame(empty_advert), "advertises a payload of 0 bytes"},
       {"advertised payload over the wire limit", Frame(over_wire_limit), "exceeds the limit"},
-      {"credit frame without credit", Frame(empty_credit), "a kCredit that returns no credit"},
+      {"credit frame without credit", CreditFrame(0), "a kCredit that returns no credit"},
       {"kShrink that asks for nothing", Frame(empty_shrink), "a kShrink that asks for no credit"},
   };
   uint64_t good_id = 2;
@@ -501,15 +500,12 @@ TEST(RdmaBadInput, APeerThatReturnsNoCreditsPinsNoMoreThanTheBacklogBound) {
 
   // Each answer's credit back as it is taken, as a client would: more than
   // the window it granted would end the connection.
-  Header credit;
-  credit.kind = MessageKind::kCredit;
-  credit.credits = 1;
   for (uint64_t id = 1; id <= kRawRecvs + held; ++id) {
     auto h = peer.NextFrame(absl::Seconds(10));
     ASSERT_TRUE(h.has_value()) << "answer " << id << " never came";
     EXPECT_EQ(h->call_id, id);
     EXPECT_EQ(h->payload_len, kAnswer);
-    ASSERT_TRUE(peer.Send(Frame(credit))) << "credit for answer " << id;
+    ASSERT_TRUE(peer.Send(CreditFrame(1))) << "credit for answer " << id;
   }
   EXPECT_EQ(server.answerer.closed_count(), 0u);
   (*good)->Close();
@@ -662,10 +658,7 @@ TEST(RdmaBadInput, APeerThatReturnsCreditPastItsWindowLosesItsConnection) {
   peer.our_window = 4;
   peer.our_largest_window = 8;
   ASSERT_EQ(peer.Connect(s.server.listener->address()), "");
-  Header credit;
-  credit.kind = MessageKind::kCredit;
-  credit.credits = 1;
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(peer.Send(Frame(credit))) << "credit " << i;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(peer.Send(CreditFrame(1))) << "credit " << i;
   ASSERT_TRUE(peer.Send(Frame(SmallRequest(1, 0))));
   const std::optional<Header> answer = peer.NextFrame(absl::Seconds(10));
   ASSERT_TRUE(answer.has_value()) << "a peer at its largest window was not answered";
@@ -673,8 +666,7 @@ TEST(RdmaBadInput, APeerThatReturnsCreditPastItsWindowLosesItsConnection) {
   EXPECT_EQ(s.server.answerer.closed_count(), 0u);
   EXPECT_EQ(Counters().unwarranted_control_frames, unwarranted_before);
 
-  credit.credits = 2;
-  ASSERT_TRUE(peer.Send(Frame(credit)));
+  ASSERT_TRUE(peer.Send(CreditFrame(2)));
   s.ExpectCut(peer, 0,
               {"credit past its window from rdma://",
                "returned 1 credit more than its largest window, 8,"});
@@ -1055,14 +1047,10 @@ TEST(RdmaBadInput, AServerThatReturnsCreditPastItsWindowLosesItsConnection) {
   c.raw_server.our_largest_window = 8;
   ASSERT_EQ(c.Connect("credit-client", RdmaOptions()), "");
   const uint64_t unwarranted_before = Counters().unwarranted_control_frames;
-  Header credit;
-  credit.kind = MessageKind::kCredit;
-  credit.credits = 4;
-  ASSERT_TRUE(c.raw_server.Send(Frame(credit)));
+  ASSERT_TRUE(c.raw_server.Send(CreditFrame(4)));
   EXPECT_FALSE(c.watcher.EndedWithin(absl::Milliseconds(500)).has_value())
       << "a server at its largest window lost its connection";
-  credit.credits = 1;
-  ASSERT_TRUE(c.raw_server.Send(Frame(credit)));
+  ASSERT_TRUE(c.raw_server.Send(CreditFrame(1)));
   auto why = c.watcher.EndedWithin(absl::Seconds(10));
   ASSERT_TRUE(why.has_value()) << "the client kept the connection";
   EXPECT_EQ(why->code(), absl::StatusCode::kInternal) << *why;

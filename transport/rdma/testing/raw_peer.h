@@ -418,6 +418,14 @@ inline std::string Frame(const Header& h, std::string body = {}) {
   return out + body;
 }
 
+// A kCredit frame that returns `credits` (0: a malformed one).
+inline std::string CreditFrame(uint32_t credits) {
+  Header h;
+  h.kind = MessageKind::kCredit;
+  h.credits = credits;
+  return Frame(h);
+}
+
 inline Header SmallRequest(uint64_t call_id, uint32_t payload_len) {
   Header h;
   h.kind = MessageKind::kRequest;
