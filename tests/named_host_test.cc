@@ -226,7 +226,7 @@ Status StartOnName(const std::string& scheme, uint16_t port = 0) {
   return StartOn(absl::StrCat(scheme, "://", kName, ":", port));
 }
 
-TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEach) {
+TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEachThenWhatToDo) {
   NameTwoAddresses("192.0.2.1", "198.51.100.1");
   const Status s = StartOnName("tcp");
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
@@ -234,6 +234,8 @@ TEST(TcpNamedHost, AServerThatCanBindNoAddressNamesEach) {
                             "198.51.100.1:0: Cannot assign requested address"}) {
     EXPECT_NE(s.message().find(tried), absl::string_view::npos) << s;
   }
+  EXPECT_EQ(Count(s.message(), "No interface of this host has that address"), 1u) << s;
+  EXPECT_TRUE(absl::EndsWith(s.message(), "or on 0.0.0.0 or [::] for all.")) << s;
 }
 
 // A name that resolves to no address (names resolve from the test's own
@@ -344,7 +346,8 @@ TEST(RdmaNamedHost, NoServerOnAnyAddressNamesEachAttempt) {
 }
 
 // Neither of the name's addresses is this machine's: the error names each,
-// then once the devices there are and what to try.
+// then once that they are not this host's, the devices there are and what
+// to try.
 TEST(RdmaNamedHost, AServerThatCanBindNoAddressNamesEachThenTheDevices) {
   NameTwoAddresses("192.0.2.1", "198.51.100.1");
   const Status s = StartOnName("rdma");
@@ -352,6 +355,7 @@ TEST(RdmaNamedHost, AServerThatCanBindNoAddressNamesEachThenTheDevices) {
   for (const char* tried : {"192.0.2.1:0: ", "198.51.100.1:0: "}) {
     EXPECT_NE(s.message().find(tried), absl::string_view::npos) << s;
   }
+  EXPECT_EQ(Count(s.message(), "No interface of this host has that address"), 1u) << s;
   EXPECT_EQ(Count(s.message(), "Devices: "), 1u) << s;
   EXPECT_TRUE(absl::EndsWith(s.message(), "or use tcp:// (or auto://).")) << s;
   EXPECT_FALSE(absl::StrContains(s.message(), "the server listens")) << "it is the server: " << s;

@@ -64,6 +64,11 @@ absl::Status BindError(int err) {
                         "A port below 1024 needs root or CAP_NET_BIND_SERVICE: listen on a "
                         "higher one.");
   }
+  if (err == EADDRNOTAVAIL) {
+    return WithWhatToDo(std::move(error),
+                        "No interface of this host has that address (`ip -br addr` lists those "
+                        "it has): listen on one of them, or on 0.0.0.0 or [::] for all.");
+  }
   return error;
 }
 

@@ -44,9 +44,10 @@ absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
     const std::vector<SocketAddress>& addresses, const std::string& log_name, ListenOne listen_one);
 
 // What a listener's bind (or listen) that failed with `err` says:
-// UNAVAILABLE with the system's words and, for the two failures that the
-// port causes (taken, or below 1024 without the privilege), what to do
-// (WithWhatToDo: said once for all the addresses that failed so).
+// UNAVAILABLE with the system's words and, for the failures a user can
+// mend (the port taken, or below 1024 without the privilege; an address
+// that no interface of this host has), what to do (WithWhatToDo: said once
+// for all the addresses that failed so).
 absl::Status BindError(int err);
 
 }  // namespace rdmarpc::transport

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <string.h>
 
 #include <vector>
 
@@ -113,9 +114,10 @@ TEST(ListenOnEachAddress, OneAddressKeepsItsMessageBare) {
   EXPECT_EQ(listener.status().message(), BindError(EADDRINUSE).message());
 }
 
-// A port taken, or privileged, says what to do; any other failure is the
-// system's words alone (over RDMA the devices follow, rdma_transport.cc).
-TEST(BindError, SaysWhatToDoAboutThePort) {
+// A port taken or privileged, and an address not this host's, say what to
+// do; any other failure is the system's words alone (over RDMA the devices
+// follow, rdma_transport.cc).
+TEST(BindError, SaysWhatToDoAboutThePortAndTheAddress) {
   const absl::Status taken = BindError(EADDRINUSE);
   EXPECT_TRUE(absl::IsUnavailable(taken)) << taken;
   EXPECT_TRUE(absl::StartsWith(taken.message(), "Address already in use. Another server")) << taken;
@@ -123,7 +125,14 @@ TEST(BindError, SaysWhatToDoAboutThePort) {
   EXPECT_TRUE(taken.GetPayload(kWhatToDo).has_value()) << "said once for many addresses";
   const absl::Status privileged = BindError(EACCES);
   EXPECT_TRUE(absl::StrContains(privileged.message(), "CAP_NET_BIND_SERVICE")) << privileged;
-  EXPECT_EQ(BindError(EADDRNOTAVAIL).message(), "Cannot assign requested address");
+  const absl::Status elsewhere = BindError(EADDRNOTAVAIL);
+  EXPECT_TRUE(absl::IsUnavailable(elsewhere)) << elsewhere;
+  EXPECT_TRUE(absl::StartsWith(elsewhere.message(),
+                               "Cannot assign requested address. No interface of this host"))
+      << elsewhere;
+  EXPECT_TRUE(absl::StrContains(elsewhere.message(), "`ip -br addr`")) << elsewhere;
+  EXPECT_TRUE(elsewhere.GetPayload(kWhatToDo).has_value()) << "said once for many addresses";
+  EXPECT_EQ(BindError(EIO).message(), strerror(EIO));
 }
 
 }  // namespace
