@@ -144,6 +144,9 @@ bool NoThreadNamed(const char* name) {
       return ::testing::AssertionFailure() << "no \"" << part << "\" in: " << text;
     }
   }
+  if (text.find("Raise the limit") != text.rfind("Raise the limit")) {
+    return ::testing::AssertionFailure() << "the advice more than once in: " << text;
+  }
   return ::testing::AssertionSuccess();
 }
 
