@@ -136,7 +136,7 @@ bool NoThreadNamed(const char* name) {
 }
 
 // What a failure for want of a thread must say: what lacked it, the limit,
-// and what to do.
+// and what to do, once.
 ::testing::AssertionResult SaysTheLimit(absl::string_view text) {
   for (const char* part : {"no thread for ", "Resource temporarily unavailable",
                            "rdmarpc-thread-limit allows ", "pids.max", "Raise the limit"}) {
