@@ -544,7 +544,7 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
     int64_t by = 0;
     int64_t limit = 0;  // the window it went past
   };
-  CreditBreach CheckCreditRulesLocked(const Header& h, uint64_t shrink_asked) const;
+  CreditBreach CheckCreditRulesLocked(const Header& h, uint32_t shrink_asked) const;
   void FailForBreach(const CreditBreach& breach);
   int64_t OverdrawnLocked() const;
   int64_t AskedTooSoonLocked() const;

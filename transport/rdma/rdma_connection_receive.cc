@@ -29,7 +29,7 @@ using internal::WrId;
 // Inline, ahead of OnRecv: it runs for every frame, and a call that returns
 // a struct costs more than the checks themselves (bench/fast_path_ir.sh).
 inline RdmaConnection::CreditBreach RdmaConnection::CheckCreditRulesLocked(
-    const Header& h, uint64_t shrink_asked) const {
+    const Header& h, uint32_t shrink_asked) const {
   if (CostsCredit(h.kind)) {
     if (const int64_t over = OverdrawnLocked(); over > 0) {
       return {CreditBreach::kFrameWithoutCredit, over, credit_window_};
@@ -44,8 +44,7 @@ inline RdmaConnection::CreditBreach RdmaConnection::CheckCreditRulesLocked(
   // rdma_cm reports the server's on a client: a frame before that is
   // checked with the next one after.
   if (h.credits != 0 && peer_max_credits_ != 0) {
-    const int64_t held =
-        credits_ - static_cast<int64_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX)) + h.credits;
+    const int64_t held = credits_ - int64_t{shrink_asked} + h.credits;
     if (const int64_t past = held - peer_max_credits_; past > 0) {
       return {CreditBreach::kCreditPastWindow, past, peer_max_credits_};
     }
@@ -78,7 +77,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
   // A frame on credit, or our kShrink's answer, gives back what it took
   // off the endpoint's budget; another connection may be waiting for it.
   int64_t given_back = CostsCredit(h.kind) ? 1 : 0;
-  uint64_t shrink_asked = 0;
+  uint32_t shrink_asked = 0;  // what a kShrink asks back: a count of credits, as a window is
   bool answered = false;
   if (h.kind == MessageKind::kShrink) {
     if (shrink_asked_ != 0 && h.call_id != shrink_asked_) {
@@ -98,7 +97,7 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
       shrink_overdue_ = false;
       answered = true;
     } else {
-      shrink_asked = h.call_id;
+      shrink_asked = static_cast<uint32_t>(std::min<uint64_t>(h.call_id, UINT32_MAX));
     }
   }
   peer_holds_ -= given_back;
@@ -130,8 +129,8 @@ void RdmaConnection::OnRecv(uint32_t slot, const char* data, uint32_t length) {
         // paid from the credits it returns next. Answered ahead of the
         // backlog, which may wait for those very credits.
         ++asks_received_;
-        credits_ -= static_cast<int64_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
-        answer_to_send_ += static_cast<uint32_t>(std::min<uint64_t>(shrink_asked, UINT32_MAX));
+        credits_ -= shrink_asked;
+        answer_to_send_ += shrink_asked;
         SendShrinkLocked();
       }
       // Only for a response some request awaits: a peer that sends others
