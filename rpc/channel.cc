@@ -505,11 +505,17 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
                       absl::StrCat("response from ", target_, " has an attachment of ", att,
                                    " bytes in a payload of ", msg->payload.size()));
       made_here = true;
-    } else if (!p.response->ParseFromArray(msg->payload.data() + att,
-                                           static_cast<int>(msg->payload.size() - att))) {
-      status = Status(StatusCode::kInternal, absl::StrCat("response from ", target_,
-                                                          " does not parse as ",
-                                                          p.response->GetTypeName()));
+    } else if (const internal::Parsed parsed = internal::ParseMessage(
+                   *p.response,
+                   absl::string_view(msg->payload.data() + att, msg->payload.size() - att));
+               parsed != internal::Parsed::kOk) {
+      status = parsed == internal::Parsed::kMalformed
+                   ? Status(StatusCode::kInternal,
+                            absl::StrCat("response from ", target_, " does not parse as ",
+                                         p.response->GetTypeName()))
+                   : transport::OutOfMemory(msg->payload.size() - att,
+                                            absl::StrCat("a response from ", target_, " (",
+                                                         p.response->GetTypeName(), ")"));
       made_here = true;
     } else if (att > 0) {
       // Kept in place unless it sits in a receive slot, which the SRQ needs

@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message_lite.h"
+#include "rpc/internal/payload.h"
 #include "rpc/internal/spare_pool.h"
 #include "rpc/internal/user_code.h"
 #include "rpc/method_id.h"
@@ -160,12 +161,20 @@ MethodHandler UnaryHandler(Fn fn) {
     std::unique_ptr<State, Recycle> state(Pool::Take());
     const absl::string_view bytes = call->request();
     state->request_bytes = bytes.size();
-    if (!state->request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-      call->Finish(Status(StatusCode::kInvalidArgument,
-                          std::string("request does not parse as ") +
-                              state->request.GetTypeName()),
-                   nullptr);
-      return;
+    switch (internal::ParseMessage(state->request, bytes)) {
+      case internal::Parsed::kOk:
+        break;
+      case internal::Parsed::kMalformed:
+        call->Finish(
+            Status(StatusCode::kInvalidArgument,
+                   std::string("request does not parse as ") + state->request.GetTypeName()),
+            nullptr);
+        return;
+      case internal::Parsed::kOutOfMemory:
+        call->Finish(transport::OutOfMemory(bytes.size(),
+                                            "a request (" + state->request.GetTypeName() + ")"),
+                     nullptr);
+        return;
     }
     State* s = state.get();
     ServerContext* ctx = call->context();

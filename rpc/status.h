@@ -17,7 +17,9 @@
 //                       peer (retrying is reasonable)
 //   kUnimplemented      the server has no such service or method
 //   kResourceExhausted  a message exceeds max_message_size (the limit is named
-//                       in the message), or a bounded pool is used up
+//                       in the message), a bounded pool is used up, or the
+//                       process had no memory for a message ("out of memory
+//                       for N bytes")
 //   kInvalidArgument    the request could not be parsed as the method's type,
 //                       or its metadata was malformed
 //   kInternal           the response did not parse as the method's type, or

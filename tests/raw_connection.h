@@ -1,6 +1,6 @@
 // RawConnection: one TCP connection that speaks rdmarpc frames by hand, for
 // tests that play a hostile or broken peer (tests/tcp_bad_input_test.cc plays
-// clients, tests/tcp_bad_server_test.cc plays servers).
+// clients, tests/tcp_bad_server_test.cc plays servers: RawServer).
 //
 //   RawClient bad(port);                       // connects to 127.0.0.1:port
 //   bad.SendFrame(header, "", payload, /*claimed_payload_len=*/5000);
@@ -17,6 +17,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -136,6 +137,43 @@ class RawClient : public RawConnection {
     EXPECT_TRUE(hello && hello->header.kind == transport::MessageKind::kHello)
         << "the server did not open with a kHello";
   }
+};
+
+// A server socket on 127.0.0.1, on a port of the kernel's choosing, that
+// hands out RawConnections to the clients under test.
+class RawServer {
+ public:
+  // Not `listening`: its port refuses connections until Listen().
+  explicit RawServer(bool listening = true) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+    if (listening) Listen();
+    socklen_t len = sizeof a;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    address_ = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~RawServer() { close(fd_); }
+  const std::string& address() const { return address_; }
+  void Listen() { EXPECT_EQ(listen(fd_, 4), 0) << strerror(errno); }
+
+  // The next connection, taken (its kHello sent unless not `hello`), or
+  // null when none comes within `timeout_ms`.
+  std::unique_ptr<RawConnection> Accept(int timeout_ms = 10000, bool hello = true) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) return nullptr;
+    const int c = accept(fd_, nullptr, nullptr);
+    if (c < 0) return nullptr;
+    auto conn = std::make_unique<RawConnection>(c);
+    if (hello) conn->SendHello();
+    return conn;
+  }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
 };
 
 }  // namespace rdmarpc::testing

@@ -43,41 +43,6 @@ namespace {
 using transport::Header;
 using transport::MessageKind;
 
-class RawServer {
- public:
-  // Not `listening`: its port refuses connections until Listen().
-  explicit RawServer(bool listening = true) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    if (listening) Listen();
-    socklen_t len = sizeof a;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    address_ = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-  }
-  ~RawServer() { close(fd_); }
-  const std::string& address() const { return address_; }
-  void Listen() { EXPECT_EQ(listen(fd_, 4), 0) << strerror(errno); }
-
-  // The next connection, taken (its kHello sent unless not `hello`), or
-  // null when none comes within `timeout_ms`.
-  std::unique_ptr<RawConnection> Accept(int timeout_ms = 10000, bool hello = true) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, timeout_ms) <= 0) return nullptr;
-    const int c = accept(fd_, nullptr, nullptr);
-    if (c < 0) return nullptr;
-    auto conn = std::make_unique<RawConnection>(c);
-    if (hello) conn->SendHello();
-    return conn;
-  }
-
- private:
-  int fd_ = -1;
-  std::string address_;
-};
-
 // One asynchronous call and what it ended with. (A std::mutex, not an
 // absl::Notification: TSan sees only what is built with it, and Debian's
 // abseil is not.)

@@ -5,9 +5,10 @@
 # ASan+UBSan and TSan (told what a SEND orders by
 # transport/rdma/sanitizer_sync.h; up to 20 minutes a test, as TSan in the
 # emulator runs the longest, rdma_transport_test, in ~5); tests tagged
-# no_sanitizer run once: those that build no C++ of ours, and those that
+# no_sanitizer run once: those that build no C++ of ours, those that
 # link a library built without the sanitizers (gRPC: TSan then reports its
-# internals). Extra
+# internals), and those that set an address-space limit, which leaves the
+# sanitizers no room for their shadow memory. Extra
 # arguments go to every `bazel test`. RDMARPC_TEST_SANITIZERS=0 skips the
 # sanitizer rounds.
 # Ends with the tail of each failed test's log, one line naming each failed

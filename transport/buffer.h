@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -49,6 +50,11 @@ class Buffer {
   }
   // Heap memory, freed on release.
   static Buffer Allocate(size_t size);
+  // Allocate's, or nullopt when the process has no memory to give (its
+  // address-space limit, a host with strict overcommit): for sizes that a
+  // peer chooses, where running out must fail one message, not throw
+  // std::bad_alloc on a thread that cannot catch it.
+  static std::optional<Buffer> TryAllocate(size_t size);
   static Buffer CopyOf(const void* data, size_t size);
 
   Buffer(Buffer&& other) noexcept

@@ -62,10 +62,11 @@ struct InboundMessage {
   std::string metadata;
   Buffer payload;
   // Not OK when the payload could not be delivered although the header is
-  // sound: RESOURCE_EXHAUSTED (larger than max_message_size; the bytes were
-  // skipped, not stored), UNAVAILABLE (the READ failed), DEADLINE_EXCEEDED
-  // (expired before it was fetched), or what the observer's
-  // AdmitRemotePayload refused it with. The runtime answers that call with it.
+  // sound: RESOURCE_EXHAUSTED (larger than max_message_size, or than the
+  // process had memory for; the bytes were skipped, not stored), UNAVAILABLE
+  // (the READ failed), DEADLINE_EXCEEDED (expired before it was fetched), or
+  // what the observer's AdmitRemotePayload refused it with. The runtime
+  // answers that call with it.
   absl::Status payload_status;
   // True when the payload is on loan from the transport's receive resources
   // (an RDMA receive slot, which the SRQ gets back only when the Buffer is
@@ -118,6 +119,17 @@ inline absl::Status RefusedUnsent(absl::string_view message) {
   return s;
 }
 inline bool NeverSent(const absl::Status& s) { return s.GetPayload(kNeverSent).has_value(); }
+
+// RESOURCE_EXHAUSTED for `bytes` that the process could not allocate for
+// `what` ("a message from tcp://10.0.0.7:7000"). Peers choose how large their
+// messages are, up to max_message_size, so running out ends that message's
+// call, never the process.
+inline absl::Status OutOfMemory(size_t bytes, absl::string_view what) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("out of memory for ", bytes, " bytes of ", what,
+                   " (the process's address-space limit, `ulimit -v`, or its host's memory "
+                   "is used up)"));
+}
 
 // The bytes of errors (responses with a status other than OK) that one
 // connection may hold beyond the bound on what waits to be sent to a slow

@@ -4,7 +4,9 @@
 #define RDMARPC_RPC_INTERNAL_PAYLOAD_H_
 
 #include <cstddef>
+#include <new>
 
+#include "absl/base/config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -13,6 +15,31 @@
 #include "transport/transport.h"
 
 namespace rdmarpc::internal {
+
+// How parsing a payload's message went.
+enum class Parsed { kOk, kMalformed, kOutOfMemory };
+
+// Parses `bytes` into `message`. kOutOfMemory when the process had no memory
+// for what they hold (a message's strings take as much as its bytes do): the
+// peer chose the size, so that ends the call RESOURCE_EXHAUSTED
+// (transport::OutOfMemory), as when the transport had no memory for the
+// bytes themselves, and not the process. What was parsed stays in `message`.
+inline Parsed ParseMessage(google::protobuf::MessageLite& message, absl::string_view bytes) {
+  const auto parse = [&] {
+    return message.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))
+               ? Parsed::kOk
+               : Parsed::kMalformed;
+  };
+#ifdef ABSL_HAVE_EXCEPTIONS
+  try {
+    return parse();
+  } catch (const std::bad_alloc&) {
+    return Parsed::kOutOfMemory;
+  }
+#else
+  return parse();
+#endif
+}
 
 // Serializes `message` (whose ByteSizeLong() returned `message_size`) after
 // `attachment`: into the attachment's own memory when it has room for the

@@ -29,6 +29,7 @@
 #include "transport/rdma/locked_memory.h"
 #include "transport/rdma/rdma_connection.h"
 #include "transport/rdma/sanitizer_sync.h"
+#include "transport/transport.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc::transport::rdma {
@@ -357,8 +358,7 @@ absl::StatusOr<Endpoint::Region> Endpoint::NewRegion(size_t bytes, int access,
                                                      const char* what) const {
   void* mem = nullptr;
   if (posix_memalign(&mem, 4096, bytes) != 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("out of memory for ", bytes, " bytes of ", what, " on ", device_name_));
+    return OutOfMemory(bytes, absl::StrCat(what, " on ", device_name_));
   }
   ibv_mr* mr = RegisterMemory(pd_, mem, bytes, access);
   if (!mr) {

@@ -9,6 +9,7 @@
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
 #include "transport/rdma/locked_memory.h"
+#include "transport/transport.h"
 
 namespace rdmarpc::transport::rdma {
 
@@ -110,7 +111,9 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
   if (posix_memalign(&mem, 4096, capacity) != 0) {
     std::lock_guard<std::mutex> lock(mu_);
     registered_ -= capacity;
-    return absl::ResourceExhaustedError(absl::StrCat("out of memory for ", capacity, " bytes"));
+    return OutOfMemory(
+        capacity, absl::StrCat("a payload block on ", device_,
+                               remote_read ? " for the peer to READ" : " to READ a payload into"));
   }
   const int remote = memory_windows_ ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ;
   const int access = IBV_ACCESS_LOCAL_WRITE | (remote_read ? remote : 0);

@@ -22,6 +22,8 @@
 #include <cstdlib>
 #include <deque>
 #include <future>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -254,7 +256,11 @@ class TcpConnection : public Connection,
   void HoldHello(bool tcp_alone);
   // Sends what HoldHello held. I/O thread, once the connection is adopted.
   void SendHello();
-  absl::StatusOr<Buffer> AllocatePayload(size_t size) override { return Buffer::Allocate(size); }
+  absl::StatusOr<Buffer> AllocatePayload(size_t size) override {
+    std::optional<Buffer> memory = Buffer::TryAllocate(size);
+    if (!memory) return OutOfMemory(size, absl::StrCat("a message to ", peer_));
+    return std::move(*memory);
+  }
   void Close() override {
     closing_.store(true);
     shutdown(fd_, SHUT_RDWR);
@@ -532,12 +538,18 @@ absl::Status TcpConnection::FrameProgress() {
         in_.payload_status = absl::ResourceExhaustedError(absl::StrCat(
             "message of ", len, " bytes exceeds max_message_size ",
             transport_->options_.max_message_size));
-        skip_left_ = len;
-        stage_ = Stage::kSkip;
-      } else {
-        in_.payload = Buffer::Allocate(len);
+      } else if (std::optional<Buffer> memory = Buffer::TryAllocate(len)) {
+        in_.payload = std::move(*memory);
         stage_ = Stage::kPayload;
+        return FrameProgress();
+      } else {
+        in_.payload_status = OutOfMemory(len, absl::StrCat("a message from ", peer_));
+        fprintf(stderr, "rdmarpc[%s]: %s; it is skipped, and its call ends with this\n",
+                transport_->options_.name.c_str(),
+                std::string(in_.payload_status.message()).c_str());
       }
+      skip_left_ = len;
+      stage_ = Stage::kSkip;
       return FrameProgress();
     }
     case Stage::kPayload:
