@@ -6,7 +6,6 @@
 #include <sys/resource.h>
 
 #include <chrono>
-#include <cstdio>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -74,17 +73,8 @@ EchoResponse EchoResponseOf(const std::string& data) {
   return r;
 }
 
-// Sends a frame of `payload_len` bytes of 'q' without holding them all: the
-// process sending it may be the one short of memory.
-void SendFrameOfFiller(RawConnection& peer, const Header& h, size_t payload_len) {
-  peer.SendFrame(h, "", "", /*claimed_payload_len=*/payload_len);
-  const std::string chunk(kMiB, 'q');
-  for (size_t sent = 0; sent < payload_len; sent += chunk.size()) {
-    peer.SendBytes(chunk.substr(0, payload_len - sent));
-  }
-}
-
-// The same for a frame whose payload is `bytes`.
+// Sends a frame whose payload is `bytes` a MiB at a time: a copy of it all
+// would need the memory that the test has taken away.
 void SendFrameInChunks(RawConnection& peer, const Header& h, const std::string& bytes) {
   peer.SendFrame(h, "", "", /*claimed_payload_len=*/bytes.size());
   for (size_t sent = 0; sent < bytes.size(); sent += kMiB) peer.SendBytes(bytes.substr(sent, kMiB));
@@ -220,9 +210,10 @@ class TcpServerOutOfMemory : public EchoServerAndChannel {
 
 TEST_F(TcpServerOutOfMemory, ARequestItCannotHoldIsSkippedAndAnsweredResourceExhausted) {
   RawClient bad(port_);
+  const std::string filler(kHuge, 'q');
   {
     AddressSpaceLimit limit(kRoom);
-    SendFrameOfFiller(bad, Request(1), kHuge);
+    SendFrameInChunks(bad, Request(1), filler);
     ExpectOutOfMemoryAnswer(bad, 1, kHuge);
     EXPECT_TRUE(EchoOn(*good_, "others are served").ok());
   }
@@ -294,9 +285,10 @@ class ClientOutOfMemory : public ::testing::Test {
 TEST_F(ClientOutOfMemory, AResponseItCannotHoldEndsTheCallResourceExhausted) {
   auto req = StartCall();
   ASSERT_TRUE(req);
+  const std::string filler(kHuge, 'q');
   {
     AddressSpaceLimit limit(kRoom);
-    SendFrameOfFiller(*peer_, Response(req->header.call_id), kHuge);
+    SendFrameInChunks(*peer_, Response(req->header.call_id), filler);
     ExpectOutOfMemory(kHuge);
   }
   ExpectConnectionStays();
