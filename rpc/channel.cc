@@ -275,6 +275,10 @@ std::shared_ptr<transport::Connection> Channel::Start(
   // attempts; this one is sent from `request`, as any other.
   if (options_.retry.max_attempts > 1 && ctx->retryable() && attachment.empty()) {
     p.retry = MakeRetry(method, *ctx, request, size);
+    if (p.retry == nullptr) {
+      const Status none = transport::OutOfMemory(size, "the request's copy kept for retries");
+      return fail(none.code(), std::string(none.message()));
+    }
   }
   // Tracked first, so that from here on everything that ends the call goes
   // through Complete; with a connection up, one lock does both. Behind calls
@@ -335,8 +339,11 @@ void Channel::SendAgainUnsent(const MethodInfo& method, uint64_t id, transport::
   Waiting w;
   w.id = id;
   w.method_id = method.id;
-  w.request.resize(size);
-  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(w.request.data()));
+  if (!internal::SerializeForLater(request, size, &w.request)) {
+    Complete(id, transport::OutOfMemory(size, "the request's copy kept to send it again"), nullptr,
+             false);
+    return;
+  }
   w.sent_again = true;
   std::shared_ptr<transport::Connection> idle;
   {
@@ -380,8 +387,13 @@ void Channel::Wait(const MethodInfo& method, Pending&& p,
                    Attachment attachment) {
   Waiting w;
   w.method_id = method.id;
-  w.request.resize(size);
-  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(w.request.data()));
+  if (!internal::SerializeForLater(request, size, &w.request)) {
+    const Status none =
+        transport::OutOfMemory(size, "the request's copy kept until a connection is up");
+    Deliver(std::move(p),
+            Status(none.code(), absl::StrCat(method.full_name, ": ", none.message())));
+    return;
+  }
   ClientContext* const ctx = p.ctx;
   if (!ctx->metadata().empty()) w.metadata = transport::EncodeMetadata(ctx->metadata());
   w.attachment = std::move(attachment);
@@ -553,8 +565,7 @@ std::unique_ptr<Channel::Retry> Channel::MakeRetry(const MethodInfo& method,
                                                    size_t size) {
   auto retry = std::make_unique<Retry>();
   retry->method_id = method.id;
-  retry->request.resize(size);
-  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(retry->request.data()));
+  if (!internal::SerializeForLater(request, size, &retry->request)) return nullptr;
   if (!ctx.metadata().empty()) retry->metadata = transport::EncodeMetadata(ctx.metadata());
   retry->wait_for_ready = ctx.wait_for_ready();
   retry->backoff = options_.retry.initial_backoff;

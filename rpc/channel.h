@@ -389,6 +389,7 @@ class Channel {
   // one included when it threw (then it returns false).
   bool InterceptStart(ClientContext& ctx, const MethodInfo& method, Pending& p);
   void InterceptEnd(const Pending& p, const Status& status);
+  // Null when the process has no memory for the request's copy.
   std::unique_ptr<Retry> MakeRetry(const MethodInfo& method, const ClientContext& ctx,
                                    const google::protobuf::MessageLite& request, size_t size);
   void Resend(uint64_t id);

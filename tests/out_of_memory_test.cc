@@ -10,7 +10,9 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
+#include <utility>
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
@@ -127,6 +129,8 @@ struct TransportCase {
   std::string receiving;  // the receiver's
 };
 
+void PrintTo(const TransportCase& c, std::ostream* os) { *os << c.scheme; }
+
 // Over RDMA and TCP: what the runtime and either transport allocate.
 class OutOfMemory : public EchoServerAndChannel,
                     public ::testing::WithParamInterface<TransportCase> {
@@ -175,6 +179,36 @@ TEST_P(OutOfMemory, AClientWithNoMemoryForItsRequestEndsTheCallResourceExhausted
     ExpectOutOfMemory(Call(request), GetParam().sending);
   }
   EXPECT_TRUE(EchoOn(*good_, "the channel stays").ok());
+}
+
+// A call that keeps a copy of its request: one that may be retried, or that
+// waits for its channel to connect.
+TEST_P(OutOfMemory, ACallWithNoMemoryForTheCopyItKeepsEndsResourceExhausted) {
+  ChannelOptions retrying;
+  retrying.max_message_size = kMaxMessage;
+  retrying.retry.max_attempts = 2;
+  ChannelOptions plain;
+  plain.max_message_size = kMaxMessage;
+  for (const auto& [options, copy] : {std::pair{retrying, "kept for retries"},
+                                      std::pair{plain, "kept until a connection is up"}}) {
+    auto ch = Channel::Create(server_->address, options);  // connects on its first call
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    EchoRequest request;
+    request.mutable_data()->assign(kHuge, 'q');
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(60));
+    EchoResponse response;
+    {
+      AddressSpaceLimit limit(kRoom);
+      const Status s = (*ch)->Call(kEcho, &ctx, request, &response);
+      EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+      EXPECT_NE(s.message().find("out of memory for " + std::to_string(request.ByteSizeLong()) +
+                                 " bytes of the request's copy " + copy),
+                std::string::npos)
+          << s;
+    }
+    EXPECT_TRUE(EchoOn(**ch, "the channel works").ok()) << copy;
+  }
 }
 
 // A TCP server and a raw client that sends it what the test says: the

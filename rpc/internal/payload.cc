@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
+#include <string>
 #include <utility>
 
+#include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/internal/send_faults.h"
 
@@ -57,6 +60,21 @@ absl::Status SendPayload(transport::Connection& conn, transport::OutboundMessage
 }
 
 }  // namespace
+
+bool SerializeForLater(const google::protobuf::MessageLite& message, size_t size,
+                       std::string* out) {
+#ifdef ABSL_HAVE_EXCEPTIONS
+  try {
+    out->resize(size);
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+#else
+  out->resize(size);
+#endif
+  message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out->data()));
+  return true;
+}
 
 absl::StatusOr<size_t> AttachmentMemorySize(size_t size, size_t message_room,
                                             size_t max_message_size) {

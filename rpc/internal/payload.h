@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <new>
+#include <string>
 
 #include "absl/base/config.h"
 #include "absl/status/status.h"
@@ -40,6 +41,14 @@ inline Parsed ParseMessage(google::protobuf::MessageLite& message, absl::string_
   return parse();
 #endif
 }
+
+// `message` (whose ByteSizeLong() returned `size`) serialized into `out`,
+// for a call that keeps its request to send later: one that waits for a
+// connection, or may be retried. False when the process has no memory for
+// the copy; the caller ends the call with transport::OutOfMemory, as when
+// the transport has none for a payload, instead of throwing out of Call with
+// the call half made.
+bool SerializeForLater(const google::protobuf::MessageLite& message, size_t size, std::string* out);
 
 // Serializes `message` (whose ByteSizeLong() returned `message_size`) after
 // `attachment`: into the attachment's own memory when it has room for the
