@@ -340,6 +340,7 @@ void Channel::SendAgainUnsent(const MethodInfo& method, uint64_t id, transport::
   w.id = id;
   w.method_id = method.id;
   if (!internal::SerializeForLater(request, size, &w.request)) {
+    conn.Close();  // as below: it refused the call because it is closing
     Complete(id, transport::OutOfMemory(size, "the request's copy kept to send it again"), nullptr,
              false);
     return;
