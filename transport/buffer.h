@@ -50,7 +50,7 @@ class Buffer {
   }
   // Heap memory, freed on release.
   static Buffer Allocate(size_t size);
-  // Allocate's, or nullopt when the process has no memory to give (its
+  // Allocate's memory, or nullopt when the process has none to give (its
   // address-space limit, a host with strict overcommit): for sizes that a
   // peer chooses, where running out must fail one message, not throw
   // std::bad_alloc on a thread that cannot catch it.
