@@ -150,6 +150,18 @@ struct TestServer {
   }
 };
 
+// An EchoRequest / EchoResponse of `data`, serialized, for raw peers.
+inline std::string EchoBytes(const std::string& data) {
+  EchoRequest r;
+  r.set_data(data);
+  return r.SerializeAsString();
+}
+inline std::string EchoResponseBytes(const std::string& data) {
+  EchoResponse r;
+  r.set_data(data);
+  return r.SerializeAsString();
+}
+
 // One Echo call of `data` on `channel`: its status, or INTERNAL when what
 // came back is not `data`.
 inline Status EchoOn(Channel& channel, const std::string& data,

@@ -25,7 +25,6 @@ namespace rdmarpc::testing {
 namespace {
 
 using transport::Header;
-using transport::MessageKind;
 
 constexpr size_t kMiB = size_t{1} << 20;
 
@@ -54,26 +53,6 @@ class AddressSpaceLimit {
  private:
   rlimit before_{};
 };
-
-Header Request(uint64_t call_id) {
-  Header h;
-  h.kind = MessageKind::kRequest;
-  h.call_id = call_id;
-  h.method_id = kEcho.id;
-  return h;
-}
-
-std::string EchoBytes(const std::string& data) {
-  EchoRequest r;
-  r.set_data(data);
-  return r.SerializeAsString();
-}
-
-EchoResponse EchoResponseOf(const std::string& data) {
-  EchoResponse r;
-  r.set_data(data);
-  return r;
-}
 
 // Sends a frame whose payload is `bytes` a MiB at a time: a copy of it all
 // would need the memory that the test has taken away.
@@ -232,7 +211,7 @@ class TcpServerOutOfMemory : public EchoServerAndChannel {
   }
   // Once the limit is gone, the bad connection's next call is answered.
   static void ExpectConnectionStays(RawConnection& bad, uint64_t call_id) {
-    bad.SendFrame(Request(call_id), "", EchoBytes("the connection stays"));
+    bad.SendFrame(Request(call_id, kEcho.id), "", EchoBytes("the connection stays"));
     auto r = bad.ReadFrame();
     ASSERT_TRUE(r);
     EXPECT_EQ(r->header.call_id, call_id);
@@ -247,7 +226,7 @@ TEST_F(TcpServerOutOfMemory, ARequestItCannotHoldIsSkippedAndAnsweredResourceExh
   const std::string filler(kHuge, 'q');
   {
     AddressSpaceLimit limit(kRoom);
-    SendFrameInChunks(bad, Request(1), filler);
+    SendFrameInChunks(bad, Request(1, kEcho.id), filler);
     ExpectOutOfMemoryAnswer(bad, 1, kHuge);
     EXPECT_TRUE(EchoOn(*good_, "others are served").ok());
   }
@@ -259,7 +238,7 @@ TEST_F(TcpServerOutOfMemory, ARequestItCannotParseIsAnsweredResourceExhausted) {
   const std::string request = EchoBytes(std::string(kBig, 'q'));
   {
     AddressSpaceLimit limit(kRoom);
-    SendFrameInChunks(bad, Request(1), request);
+    SendFrameInChunks(bad, Request(1, kEcho.id), request);
     ExpectOutOfMemoryAnswer(bad, 1, request.size());
     EXPECT_TRUE(EchoOn(*good_, "others are served").ok());
   }
@@ -285,12 +264,6 @@ class ClientOutOfMemory : public ::testing::Test {
     if (peer_ == nullptr) return std::nullopt;
     return peer_->ReadFrame();
   }
-  Header Response(uint64_t call_id) {
-    Header h;
-    h.kind = MessageKind::kResponse;
-    h.call_id = call_id;
-    return h;
-  }
   // The call ended RESOURCE_EXHAUSTED, saying it had no memory for `bytes`.
   void ExpectOutOfMemory(size_t bytes) {
     ASSERT_EQ(call_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
@@ -305,7 +278,7 @@ class ClientOutOfMemory : public ::testing::Test {
   void ExpectConnectionStays() {
     auto req = StartCall();
     ASSERT_TRUE(req);
-    peer_->SendFrame(Response(req->header.call_id), "", EchoResponseOf("x").SerializeAsString());
+    peer_->SendFrame(Response(req->header.call_id), "", EchoResponseBytes("x"));
     ASSERT_EQ(call_.wait_for(std::chrono::seconds(30)), std::future_status::ready);
     EXPECT_TRUE(call_.get().ok());
   }
@@ -331,7 +304,7 @@ TEST_F(ClientOutOfMemory, AResponseItCannotHoldEndsTheCallResourceExhausted) {
 TEST_F(ClientOutOfMemory, AResponseItCannotParseEndsTheCallResourceExhausted) {
   auto req = StartCall();
   ASSERT_TRUE(req);
-  const std::string response = EchoResponseOf(std::string(kBig, 'q')).SerializeAsString();
+  const std::string response = EchoResponseBytes(std::string(kBig, 'q'));
   {
     AddressSpaceLimit limit(kRoom);
     SendFrameInChunks(*peer_, Response(req->header.call_id), response);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -25,6 +26,22 @@
 #include "transport/wire_format.h"
 
 namespace rdmarpc::testing {
+
+// Headers of the frames a raw peer sends most.
+inline transport::Header Request(uint64_t call_id, uint32_t method_id) {
+  transport::Header h;
+  h.kind = transport::MessageKind::kRequest;
+  h.call_id = call_id;
+  h.method_id = method_id;
+  return h;
+}
+inline transport::Header Response(uint64_t call_id, uint16_t status = 0) {
+  transport::Header h;
+  h.kind = transport::MessageKind::kResponse;
+  h.call_id = call_id;
+  h.status = status;
+  return h;
+}
 
 class RawConnection {
  public:

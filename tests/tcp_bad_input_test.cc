@@ -24,20 +24,6 @@ using transport::EncodeHeader;
 using transport::Header;
 using transport::MessageKind;
 
-Header Request(uint64_t call_id, uint32_t method_id) {
-  Header h;
-  h.kind = MessageKind::kRequest;
-  h.call_id = call_id;
-  h.method_id = method_id;
-  return h;
-}
-
-std::string EchoBytes(const std::string& data) {
-  EchoRequest r;
-  r.set_data(data);
-  return r.SerializeAsString();
-}
-
 class BadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -84,25 +84,11 @@ struct PendingCall {
   Status status;      // guarded by mu
 };
 
-Header Response(uint64_t call_id, uint16_t status = 0) {
-  Header h;
-  h.kind = MessageKind::kResponse;
-  h.call_id = call_id;
-  h.status = status;
-  return h;
-}
-
 // A server's GOAWAY: it is shutting down, no new call on this connection.
 Header GoAway() {
   Header h;
   h.kind = MessageKind::kGoAway;
   return h;
-}
-
-std::string EchoResponseBytes(const std::string& data) {
-  EchoResponse r;
-  r.set_data(data);
-  return r.SerializeAsString();
 }
 
 class BadServerTest : public ::testing::Test {
