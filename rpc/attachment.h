@@ -44,7 +44,8 @@
 //   the attachment (the channel's, or the server's for a response), since
 //   both travel in one frame.
 // - A received attachment (ClientContext::response_attachment) holds the
-//   transport's block until the context is destroyed.
+//   transport's block until the context is destroyed, and over TCP counts
+//   against TcpOptions::max_receive_bytes until then.
 #ifndef RDMARPC_RPC_ATTACHMENT_H_
 #define RDMARPC_RPC_ATTACHMENT_H_
 

@@ -569,5 +569,105 @@ TEST_F(ClientThatStopsReading, ErrorsPastTheirHeadroomCloseTheConnection) {
   ExpectOthersServed();
 }
 
+// Clients that each send a large request at once hold no more of the
+// server's memory than TcpOptions::max_receive_bytes: past it, a request is
+// answered RESOURCE_EXHAUSTED naming the bound, while smaller calls and
+// other clients are served, and once the held requests are done the same
+// request is served. A client's own bound ends a call whose response would
+// pass it the same way.
+TEST(ReceiveBound, LargeRequestsPastTheServersBoundAreRefusedAndOthersServed) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  constexpr size_t kBound = 8 * kMiB;
+  ParkService park;
+  EchoService echo;
+  transport::TransportTunables tunables;
+  tunables.tcp.max_receive_bytes = kBound;
+  auto built = ServerBuilder()
+                   .AddListeningPort("tcp://127.0.0.1:0")
+                   .RegisterService(&park)
+                   .RegisterService(&echo)
+                   .SetTransportTunables(tunables)
+                   .BuildAndStart();
+  ASSERT_TRUE(built.ok()) << built.status();
+  const std::string address = (*built)->addresses()[0];
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  const auto expect_refused = [&](const RawConnection::Frame& f) {
+    EXPECT_EQ(f.header.status, static_cast<uint16_t>(StatusCode::kResourceExhausted))
+        << f.payload.substr(0, 300);
+    for (const std::string& part :
+         {std::string("TcpOptions::max_receive_bytes"), std::to_string(kBound)}) {
+      EXPECT_NE(f.payload.find(part), std::string::npos)
+          << "\"" << part << "\" not in " << f.payload;
+    }
+  };
+
+  // Two requests of 3 MiB held by their (parked) calls: 6 MiB of 8.
+  EchoRequest parked;
+  parked.set_tag(3);  // held until FinishHeld
+  parked.set_data(std::string(3 * kMiB, 'p'));
+  RawClient first(port);
+  RawClient second(port);
+  first.SendFrame(Request(1, ParkService::kPark.id), "", parked.SerializeAsString());
+  second.SendFrame(Request(2, ParkService::kPark.id), "", parked.SerializeAsString());
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (park.parked_calls.load() < 2 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(park.parked_calls.load(), 2);
+
+  const std::string large = EchoBytes(std::string(3 * kMiB, 'l'));
+  RawClient third(port);
+  third.SendFrame(Request(3, kEcho.id), "", large);
+  auto refused = third.ReadFrame();
+  ASSERT_TRUE(refused) << "the request past the bound got no answer";
+  EXPECT_EQ(refused->header.call_id, 3u);
+  expect_refused(*refused);
+  third.SendFrame(Request(4, kEcho.id), "", EchoBytes("small"));
+  auto small = third.ReadFrame();
+  ASSERT_TRUE(small) << "the connection of the refused request was not served after it";
+  EXPECT_EQ(small->header.call_id, 4u);
+  EXPECT_EQ(small->header.status, 0) << small->payload;
+  auto channel = Channel::Create(address);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_TRUE(EchoOn(**channel, "another client").ok());
+  EXPECT_EQ(echo.started.load(), 2) << "the refused request reached its handler";
+
+  park.FinishHeld();
+  for (RawClient* held : {&first, &second}) {
+    auto answer = held->ReadFrame();
+    ASSERT_TRUE(answer) << "a held call was not answered";
+    EXPECT_EQ(answer->header.status, 0) << answer->payload.substr(0, 300);
+  }
+  // Their requests are released just after their answers went out.
+  uint64_t id = 5;
+  std::optional<RawConnection::Frame> served;
+  while (absl::Now() < until) {
+    third.SendFrame(Request(id, kEcho.id), "", large);
+    served = third.ReadFrame();
+    ASSERT_TRUE(served) << "no answer to call " << id;
+    EXPECT_EQ(served->header.call_id, id++);
+    if (served->header.status == 0) break;
+    expect_refused(*served);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->header.status, 0) << "the bound stayed full after the held calls ended";
+
+  ChannelOptions bounded;
+  bounded.transport.tcp.max_receive_bytes = kMiB;
+  auto client = Channel::Create(address, bounded);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EchoRequest ask;
+  ask.set_response_size(2 * kMiB);
+  EchoResponse answer;
+  ClientContext ctx;
+  ctx.set_timeout(absl::Seconds(20));
+  const Status past = (*client)->Call(kEcho, &ctx, ask, &answer);
+  EXPECT_EQ(past.code(), StatusCode::kResourceExhausted) << past.message();
+  EXPECT_NE(past.message().find("TcpOptions::max_receive_bytes"), std::string::npos)
+      << past.message();
+  EXPECT_TRUE(EchoOn(**client, "after the refused response").ok());
+}
+
 }  // namespace
 }  // namespace rdmarpc::testing

@@ -36,12 +36,21 @@ struct TcpOptions {
   // control frame (a cancel, a GOAWAY, a kHello: a header each); errors
   // have kQueuedErrorHeadroom beyond it (transport/transport.h).
   size_t max_queued_send_bytes = 256u << 20;
+  // Payload bytes one transport may hold received, across its connections:
+  // counted as they arrive and until the runtime, or whoever kept the
+  // payload, releases it (receive_budget.h). A frame that would pass it is
+  // read and thrown away, and its call ends RESOURCE_EXHAUSTED naming the
+  // bound; the connection goes on. TCP's counterpart of
+  // RdmaOptions::max_registered_bytes, with the same default; a bound below
+  // max_message_size refuses the messages between.
+  size_t max_receive_bytes = size_t{1} << 30;
 };
 
 // `options` with what the environment sets: RDMARPC_TCP_KEEPALIVE_MS,
-// RDMARPC_TCP_PEER_TIMEOUT_MS (milliseconds, 0: the kernel's) and
-// RDMARPC_TCP_MAX_QUEUED_SEND_BYTES. A value that is not a whole number in
-// range is reported on stderr and leaves the option as it was.
+// RDMARPC_TCP_PEER_TIMEOUT_MS (milliseconds, 0: the kernel's),
+// RDMARPC_TCP_MAX_QUEUED_SEND_BYTES and RDMARPC_TCP_MAX_RECEIVE_BYTES. A
+// value that is not a whole number in range is reported on stderr and
+// leaves the option as it was.
 TcpOptions TcpOptionsFromEnv(TcpOptions options);
 
 }  // namespace rdmarpc::transport

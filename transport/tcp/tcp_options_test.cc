@@ -40,6 +40,13 @@ TEST(TcpOptionsFromEnv, OverridesOnlyWhatIsSet) {
   EXPECT_EQ(o.max_queued_send_bytes, size_t{8} << 20);
   EXPECT_EQ(o.keepalive_ms, 1000u);
   unsetenv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES");
+
+  EXPECT_EQ(o.max_receive_bytes, size_t{1} << 30);
+  setenv("RDMARPC_TCP_MAX_RECEIVE_BYTES", "16777216", 1);
+  o = TcpOptionsFromEnv(Base());
+  EXPECT_EQ(o.max_receive_bytes, size_t{16} << 20);
+  EXPECT_EQ(o.max_queued_send_bytes, size_t{256} << 20);
+  unsetenv("RDMARPC_TCP_MAX_RECEIVE_BYTES");
 }
 
 // strtoull would read "2s" as 2 and "soon" as 0, which would silently turn

@@ -33,6 +33,7 @@
 #include "transport/attempt_errors.h"
 #include "transport/listen_on_each.h"
 #include "transport/tcp/peer_watch.h"
+#include "transport/tcp/receive_budget.h"
 
 namespace rdmarpc::transport {
 namespace {
@@ -301,6 +302,9 @@ class TcpConnection : public Connection,
   void OnReadable();
   // Advances the frame parser after `got_` reached the current target.
   absl::Status FrameProgress();
+  // Throws the rest of the payload being read away, `refused` being why
+  // (the transport's receive bound: receive_budget.h); its call ends with it.
+  void SkipPayload(absl::Status refused);
   void Deliver();
 
   TcpTransport* const transport_;
@@ -327,6 +331,7 @@ class TcpConnection : public Connection,
   char header_bytes_[kHeaderSize];
   size_t got_ = 0;
   InboundMessage in_;
+  std::optional<ReceiveBudget::Incoming> incoming_;  // in_'s payload, in Stage::kPayload
   size_t skip_left_ = 0;
 };
 
@@ -469,8 +474,8 @@ void TcpConnection::OnReadable() {
         want = in_.metadata.size() - got_;
         break;
       case Stage::kPayload:
-        dst = in_.payload.data() + got_;
-        want = in_.payload.size() - got_;
+        dst = incoming_->data() + got_;
+        want = incoming_->size() - got_;
         break;
       case Stage::kSkip:
         dst = scratch;
@@ -500,6 +505,9 @@ void TcpConnection::OnReadable() {
       }
       if (stage_ == Stage::kSkip) {
         skip_left_ -= r;
+      } else if (stage_ == Stage::kPayload && !incoming_->Count(r)) {
+        got_ += r;
+        SkipPayload(transport_->receive_budget_->Exceeded(incoming_->size(), peer_));
       } else {
         got_ += r;
       }
@@ -534,14 +542,21 @@ absl::Status TcpConnection::FrameProgress() {
       if (got_ < in_.metadata.size()) return absl::OkStatus();
       got_ = 0;
       const uint32_t len = in_.header.payload_len;
+      if (len == 0) {
+        Deliver();
+        return absl::OkStatus();
+      }
+      ReceiveBudget& budget = *transport_->receive_budget_;
       if (len > transport_->options_.max_message_size) {
         in_.payload_status = absl::ResourceExhaustedError(absl::StrCat(
             "message of ", len, " bytes exceeds max_message_size ",
             transport_->options_.max_message_size));
-      } else if (std::optional<Buffer> memory = Buffer::TryAllocate(len)) {
-        in_.payload = std::move(*memory);
+      } else if (!budget.Fits(len)) {
+        in_.payload_status = budget.Exceeded(len, peer_);
+      } else if (std::optional<ReceiveBudget::Incoming> memory = budget.Allocate(len)) {
+        incoming_ = std::move(*memory);
         stage_ = Stage::kPayload;
-        return FrameProgress();
+        return absl::OkStatus();
       } else {
         in_.payload_status = OutOfMemory(len, absl::StrCat("a message from ", peer_));
         fprintf(stderr, "rdmarpc[%s]: %s; it is skipped, and its call ends with this\n",
@@ -553,7 +568,9 @@ absl::Status TcpConnection::FrameProgress() {
       return FrameProgress();
     }
     case Stage::kPayload:
-      if (got_ < in_.payload.size()) return absl::OkStatus();
+      if (got_ < incoming_->size()) return absl::OkStatus();
+      in_.payload = std::move(*incoming_).Take();
+      incoming_.reset();
       Deliver();
       return absl::OkStatus();
     case Stage::kSkip:
@@ -562,6 +579,13 @@ absl::Status TcpConnection::FrameProgress() {
       return absl::OkStatus();
   }
   return absl::OkStatus();
+}
+
+void TcpConnection::SkipPayload(absl::Status refused) {
+  skip_left_ = incoming_->size() - got_;
+  incoming_.reset();
+  in_.payload_status = std::move(refused);
+  stage_ = Stage::kSkip;
 }
 
 void TcpConnection::Deliver() {
@@ -593,6 +617,7 @@ void TcpConnection::Finish(absl::Status why) {
     error_headroom_used_ = 0;
   }
   closing_.store(true);
+  incoming_.reset();  // gives its bytes back to the receive bound now
   epoll_ctl(transport_->epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
   // Bytes left unread make the close a reset, which drops what the socket
   // has not sent yet (the last responses of a server shutting down): read
@@ -720,7 +745,9 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
 // ----------------------------------------------------------------- transport
 
 TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp)
-    : options_(std::move(options)), tcp_(tcp) {
+    : options_(std::move(options)),
+      tcp_(tcp),
+      receive_budget_(ReceiveBudget::New(tcp.max_receive_bytes)) {
   const auto fd_failed = [&](const char* what) {
     const int err = errno;
     return WithFileLimitAdvice(
@@ -756,7 +783,10 @@ TcpTransport::~TcpTransport() {
   for (const int fd : {wake_fd_, stop_fd_, epoll_fd_}) {
     if (fd >= 0) close(fd);
   }
+  receive_budget_->Drop();  // payloads still held keep it until they are released
 }
+
+size_t TcpTransport::received_bytes_held() const { return receive_budget_->held(); }
 
 void TcpTransport::Loop() {
   loop_thread_id_ = std::this_thread::get_id();

@@ -18,7 +18,9 @@
 // A frame whose header does not parse closes that connection (the stream has
 // lost its framing); every other connection is untouched. A payload larger
 // than max_message_size is read and thrown away, then reported to the observer
-// as RESOURCE_EXHAUSTED, so the connection stays usable.
+// as RESOURCE_EXHAUSTED, so the connection stays usable; so is one that
+// would take the payloads the transport holds past TcpOptions::
+// max_receive_bytes (receive_budget.h).
 //
 // A transport made where the process is out of descriptors or threads has
 // no I/O thread, and answers every Connect and Listen with what it lacked.
@@ -40,6 +42,7 @@
 
 namespace rdmarpc::transport {
 
+class ReceiveBudget;
 class TcpConnection;
 class TcpListener;
 
@@ -59,6 +62,9 @@ class TcpTransport : public Transport {
   // could not be had): what every Connect and Listen answers, and what
   // MakeTransport answers instead of making it.
   const absl::Status& unusable() const { return unusable_; }
+  // Payload bytes received and held now, across the connections: what
+  // TcpOptions::max_receive_bytes bounds.
+  size_t received_bytes_held() const;
 
  private:
   friend class TcpConnection;
@@ -96,6 +102,9 @@ class TcpTransport : public Transport {
 
   const TransportOptions options_;
   const TcpOptions tcp_;
+  // TcpOptions::max_receive_bytes over every connection; Drop()ped by the
+  // destructor, and freed once the last payload it counts is released.
+  ReceiveBudget* const receive_budget_;
   absl::Status unusable_;  // OK when it has its I/O thread
   int epoll_fd_ = -1;
   int wake_fd_ = -1;

@@ -5,7 +5,7 @@
 // the connection (kHello); Delivered waiting for the peer's acknowledgment;
 // what the kHello said of the server's port, even to a client that reads
 // slowly; a listener destroyed while its events are due; a server out of
-// file descriptors.
+// file descriptors; the bound on the payloads received and held.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
@@ -227,6 +227,144 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   EXPECT_EQ(peer.ReadUpTo(sent), sent) << "frames Send took were lost";
   EXPECT_TRUE(send_one().ok()) << "the connection stayed refused after its peer read";
   EXPECT_EQ(peer.ReadUpTo(kFrame), kFrame);
+}
+
+// Keeps every message, payload and all, until told to let them go.
+class Keeper : public ConnectionObserver {
+ public:
+  void OnMessage(Connection&, InboundMessage&& msg) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_.push_back(std::move(msg));
+  }
+  void OnClosed(Connection&, const absl::Status& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_.push_back(why);
+  }
+  // Whether the message `call_id` came within 10 s; *status is its
+  // payload_status and *size its payload's size.
+  bool Await(uint64_t call_id, absl::Status* status, size_t* size) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const InboundMessage& m : kept_) {
+          if (m.header.call_id != call_id) continue;
+          *status = m.payload_status;
+          *size = m.payload.size();
+          return true;
+        }
+      }
+      if (absl::Now() > until) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  void LetGo(uint64_t call_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (InboundMessage& m : kept_) {
+      if (m.header.call_id == call_id) m.payload.Reset();
+    }
+  }
+  size_t closed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return closed_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<InboundMessage> kept_;
+  std::vector<absl::Status> closed_;
+};
+
+// A response frame's header for `call_id`, announcing `payload` bytes.
+std::string ResponseHeader(uint64_t call_id, size_t payload) {
+  Header h;
+  h.kind = MessageKind::kResponse;
+  h.call_id = call_id;
+  h.payload_len = static_cast<uint32_t>(payload);
+  std::string bytes(kHeaderSize, '\0');
+  EncodeHeader(h, bytes.data());
+  return bytes;
+}
+
+// TcpOptions::max_receive_bytes bounds the payloads one transport holds
+// received, across its connections, counted as their bytes arrive and until
+// they are released. A frame that would pass it is skipped and reported
+// RESOURCE_EXHAUSTED naming the bound, whether that shows at its header or
+// part way through its bytes (another connection filled the bound
+// meanwhile), and its connection goes on. A frame announced and not yet
+// sent holds none of it, so it cannot keep other peers' messages out.
+TEST(TcpTransport, ReceivedPayloadsHeldAreBoundedAcrossConnections) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  constexpr size_t kBound = 4 * kMiB;
+  const std::string mib(kMiB, 'r');
+  SilentPeer slow;
+  SilentPeer fast;
+  Keeper keeper;  // outlives the transport: it keeps a payload past it
+  TransportOptions options;
+  options.name = "receive-bound-client";
+  TcpOptions tcp;
+  tcp.max_receive_bytes = kBound;
+  TcpTransport client(options, tcp);
+  auto slow_conn = ConnectTaken(client, slow, &keeper);
+  ASSERT_TRUE(slow_conn.ok()) << slow_conn.status();
+  auto fast_conn = ConnectTaken(client, fast, &keeper);
+  ASSERT_TRUE(fast_conn.ok()) << fast_conn.status();
+  const auto held_becomes = [&](size_t bytes) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (client.received_bytes_held() != bytes && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return client.received_bytes_held() == bytes;
+  };
+  const auto expect_taken = [&](uint64_t call_id, size_t payload) {
+    absl::Status status;
+    size_t size = 0;
+    ASSERT_TRUE(keeper.Await(call_id, &status, &size)) << "frame " << call_id << " never came";
+    EXPECT_TRUE(status.ok()) << "frame " << call_id << ": " << status;
+    EXPECT_EQ(size, payload) << "frame " << call_id;
+  };
+  const auto expect_refused = [&](uint64_t call_id) {
+    absl::Status status;
+    size_t size = 0;
+    ASSERT_TRUE(keeper.Await(call_id, &status, &size)) << "frame " << call_id << " never came";
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted)
+        << "frame " << call_id << ": " << status;
+    EXPECT_EQ(size, 0u) << "frame " << call_id;
+    for (const std::string& part :
+         {std::string("TcpOptions::max_receive_bytes"), std::to_string(kBound)}) {
+      EXPECT_NE(status.message().find(part), absl::string_view::npos)
+          << "\"" << part << "\" not in: " << status;
+    }
+  };
+
+  // 3 MiB announced, 1 MiB of it sent: 1 MiB held, not 3.
+  ASSERT_TRUE(slow.Write(ResponseHeader(1, 3 * kMiB) + mib));
+  EXPECT_TRUE(held_becomes(kMiB)) << client.received_bytes_held() << " held";
+  ASSERT_TRUE(fast.Write(ResponseHeader(2, 3 * kMiB) + mib + mib + mib));
+  expect_taken(2, 3 * kMiB);
+  EXPECT_EQ(client.received_bytes_held(), kBound);
+  // The rest of frame 1 no longer fits: refused part way.
+  ASSERT_TRUE(slow.Write(mib + mib));
+  expect_refused(1);
+  EXPECT_TRUE(held_becomes(3 * kMiB)) << client.received_bytes_held() << " held";
+  ASSERT_TRUE(slow.Write(ResponseHeader(3, kMiB) + mib));
+  expect_taken(3, kMiB);
+  // Refused at its header: 4 MiB held, kept by the observer.
+  ASSERT_TRUE(fast.Write(ResponseHeader(4, kMiB) + mib));
+  expect_refused(4);
+  EXPECT_EQ(client.received_bytes_held(), kBound);
+
+  keeper.LetGo(3);
+  EXPECT_EQ(client.received_bytes_held(), 3 * kMiB);
+  keeper.LetGo(2);
+  EXPECT_EQ(client.received_bytes_held(), 0u);
+  ASSERT_TRUE(fast.Write(ResponseHeader(5, kBound + 1) + std::string(kBound + 1, 'r')));
+  expect_refused(5);
+  ASSERT_TRUE(fast.Write(ResponseHeader(6, kBound) + std::string(kBound, 'r')));
+  expect_taken(6, kBound);
+  ASSERT_TRUE(slow.Write(ResponseHeader(7, 0)));  // no payload: taken with the bound full
+  expect_taken(7, 0);
+  EXPECT_EQ(keeper.closed(), 0u) << "a refused frame closed its connection";
 }
 
 // A peer that stops reading but whose kernel answers (a handler running
