@@ -36,6 +36,11 @@ struct TcpOptions {
   // control frame (a cancel, a GOAWAY, a kHello: a header each); errors
   // have kQueuedErrorHeadroom beyond it (transport/transport.h).
   size_t max_queued_send_bytes = 256u << 20;
+  // The same over all of a transport's connections: the memory that many
+  // peers which stop reading can pin together. A Send past it, on a
+  // connection that has something queued already, fails RESOURCE_EXHAUSTED
+  // naming it, with the same exceptions.
+  size_t max_queued_send_bytes_total = size_t{1} << 30;
   // Payload bytes one transport may hold received, across its connections:
   // counted as they arrive and until the runtime, or whoever kept the
   // payload, releases it (receive_budget.h). A frame that would pass it is
@@ -48,9 +53,9 @@ struct TcpOptions {
 
 // `options` with what the environment sets: RDMARPC_TCP_KEEPALIVE_MS,
 // RDMARPC_TCP_PEER_TIMEOUT_MS (milliseconds, 0: the kernel's),
-// RDMARPC_TCP_MAX_QUEUED_SEND_BYTES and RDMARPC_TCP_MAX_RECEIVE_BYTES. A
-// value that is not a whole number in range is reported on stderr and
-// leaves the option as it was.
+// RDMARPC_TCP_MAX_QUEUED_SEND_BYTES, RDMARPC_TCP_MAX_QUEUED_SEND_BYTES_TOTAL
+// and RDMARPC_TCP_MAX_RECEIVE_BYTES. A value that is not a whole number in
+// range is reported on stderr and leaves the option as it was.
 TcpOptions TcpOptionsFromEnv(TcpOptions options);
 
 }  // namespace rdmarpc::transport

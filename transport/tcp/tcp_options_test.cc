@@ -41,6 +41,13 @@ TEST(TcpOptionsFromEnv, OverridesOnlyWhatIsSet) {
   EXPECT_EQ(o.keepalive_ms, 1000u);
   unsetenv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES");
 
+  EXPECT_EQ(o.max_queued_send_bytes_total, size_t{1} << 30);
+  setenv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES_TOTAL", "33554432", 1);
+  o = TcpOptionsFromEnv(Base());
+  EXPECT_EQ(o.max_queued_send_bytes_total, size_t{32} << 20);
+  EXPECT_EQ(o.max_queued_send_bytes, size_t{256} << 20);
+  unsetenv("RDMARPC_TCP_MAX_QUEUED_SEND_BYTES_TOTAL");
+
   EXPECT_EQ(o.max_receive_bytes, size_t{1} << 30);
   setenv("RDMARPC_TCP_MAX_RECEIVE_BYTES", "16777216", 1);
   o = TcpOptionsFromEnv(Base());

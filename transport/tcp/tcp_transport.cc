@@ -246,6 +246,12 @@ class TcpConnection : public Connection,
         observer_(observer),
         watch_(absl::Milliseconds(transport->tcp_.peer_timeout_ms)) {}
   ~TcpConnection() override {
+    {
+      // One refused before it was adopted still counts its held kHello.
+      std::lock_guard<std::mutex> lock(send_mu_);
+      queued_bytes_ = 0;
+      CountQueuedLocked();
+    }
     if (fd_ >= 0) close(fd_);
   }
 
@@ -299,6 +305,11 @@ class TcpConnection : public Connection,
 
   // Writes as much queued data as the socket takes. Caller holds send_mu_.
   absl::Status FlushLocked();
+  // Brings the transport's count of queued bytes (TcpOptions::
+  // max_queued_send_bytes_total) up to date with queued_bytes_. Only once a
+  // frame stays queued does it touch the shared count: a frame the socket
+  // takes at once, the usual case, costs it nothing. Caller holds send_mu_.
+  void CountQueuedLocked();
   void OnReadable();
   // Advances the frame parser after `got_` reached the current target.
   absl::Status FrameProgress();
@@ -320,6 +331,9 @@ class TcpConnection : public Connection,
   std::mutex send_mu_;
   std::deque<Outgoing> queue_;  // guarded by send_mu_
   size_t queued_bytes_ = 0;     // guarded by send_mu_
+  // Of queued_bytes_, what TcpTransport::queued_send_bytes_ holds. Guarded
+  // by send_mu_.
+  size_t queued_counted_ = 0;
   // Of queued_bytes_, the errors taken past the bound. Guarded by send_mu_.
   size_t error_headroom_used_ = 0;
   bool want_out_ = false;       // guarded by send_mu_
@@ -358,13 +372,24 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
     return RefusedUnsent(absl::StrCat("connection to ", peer_, " is closed"));
   }
   const size_t bound = transport_->tcp_.max_queued_send_bytes;
-  if (!IsControlFrame(h) && !queue_.empty() && queued_bytes_ + out.size() > bound) {
+  const size_t total_bound = transport_->tcp_.max_queued_send_bytes_total;
+  const bool over_connection = queued_bytes_ + out.size() > bound;
+  if (!IsControlFrame(h) && !queue_.empty() &&
+      (over_connection ||
+       transport_->queued_send_bytes_.load(std::memory_order_relaxed) + out.size() > total_bound)) {
     const bool error = IsErrorResponse(h);
     if (!error || error_headroom_used_ + out.size() > kQueuedErrorHeadroom) {
+      const absl::string_view headroom =
+          error ? ", and kQueuedErrorHeadroom of errors beyond it" : "";
+      if (over_connection) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "more than ", bound, " bytes queued for ", peer_, " (TcpOptions::max_queued_send_bytes",
+            headroom, "; is the peer reading?)"));
+      }
       return absl::ResourceExhaustedError(absl::StrCat(
-          "more than ", bound, " bytes queued for ", peer_, " (TcpOptions::max_queued_send_bytes",
-          error ? ", and kQueuedErrorHeadroom of errors beyond it" : "",
-          "; is the peer reading?)"));
+          "more than ", total_bound, " bytes queued for the peers of ", transport_->options_.name,
+          ", ", queued_bytes_, " of them for ", peer_, " (TcpOptions::max_queued_send_bytes_total",
+          headroom, "; are its peers reading?)"));
     }
     out.in_error_headroom = true;
     error_headroom_used_ += out.size();
@@ -372,7 +397,10 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
   queued_bytes_ += out.size();
   queue_.push_back(std::move(out));
   // Behind the held kHello (which is in the queue), or a pending flush.
-  if (queue_.size() > 1) return absl::OkStatus();
+  if (queue_.size() > 1) {
+    CountQueuedLocked();
+    return absl::OkStatus();
+  }
   const absl::Status s = FlushLocked();
   if (!s.ok()) Close();  // the I/O thread reports it via OnClosed
   return absl::OkStatus();
@@ -389,12 +417,24 @@ void TcpConnection::HoldHello(bool tcp_alone) {
   hello_held_ = true;
   queued_bytes_ += hello.size();
   queue_.push_front(std::move(hello));
+  CountQueuedLocked();
 }
 
 void TcpConnection::SendHello() {
   std::lock_guard<std::mutex> lock(send_mu_);
   if (!std::exchange(hello_held_, false) || send_closed_) return;
   if (!FlushLocked().ok()) Close();  // the I/O thread reports it via OnClosed
+}
+
+void TcpConnection::CountQueuedLocked() {
+  if (queued_bytes_ == queued_counted_) return;
+  std::atomic<size_t>& total = transport_->queued_send_bytes_;
+  if (queued_bytes_ > queued_counted_) {
+    total.fetch_add(queued_bytes_ - queued_counted_, std::memory_order_relaxed);
+  } else {
+    total.fetch_sub(queued_counted_ - queued_bytes_, std::memory_order_relaxed);
+  }
+  queued_counted_ = queued_bytes_;
 }
 
 absl::Status TcpConnection::FlushLocked() {
@@ -435,6 +475,7 @@ absl::Status TcpConnection::FlushLocked() {
       }
     }
   }
+  CountQueuedLocked();
   const bool want_out = !queue_.empty();
   if (want_out != want_out_) {
     want_out_ = want_out;
@@ -615,6 +656,7 @@ void TcpConnection::Finish(absl::Status why) {
     queue_.clear();
     queued_bytes_ = 0;
     error_headroom_used_ = 0;
+    CountQueuedLocked();
   }
   closing_.store(true);
   incoming_.reset();  // gives its bytes back to the receive bound now

@@ -65,6 +65,9 @@ class TcpTransport : public Transport {
   // Payload bytes received and held now, across the connections: what
   // TcpOptions::max_receive_bytes bounds.
   size_t received_bytes_held() const;
+  // Bytes queued for peers, across the connections, beyond what their
+  // sockets took: what TcpOptions::max_queued_send_bytes_total bounds.
+  size_t queued_send_bytes() const { return queued_send_bytes_.load(std::memory_order_relaxed); }
 
  private:
   friend class TcpConnection;
@@ -105,6 +108,9 @@ class TcpTransport : public Transport {
   // TcpOptions::max_receive_bytes over every connection; Drop()ped by the
   // destructor, and freed once the last payload it counts is released.
   ReceiveBudget* const receive_budget_;
+  // Bytes queued on all connections (TcpOptions::max_queued_send_bytes_total),
+  // as each last counted them (TcpConnection::CountQueuedLocked).
+  std::atomic<size_t> queued_send_bytes_{0};
   absl::Status unusable_;  // OK when it has its I/O thread
   int epoll_fd_ = -1;
   int wake_fd_ = -1;

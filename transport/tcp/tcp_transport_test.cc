@@ -5,7 +5,8 @@
 // the connection (kHello); Delivered waiting for the peer's acknowledgment;
 // what the kHello said of the server's port, even to a client that reads
 // slowly; a listener destroyed while its events are due; a server out of
-// file descriptors; the bound on the payloads received and held.
+// file descriptors; the bound on what all connections queue, and on the
+// payloads received and held.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
@@ -227,6 +228,81 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   EXPECT_EQ(peer.ReadUpTo(sent), sent) << "frames Send took were lost";
   EXPECT_TRUE(send_one().ok()) << "the connection stayed refused after its peer read";
   EXPECT_EQ(peer.ReadUpTo(kFrame), kFrame);
+}
+
+// Peers that stop reading pin at most TcpOptions::max_queued_send_bytes_total
+// of the sender's memory together, whatever their number: once their
+// queues hold that much, a Send on a connection with something queued is
+// refused naming the transport's bound; a cancel still goes; once a peer
+// reads, the others' connections take frames again, and nothing stays
+// counted once every queue has drained.
+TEST(TcpTransport, PeersThatStopReadingPinNoMoreThanTheTransportsQueueBound) {
+  SilentPeer first_peer;
+  SilentPeer second_peer;
+  NoObserver observer;  // outlives the transport, which calls it
+  TransportOptions options;
+  options.name = "total-queue-bound-client";
+  TcpOptions tcp;
+  tcp.max_queued_send_bytes = 1 << 20;
+  tcp.max_queued_send_bytes_total = 3 << 19;  // 1.5 MiB
+  TcpTransport client(options, tcp);
+  auto first = ConnectTaken(client, first_peer, &observer);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = ConnectTaken(client, second_peer, &observer);
+  ASSERT_TRUE(second.ok()) << second.status();
+  constexpr size_t kPayload = 64 << 10;
+  constexpr size_t kFrame = kHeaderSize + kPayload;
+  // Frames on `conn` until one is refused (at most 2048: 128 MiB would mean
+  // no bound); how many were taken, and the refusal.
+  const auto fill = [&](Connection& conn, absl::Status* refused) {
+    size_t taken = 0;
+    while (taken < 2048) {
+      *refused = SendRequest(conn, kPayload);
+      if (!refused->ok()) break;
+      ++taken;
+    }
+    return taken;
+  };
+  absl::Status refused;
+  const size_t first_taken = fill(**first, &refused);
+  ASSERT_FALSE(refused.ok()) << "the first connection queued without bound";
+  EXPECT_NE(refused.message().find("(TcpOptions::max_queued_send_bytes;"), absl::string_view::npos)
+      << "one connection's 1 MiB is within the transport's 1.5: " << refused;
+  EXPECT_GE(client.queued_send_bytes(), size_t{1} << 19);
+  EXPECT_LE(client.queued_send_bytes(), size_t{1} << 20);
+
+  const size_t second_taken = fill(**second, &refused);
+  ASSERT_FALSE(refused.ok()) << "the second connection queued without bound";
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  for (const char* part :
+       {"more than 1572864 bytes queued for the peers of total-queue-bound-client",
+        "TcpOptions::max_queued_send_bytes_total"}) {
+    EXPECT_NE(refused.message().find(part), absl::string_view::npos)
+        << "\"" << part << "\" not in: " << refused;
+  }
+  EXPECT_LE(client.queued_send_bytes(), size_t{3} << 19);
+  printf("%zu and %zu frames of %zu bytes taken before the bounds refused one\n", first_taken,
+         second_taken, kFrame);
+  OutboundMessage cancel;
+  cancel.header.kind = MessageKind::kCancel;
+  cancel.header.call_id = 1;
+  EXPECT_TRUE((*second)->Send(std::move(cancel)).ok()) << "a full transport refused a cancel";
+
+  // The first peer reads: the second connection takes frames again.
+  EXPECT_EQ(first_peer.ReadUpTo(first_taken * kFrame), first_taken * kFrame);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  absl::Status again = SendRequest(**second, kPayload);
+  while (!again.ok() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+    again = SendRequest(**second, kPayload);
+  }
+  EXPECT_TRUE(again.ok()) << "the transport stayed full after a peer read: " << again;
+  const size_t second_sent = (second_taken + 1) * kFrame + kHeaderSize;
+  EXPECT_EQ(second_peer.ReadUpTo(second_sent), second_sent);
+  while (client.queued_send_bytes() != 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(client.queued_send_bytes(), 0u) << "bytes stayed counted after every queue drained";
 }
 
 // Keeps every message, payload and all, until told to let them go.
