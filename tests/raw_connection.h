@@ -115,6 +115,13 @@ class RawConnection {
       got += static_cast<size_t>(r);
     }
   }
+  // True when the peer has closed its end (a FIN or a reset came) within
+  // `timeout_ms`, whatever it sent before is still unread: what a test
+  // asks when reading would change what the peer does.
+  bool HungUpUnread(int timeout_ms) {
+    pollfd p{fd_, POLLRDHUP, 0};
+    return poll(&p, 1, timeout_ms) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
   // True when the peer closed this connection (EOF within `timeout_ms`).
   bool ClosedByPeer(int timeout_ms = 10000) {
     char c;

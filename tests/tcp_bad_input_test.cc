@@ -561,6 +561,10 @@ TEST_F(ClientThatStopsReading, ErrorsPastTheirHeadroomCloseTheConnection) {
     }
     closed = !raw.SendBytesUnlessClosed(batch);
   }
+  // The socket buffers can take all of them before the server has read the
+  // `enough` that make it close (a slow server: a sanitizer's, a busy
+  // machine's): wait for it, unread, since reading would make room.
+  closed = closed || raw.HungUpUnread(20000);
   ASSERT_TRUE(closed) << calls << " calls the server could not answer, and it did not close";
   const std::optional<size_t> got = raw.ReadUntilClosed();
   ASSERT_TRUE(got) << "the server's end closed, and reading it did not end";
