@@ -26,8 +26,9 @@
 //   owner (Drop) or the payloads. One atomic word holds both, the owner's
 //   share as kOwner, so a payload costs one read-modify-write when its bytes
 //   arrive and one when it is released, with no reference count of its own.
-// - Metadata (at most kMaxMetadataBytes a frame) and what is queued to send
-//   (TcpOptions::max_queued_send_bytes, per connection) are not counted.
+// - Metadata (at most kMaxMetadataBytes a frame) is not counted, nor is
+//   what waits to be sent (TcpOptions::max_queued_send_bytes and
+//   max_queued_send_bytes_total bound that).
 #ifndef RDMARPC_TRANSPORT_TCP_RECEIVE_BUDGET_H_
 #define RDMARPC_TRANSPORT_TCP_RECEIVE_BUDGET_H_
 
@@ -89,7 +90,6 @@ class ReceiveBudget {
   bool Fits(size_t bytes) const { return bytes <= bound_ && held() <= bound_ - bytes; }
   // Bytes counted now: arrived, and not yet released.
   size_t held() const { return value_.load(std::memory_order_relaxed) - kOwner; }
-  size_t bound() const { return bound_; }
   // RESOURCE_EXHAUSTED for a message of `bytes` from `from` ("tcp://...")
   // that does not fit: names the option, the bound and what is held.
   absl::Status Exceeded(size_t bytes, absl::string_view from) const;
