@@ -285,6 +285,13 @@ class Endpoint {
   // The bound TakeResponseRoom keeps to, now; and the room taken.
   size_t ResponseRoomLimit() const;
   size_t responses_awaited() const { return responses_awaited_.load(); }
+  // Bytes waiting in the backlogs of all its connections, which
+  // RdmaOptions::max_backlog_bytes_total bounds: a connection adds what it
+  // holds there and takes it back as frames leave. Off the fast path: only
+  // a frame without credit, a send slot or queue room waits. Any thread.
+  size_t backlog_bytes() const { return backlog_bytes_.load(std::memory_order_relaxed); }
+  void AddBacklogBytes(size_t n) { backlog_bytes_.fetch_add(n, std::memory_order_relaxed); }
+  void RemoveBacklogBytes(size_t n) { backlog_bytes_.fetch_sub(n, std::memory_order_relaxed); }
   // A torn-down connection waiting for its queue pair to drain; the poller
   // retries it every loop until RdmaConnection::FinishTeardown says done.
   void AddDraining(RdmaConnection* conn) { draining_.push_back(conn); }
@@ -495,6 +502,7 @@ class Endpoint {
   // Response room: responses awaited over all connections, and the
   // connections whose backlogs wait for room.
   std::atomic<size_t> responses_awaited_{0};
+  std::atomic<size_t> backlog_bytes_{0};
   std::mutex room_waiters_mu_;
   std::vector<std::weak_ptr<RdmaConnection>> room_waiters_;  // guarded by room_waiters_mu_
   std::atomic<bool> has_room_waiters_{false};

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -503,6 +504,76 @@ TEST(RdmaBadInput, APeerThatReturnsNoCreditsPinsNoMoreThanTheBacklogBound) {
     EXPECT_EQ(h->call_id, id);
     EXPECT_EQ(h->payload_len, kAnswer);
     ASSERT_TRUE(peer.Send(CreditFrame(1))) << "credit for answer " << id;
+  }
+  EXPECT_EQ(server.answerer.closed_count(), 0u);
+  (*good)->Close();
+}
+
+// Peers that return no credits pin at most RdmaOptions::
+// max_backlog_bytes_total of the server's memory together: the first peer's
+// backlog fills to its own bound, the second one's only to what the total
+// leaves, and the answers past that are refused naming the total. Every
+// answer either backlog held still comes once its peer returns credits.
+TEST(RdmaBadInput, PeersThatReturnNoCreditsPinNoMoreThanTheTotalBacklogBound) {
+  GoodClient good_observer;
+  Server server;
+  constexpr size_t kAnswer = 1000;  // by SEND: too large to go inline, within a slot
+  constexpr size_t kFrame = kHeaderSize + kAnswer;
+  server.answerer.response_bytes = kAnswer;
+  RdmaOptions options;
+  options.max_backlog_bytes = 64 << 10;
+  options.max_backlog_bytes_total = 96 << 10;
+  ASSERT_TRUE(server.Start(1u << 20, options));
+  auto good = server.ConnectGoodClient(&good_observer);
+  ASSERT_TRUE(good.ok()) << good.status();
+  const size_t held_first = options.max_backlog_bytes / kFrame;
+  const size_t held_second = (options.max_backlog_bytes_total - held_first * kFrame) / kFrame;
+  ASSERT_LT(held_second, held_first) << "the total would not bind the second peer";
+  constexpr size_t kPastTheBounds = 16;
+  RawPeer first;
+  RawPeer second;
+  size_t requests = 0;
+  // kRawRecvs answers go out, `held` wait, kPastTheBounds are refused; each
+  // request within the peer's credit, which the server keeps returning.
+  const auto send_requests = [&](RawPeer& peer, size_t held) {
+    ASSERT_EQ(peer.Connect(server.listener->address()), "");
+    const size_t n = kRawRecvs + held + kPastTheBounds;
+    for (uint64_t id = 1; id <= n; ++id) {
+      ASSERT_TRUE(peer.AwaitCredits(id > peer.granted_window ? id - peer.granted_window : 0,
+                                    absl::Seconds(10)))
+          << "no credit for request " << id;
+      ASSERT_TRUE(peer.Send(Frame(SmallRequest(id, 0)))) << "request " << id;
+    }
+    requests += n;
+    ASSERT_TRUE(server.answerer.AwaitRequests(requests));
+  };
+  send_requests(first, held_first);
+  std::vector<absl::Status> refused = server.answerer.refused();
+  ASSERT_EQ(refused.size(), kPastTheBounds);
+  for (const absl::Status& s : refused) {
+    EXPECT_TRUE(absl::StrContains(s.message(), "(RdmaOptions::max_backlog_bytes;")) << s;
+  }
+  send_requests(second, held_second);
+  refused = server.answerer.refused();
+  ASSERT_EQ(refused.size(), 2 * kPastTheBounds);
+  for (size_t i = kPastTheBounds; i < refused.size(); ++i) {
+    EXPECT_EQ(refused[i].code(), absl::StatusCode::kResourceExhausted) << refused[i];
+    for (const std::string& part : {std::string("RdmaOptions::max_backlog_bytes_total"),
+                                    absl::StrCat("more than ", 96 << 10, " bytes")}) {
+      EXPECT_TRUE(absl::StrContains(refused[i].message(), part))
+          << "\"" << part << "\" not in: " << refused[i];
+    }
+  }
+  EXPECT_EQ(server.answerer.closed_count(), 0u);
+  EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
+
+  for (auto [peer, held] : {std::pair{&first, held_first}, std::pair{&second, held_second}}) {
+    for (uint64_t id = 1; id <= kRawRecvs + held; ++id) {
+      auto h = peer->NextFrame(absl::Seconds(10));
+      ASSERT_TRUE(h.has_value()) << "answer " << id << " never came";
+      EXPECT_EQ(h->call_id, id);
+      ASSERT_TRUE(peer->Send(CreditFrame(1))) << "credit for answer " << id;
+    }
   }
   EXPECT_EQ(server.answerer.closed_count(), 0u);
   (*good)->Close();

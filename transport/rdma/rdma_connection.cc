@@ -280,8 +280,7 @@ absl::Status RdmaConnection::SendLocked(OutboundMessage& m) {
     Count(&RdmaCounters::payloads_advertised);
   }
   if (!backlog_.empty() || !CanPostLocked(h)) {
-    backlog_bytes_ += BacklogBytes(m);
-    backlog_.push_back(std::move(m));
+    AddToBacklogLocked(std::move(m));
     Count(&RdmaCounters::credit_stalls);
     return absl::OkStatus();
   }
@@ -292,17 +291,39 @@ size_t RdmaConnection::BacklogBytes(const OutboundMessage& m) {
   return kHeaderSize + m.metadata.size() + m.payload.size();
 }
 
+void RdmaConnection::AddToBacklogLocked(OutboundMessage&& m) {
+  const size_t bytes = BacklogBytes(m);
+  backlog_bytes_ += bytes;
+  endpoint_->AddBacklogBytes(bytes);
+  backlog_.push_back(std::move(m));
+}
+
+void RdmaConnection::BacklogShrankLocked(size_t bytes) {
+  backlog_bytes_ -= bytes;
+  endpoint_->RemoveBacklogBytes(bytes);
+}
+
 absl::Status RdmaConnection::RoomInBacklogLocked(const Header& h, size_t frame) const {
+  if (IsControlFrame(h)) return absl::OkStatus();
   const bool error = IsErrorResponse(h);
+  const size_t headroom = error ? kQueuedErrorHeadroom : 0;
+  const absl::string_view beyond = error ? ", and kQueuedErrorHeadroom of errors beyond it" : "";
   const size_t bound = endpoint_->options().max_backlog_bytes;
-  if (IsControlFrame(h) || backlog_bytes_ + frame <= bound + (error ? kQueuedErrorHeadroom : 0)) {
-    return absl::OkStatus();
+  if (backlog_bytes_ + frame > bound + headroom) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("more than ", bound, " bytes of frames wait for credits from ", peer_, " on ",
+                     endpoint_->device_name(), " (RdmaOptions::max_backlog_bytes", beyond,
+                     "; is the peer returning credits?)"));
   }
-  return absl::ResourceExhaustedError(
-      absl::StrCat("more than ", bound, " bytes of frames wait for credits from ", peer_, " on ",
-                   endpoint_->device_name(), " (RdmaOptions::max_backlog_bytes",
-                   error ? ", and kQueuedErrorHeadroom of errors beyond it" : "",
-                   "; is the peer returning credits?)"));
+  const size_t total_bound = endpoint_->options().max_backlog_bytes_total;
+  if (endpoint_->backlog_bytes() + frame > total_bound + headroom) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("more than ", total_bound, " bytes of frames wait for credits on ",
+                     endpoint_->device_name(), " over all its connections, ", backlog_bytes_,
+                     " of them for ", peer_, " (RdmaOptions::max_backlog_bytes_total", beyond,
+                     "; are its peers returning credits?)"));
+  }
+  return absl::OkStatus();
 }
 
 bool RdmaConnection::CanPostLocked(const Header& h) {
@@ -599,7 +620,7 @@ void RdmaConnection::FlushBacklogLocked() {
   while (!backlog_.empty() && !closed_ && CanPostLocked(backlog_.front().header)) {
     const size_t bytes = BacklogBytes(backlog_.front());  // before the payload moves out
     if (!QueueFrameLocked(backlog_.front()).ok()) return;
-    backlog_bytes_ -= bytes;
+    BacklogShrankLocked(bytes);
     backlog_.pop_front();
   }
 }
@@ -681,8 +702,7 @@ void RdmaConnection::SendControl(MessageKind kind, uint64_t token) {
       Count(&RdmaCounters::credit_messages);
       QueueFrameLocked(p).IgnoreError();
     } else if (!backlog_.empty() || !CanPostLocked(p.header)) {
-      backlog_bytes_ += BacklogBytes(p);
-      backlog_.push_back(std::move(p));
+      AddToBacklogLocked(std::move(p));
       return;
     } else {
       QueueFrameLocked(p).IgnoreError();
@@ -787,7 +807,7 @@ void RdmaConnection::Teardown(absl::Status why) {
     std::lock_guard<InlineMutex> lock(mu_);
     closed_ = true;
     backlog_.clear();
-    backlog_bytes_ = 0;
+    BacklogShrankLocked(backlog_bytes_);
     room_back = std::exchange(responses_awaited_, 0);
   }
   endpoint_->ReturnResponseRoom(room_back);

@@ -466,6 +466,11 @@ class RdmaConnection : public Connection, public std::enable_shared_from_this<Rd
   absl::Status RoomInBacklogLocked(const Header& h, size_t frame) const;
   // What a frame in the backlog holds there.
   static size_t BacklogBytes(const OutboundMessage& m);
+  // Puts `m` at the end of the backlog, counting what it holds there here
+  // and in the endpoint's total.
+  void AddToBacklogLocked(OutboundMessage&& m);
+  // Takes `bytes` that left the backlog off both counts.
+  void BacklogShrankLocked(size_t bytes);
   // True when only LOCAL_INVs (which rxe runs at the head of the queue
   // alone) are outstanding. Otherwise makes sure a completion will retire
   // what is: a signaled zero-byte WRITE behind unsignaled SENDs.

@@ -39,6 +39,7 @@ RdmaOptions RdmaOptionsFromEnv(RdmaOptions o) {
   OverrideFromEnv("RDMARPC_RDMA_SLOT_SIZE", &o.slot_size);
   OverrideFromEnv("RDMARPC_RDMA_CREDITS", &o.credits);
   OverrideFromEnv("RDMARPC_RDMA_MAX_BACKLOG_BYTES", &o.max_backlog_bytes);
+  OverrideFromEnv("RDMARPC_RDMA_MAX_BACKLOG_BYTES_TOTAL", &o.max_backlog_bytes_total);
   OverrideFromEnv("RDMARPC_RDMA_READ_THRESHOLD", &o.read_threshold);
   OverrideFromEnv("RDMARPC_RDMA_RELEASE_TIMEOUT_MS", &o.release_timeout_ms);
   OverrideFromEnv("RDMARPC_RDMA_PEER_TIMEOUT_MS", &o.peer_timeout_ms);

@@ -92,6 +92,12 @@ struct RdmaOptions {
   // control frame (a header each); errors have kQueuedErrorHeadroom beyond
   // it (transport/transport.h). RDMARPC_RDMA_MAX_BACKLOG_BYTES.
   size_t max_backlog_bytes = 256u << 20;
+  // The same over all the connections on one device (per device, as
+  // max_registered_bytes): the memory that many peers which return no
+  // credits can pin together, however many they are. Past it, a frame on a
+  // connection whose backlog is not empty fails RESOURCE_EXHAUSTED naming
+  // it, with the same exceptions. RDMARPC_RDMA_MAX_BACKLOG_BYTES_TOTAL.
+  size_t max_backlog_bytes_total = size_t{1} << 30;
   // Request a completion for every n-th unsignaled SEND.
   uint32_t signal_every = 16;
   // RDMA READs one connection keeps outstanding (each at most the port's

@@ -55,10 +55,12 @@ TEST(RdmaOptionsFromEnv, OverridesTheCodesOptionsOnlyWhereSet) {
   code.device = "mlx5_1";
   EnvVar credits("RDMARPC_RDMA_CREDITS", "12");
   EnvVar backlog("RDMARPC_RDMA_MAX_BACKLOG_BYTES", "65536");
+  EnvVar backlog_total("RDMARPC_RDMA_MAX_BACKLOG_BYTES_TOTAL", "1048576");
   EnvVar poll("RDMARPC_RDMA_POLL", "sometimes");
   const RdmaOptions o = RdmaOptionsFromEnv(code);
   EXPECT_EQ(o.credits, 12u);
   EXPECT_EQ(o.max_backlog_bytes, 65536u);
+  EXPECT_EQ(o.max_backlog_bytes_total, 1048576u);
   EXPECT_EQ(o.poll_mode, PollMode::kEvent);
   EXPECT_EQ(o.slot_size, 2048u);
   EXPECT_EQ(o.device, "mlx5_1");
