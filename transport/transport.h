@@ -134,11 +134,11 @@ inline absl::Status OutOfMemory(size_t bytes, absl::string_view what) {
 // The bytes of errors (responses with a status other than OK) that one
 // connection may hold beyond the bounds on what waits to be sent to slow
 // peers (TcpOptions::max_queued_send_bytes and max_queued_send_bytes_total,
-// RdmaOptions::max_backlog_bytes), so that a call whose answer such a bound
-// refused still ends with its error at a peer that catches up. A server
-// whose error does not fit even there closes the connection
-// (rpc/server.h), whose calls then end UNAVAILABLE: the peer is that far
-// behind.
+// RdmaOptions::max_backlog_bytes and max_backlog_bytes_total), so that a
+// call whose answer such a bound refused still ends with its error at a
+// peer that catches up. A server whose error does not fit even there
+// closes the connection (rpc/server.h), whose calls then end UNAVAILABLE:
+// the peer is that far behind.
 inline constexpr size_t kQueuedErrorHeadroom = size_t{1} << 20;
 
 // A frame that such a bound never refuses: a header alone that is neither a
