@@ -190,6 +190,53 @@ TEST_P(OutOfMemory, ACallWithNoMemoryForTheCopyItKeepsEndsResourceExhausted) {
   }
 }
 
+// A response the client has no memory to READ into, from an RDMA server
+// that has the memory to send it: it writes the response's attachment in
+// place, into a registered block that its pool kept idle from a first such
+// call (on another channel, so that this client's pool has no block to
+// reuse). The client's call ends RESOURCE_EXHAUSTED, and the channel goes
+// on. (Over TCP: ClientOutOfMemory below.)
+class RdmaClientOutOfMemory : public EchoServerAndChannel {
+ protected:
+  void SetUp() override { Start(Address("rdma")); }
+  // An Echo call on `channel` whose response carries a kBig-byte attachment.
+  static Status CallForBigAttachment(Channel& channel) {
+    EchoRequest request;
+    request.set_response_attachment_size(kBig);
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(60));
+    EchoResponse response;
+    Status s = channel.Call(kEcho, &ctx, request, &response);
+    if (s.ok() && ctx.response_attachment().size() != kBig) {
+      return Status(
+          StatusCode::kInternal,
+          "an attachment of " + std::to_string(ctx.response_attachment().size()) + " bytes");
+    }
+    return s;
+  }
+};
+
+TEST_F(RdmaClientOutOfMemory, AResponseItHasNoMemoryToReadEndsTheCallResourceExhausted) {
+  ChannelOptions options;
+  options.max_message_size = kMaxMessage;
+  {
+    auto warm = Channel::Create(server_->address, options);
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_TRUE(CallForBigAttachment(**warm).ok()) << "the server's pool keeps its block";
+  }
+  {
+    // Less than the block the client's READ needs, more than anything else
+    // a call takes.
+    AddressSpaceLimit limit(kBig / 2);
+    const Status s = CallForBigAttachment(*good_);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("out of memory for"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("to READ a payload into"), std::string::npos) << s;
+    EXPECT_TRUE(EchoOn(*good_, "the channel stays").ok());
+  }
+  EXPECT_TRUE(CallForBigAttachment(*good_).ok()) << "with memory, the same call works";
+}
+
 // A TCP server and a raw client that sends it what the test says: the
 // request's bytes are read and dropped, so the connection goes on.
 class TcpServerOutOfMemory : public EchoServerAndChannel {

@@ -3,17 +3,16 @@
 // testing/raw_peer.h) sends what no rdmarpc client would. A frame that breaks
 // the wire format ends only that connection, naming the peer; a well-formed
 // request that advertises more than the server accepts is answered
-// RESOURCE_EXHAUSTED without a READ and the connection goes on; a response
-// payload the peer never releases is revoked at the server's release timeout;
-// a peer that vanishes without a disconnect, as when its machine dies, is
-// noticed by the keepalive, and one that stops before its RTU by the probe at
-// the accept timeout; a peer whose rdma_cm private data is not our handshake
-// is refused (a client) or named in a clear connect error (a server); a peer
-// that grants credits before it posts receives gets every response, windows
-// intact, once it does; a peer that sends past its credit, returns credit
-// past the largest window it granted or asks for credit back out of turn
-// loses its connection, and one that keeps to the rules does not.
-// Throughout, a good client is served.
+// RESOURCE_EXHAUSTED without a READ and the connection goes on, as does a
+// server's response that advertises more than the client can take (its
+// buffer released at once); a response payload the peer never releases is revoked at the server's
+// release timeout; a peer that vanishes without a disconnect, as when its machine dies, is noticed
+// by the keepalive, and one that stops before its RTU by the probe at the accept timeout; a peer
+// whose rdma_cm private data is not our handshake is refused (a client) or named in a clear connect
+// error (a server); a peer that grants credits before it posts receives gets every response,
+// windows intact, once it does; a peer that sends past its credit, returns credit past the largest
+// window it granted or asks for credit back out of turn loses its connection, and one that keeps to
+// the rules does not. Throughout, a good client is served.
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
@@ -974,7 +973,6 @@ TEST(RdmaBadInput, ClientThatVanishesMidReadIsNoticedEvenWhereTheDeviceRetriesFo
   s.good->Close();
 }
 
-// Records how its connection ended.
 // `client` connects to `raw_server` (listening at `address`), which accepts;
 // what Accept said goes to `accepted`.
 absl::StatusOr<std::shared_ptr<Connection>> ConnectToRawServer(RdmaTransport& client,
@@ -989,9 +987,35 @@ absl::StatusOr<std::shared_ptr<Connection>> ConnectToRawServer(RdmaTransport& cl
   return connecting.get();
 }
 
+// Records how its connection ended, and each message's header and
+// payload_status (not its payload, which belongs to the transport).
 class EndWatcher : public ConnectionObserver {
  public:
-  void OnMessage(Connection&, InboundMessage&&) override {}
+  struct Delivered {
+    Header header;
+    absl::Status payload_status;
+    size_t payload_size = 0;
+  };
+  void OnMessage(Connection&, InboundMessage&& msg) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    delivered_.push_back({msg.header, msg.payload_status, msg.payload.size()});
+  }
+  // The next message delivered, or nullopt when none comes within `timeout`.
+  std::optional<Delivered> NextWithin(absl::Duration timeout) {
+    const absl::Time until = absl::Now() + timeout;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!delivered_.empty()) {
+          Delivered next = std::move(delivered_.front());
+          delivered_.erase(delivered_.begin());
+          return next;
+        }
+        if (absl::Now() > until) return std::nullopt;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
   void OnClosed(Connection&, const absl::Status& why) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!why_.has_value()) why_ = why;
@@ -1010,6 +1034,7 @@ class EndWatcher : public ConnectionObserver {
  private:
   std::mutex mu_;
   std::optional<absl::Status> why_;
+  std::vector<Delivered> delivered_;
 };
 
 // An rdmarpc client transport named `name`, connected to a raw server.
@@ -1020,12 +1045,12 @@ struct ClientOfRawServer {
   std::shared_ptr<Connection> conn;
 
   // "" or what failed.
-  std::string Connect(const char* name, const RdmaOptions& options) {
+  std::string Connect(const char* name, const RdmaOptions& options,
+                      TransportOptions co = TransportOptions()) {
     const std::string ip = ::rdmarpc::rdma::testing::RequireRdmaTestAddress();
     if (ip.empty()) return "no RDMA test address";
     const std::optional<Address> address = raw_server.Listen(ip);
     if (!address.has_value()) return "the raw server cannot listen";
-    TransportOptions co;
     co.name = name;
     client = std::make_unique<RdmaTransport>(co, options, false);
     std::string accepted;
@@ -1192,6 +1217,84 @@ TEST(RdmaBadInput, ClientsTheServerCannotServeAreRefusedSayingWhy) {
   }
   EXPECT_EQ(server.answerer.closed_count(), 0u) << "a refused client got a connection";
   (*good)->Close();
+}
+
+// A server's response that advertises more than the client can take: past
+// its max_message_size, or past the registered memory it may READ into
+// (RdmaOptions::max_registered_bytes). That message comes to the runtime
+// RESOURCE_EXHAUSTED naming the bound, with nothing READ, and the server is
+// told at once that it may reuse its buffer (a kRelease with the response's
+// token) rather than only at its release timeout. The connection goes on:
+// a response that fits is READ.
+TEST(RdmaBadInput, ResponseTheClientCannotTakeIsRefusedUnreadAndReleased) {
+  constexpr uint32_t kMiB = 1u << 20;
+  constexpr uint32_t kBound = 4 * kMiB;  // the client's registered memory
+  constexpr uint32_t kMaxMessage = 16 * kMiB;
+  RdmaOptions options;
+  options.max_registered_bytes = kBound;
+  TransportOptions co;
+  co.max_message_size = kMaxMessage;
+  ClientOfRawServer c;
+  ASSERT_EQ(c.Connect("response-client", options, co), "");
+  // One registered region; each response advertises a length of it.
+  const std::optional<RemoteDescriptor> exposed = c.raw_server.Expose(2 * kMaxMessage);
+  ASSERT_TRUE(exposed.has_value()) << "could not register the responses";
+  struct Case {
+    const char* what;
+    uint32_t length;
+    std::vector<std::string> named;  // in the refusal; none: it fits
+  };
+  const Case cases[] = {
+      {"past max_message_size", 2 * kMaxMessage, {"max_message_size", std::to_string(kMaxMessage)}},
+      {"past max_registered_bytes",
+       2 * kBound,
+       {"registered memory on ", "max_registered_bytes", std::to_string(kBound)}},
+      {"within both", kMiB, {}},
+  };
+  uint64_t call_id = 0;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    ++call_id;
+    OutboundMessage request;
+    request.header.kind = MessageKind::kRequest;
+    request.header.call_id = call_id;
+    ASSERT_TRUE(c.conn->Send(std::move(request)).ok());
+    const std::optional<Header> received = c.raw_server.NextFrame(absl::Seconds(10));
+    ASSERT_TRUE(received.has_value() && received->call_id == call_id)
+        << "the request never arrived";
+    Header response;
+    response.kind = MessageKind::kResponse;
+    response.call_id = call_id;
+    response.flags = kFlagRemotePayload;
+    response.payload_len = k.length;
+    response.remote = *exposed;
+    response.remote.token = 100 + call_id;
+    const RdmaCounters before = Counters();
+    ASSERT_TRUE(c.raw_server.Send(Frame(response)));
+    const auto delivered = c.watcher.NextWithin(absl::Seconds(10));
+    ASSERT_TRUE(delivered.has_value()) << "the response never came to the runtime";
+    EXPECT_EQ(delivered->header.call_id, call_id);
+    const RdmaCounters after = Counters();
+    if (k.named.empty()) {
+      EXPECT_TRUE(delivered->payload_status.ok()) << delivered->payload_status;
+      EXPECT_EQ(delivered->payload_size, k.length);
+      EXPECT_EQ(after.bytes_read - before.bytes_read, k.length);
+    } else {
+      EXPECT_EQ(delivered->payload_status.code(), absl::StatusCode::kResourceExhausted)
+          << delivered->payload_status;
+      for (const std::string& part : k.named) {
+        EXPECT_TRUE(absl::StrContains(delivered->payload_status.message(), part))
+            << "\"" << part << "\" not in: " << delivered->payload_status;
+      }
+      EXPECT_EQ(after.reads, before.reads) << "it READ a payload it had no room for";
+    }
+    const std::optional<Header> release = c.raw_server.NextFrame(absl::Seconds(10));
+    ASSERT_TRUE(release.has_value()) << "the server was never told it may reuse its buffer";
+    EXPECT_EQ(release->kind, MessageKind::kRelease);
+    EXPECT_EQ(release->remote.token, response.remote.token);
+  }
+  EXPECT_FALSE(c.watcher.EndedWithin(absl::Milliseconds(100)).has_value())
+      << "the connection ended";
 }
 
 // A server whose rdma_cm private data is not an rdmarpc handshake, or one
