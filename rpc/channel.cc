@@ -339,29 +339,36 @@ void Channel::SendAgainUnsent(const MethodInfo& method, uint64_t id, transport::
   Waiting w;
   w.id = id;
   w.method_id = method.id;
-  if (!internal::SerializeForLater(request, size, &w.request)) {
-    conn.Close();  // as below: it refused the call because it is closing
-    Complete(id, transport::OutOfMemory(size, "the request's copy kept to send it again"), nullptr,
-             false);
-    return;
-  }
+  const bool kept = internal::SerializeForLater(request, size, &w.request);
   w.sent_again = true;
   std::shared_ptr<transport::Connection> idle;
+  bool pending = false;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     // Its context lives while the call is pending, and only under mu_ is
     // that sure: its deadline may end it on another thread.
-    Pending* p = pending_.Get(id);
-    if (p == nullptr) return;
-    if (!p->ctx->metadata().empty()) w.metadata = transport::EncodeMetadata(p->ctx->metadata());
-    w.wait_for_ready = p->ctx->wait_for_ready();
-    LetGoOfUnsentLocked(*p, conn, why, &idle);
-    waiting_.push_back(std::move(w));
-    queueing_ = true;
-    ++stats_.transparent_retries;
+    if (Pending* p = pending_.Get(id); p != nullptr) {
+      pending = true;
+      // With or without the copy to send it again, no call may follow it
+      // onto the connection that refused it.
+      LetGoOfUnsentLocked(*p, conn, why, &idle);
+      if (kept) {
+        if (!p->ctx->metadata().empty()) w.metadata = transport::EncodeMetadata(p->ctx->metadata());
+        w.wait_for_ready = p->ctx->wait_for_ready();
+        waiting_.push_back(std::move(w));
+        queueing_ = true;
+        ++stats_.transparent_retries;
+      }
+    }
   }
   conn.Close();
   if (idle) idle->Close();
+  if (!pending) return;
+  if (!kept) {
+    Complete(id, transport::OutOfMemory(size, "the request's copy kept to send it again"), nullptr,
+             false);
+    return;
+  }
   WakeConnector();
 }
 

@@ -16,6 +16,7 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "rpc/internal/send_faults.h"
 #include "tests/echo_service.h"
 #include "tests/raw_connection.h"
 #include "transport/rdma/testing/rdma_test_env.h"
@@ -188,6 +189,33 @@ TEST_P(OutOfMemory, ACallWithNoMemoryForTheCopyItKeepsEndsResourceExhausted) {
     }
     EXPECT_TRUE(EchoOn(**ch, "the channel works").ok()) << copy;
   }
+}
+
+// A call whose connection closed under its send (SendFaults opens that
+// window on purpose, rpc_suite_connecting.cc) goes on the next connection
+// from a copy of its request; with no memory for the copy it ends, and the
+// channel connects again for the next call.
+TEST_P(OutOfMemory, ACallRefusedUnsentWithNoMemoryToSendItAgainEndsResourceExhausted) {
+  struct Disarm {
+    ~Disarm() { internal::SendFaults::RefuseRequests() = 0; }
+  } disarm;
+  EchoRequest request;
+  request.mutable_data()->assign(kHuge, 'q');
+  internal::SendFaults::RefuseRequests() = 1;
+  {
+    AddressSpaceLimit limit(kRoom);
+    const Status s = Call(request);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("out of memory for " + std::to_string(request.ByteSizeLong()) +
+                               " bytes of the request's copy kept to send it again"),
+              std::string::npos)
+        << s;
+  }
+  EXPECT_EQ(internal::SendFaults::RefuseRequests().load(), 0) << "nothing was refused";
+  EXPECT_EQ(good_->stats().transparent_retries, 0u) << "it was sent again";
+  const Status again = EchoOn(*good_, "the channel connects again");
+  EXPECT_TRUE(again.ok()) << again;
+  EXPECT_EQ(good_->stats().connect_attempts, 2u) << "the refusing connection was used again";
 }
 
 // A response the client has no memory to READ into, from an RDMA server
