@@ -319,17 +319,20 @@ std::shared_ptr<transport::Connection> Channel::Start(
   const bool had_attachment = !attachment.empty();
   Status sent =
       internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request, size);
-  EndSend(watch, *conn);
   if (!sent.ok()) {
     // Refused unsent as its connection closed: the server never saw it. Not
     // one with an attachment, whose memory went with the refused send.
+    // Before EndSend, after which the connection's loss ends the calls left
+    // on it.
     if (!had_attachment && transport::NeverSent(sent)) {
       SendAgainUnsent(method, id, *conn, sent, request, size);
     } else {
       Complete(id, sent, nullptr, false);
     }
+    EndSend(watch, *conn);
     return nullptr;
   }
+  EndSend(watch, *conn);
   return conn;
 }
 
@@ -722,7 +725,7 @@ void Channel::OnGoAway(Watch& watch, transport::Connection& conn) {
     state_changed_.notify_all();
     conn_watch_ = nullptr;
     // With a send under way there is a call on it, and EndSend acks.
-    if (watch.sending.fetch_or(1, std::memory_order_acq_rel) != 0) return;
+    if (watch.sending.fetch_or(Watch::kGoAwayBit, std::memory_order_acq_rel) != 0) return;
   }
   AckGoAway(conn, /*tell_server=*/true);
 }
@@ -747,14 +750,15 @@ std::shared_ptr<transport::Connection> Channel::LeaveDrainingLocked(
 }
 
 Channel::Watch* Channel::BeginSendLocked() {
-  conn_watch_->sending.fetch_add(2, std::memory_order_relaxed);
+  conn_watch_->sending.fetch_add(Watch::kSender, std::memory_order_relaxed);
   return conn_watch_;
 }
 
 void Channel::EndSend(Watch* watch, transport::Connection& conn) {
-  if (watch->sending.fetch_sub(2, std::memory_order_acq_rel) == 3) {
-    AckGoAway(conn, /*tell_server=*/!watch->moved);
-  }
+  const uint32_t before = watch->sending.fetch_sub(Watch::kSender, std::memory_order_acq_rel);
+  if (before == Watch::kSender || before >= 2 * Watch::kSender) return;  // nothing, or not last
+  if (before & Watch::kGoAwayBit) AckGoAway(conn, /*tell_server=*/!watch->moved);
+  if (before & Watch::kLostBit) EndLostCalls(*watch, conn);
 }
 
 void Channel::AckGoAway(transport::Connection& conn, bool tell_server) {
@@ -779,10 +783,11 @@ void Channel::AckGoAway(transport::Connection& conn, bool tell_server) {
 }
 
 void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why) {
-  std::vector<uint64_t> lost;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     watch.lost = true;
+    watch.lost_why = Status(StatusCode::kUnavailable,
+                            absl::StrCat("connection to ", conn.peer(), " lost: ", why.message()));
     if (conn_.get() == &conn) {
       conn_.reset();
       faster_give_up_.store(true, std::memory_order_relaxed);
@@ -795,16 +800,24 @@ void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::St
     draining_.erase(std::remove_if(draining_.begin(), draining_.end(),
                                    [&](const Draining& d) { return d.conn.get() == &conn; }),
                     draining_.end());
+    if (watch.sending.fetch_or(Watch::kLostBit, std::memory_order_acq_rel) >= Watch::kSender) {
+      return;  // the last send under way ends the calls (EndSend)
+    }
+  }
+  EndLostCalls(watch, conn);
+}
+
+void Channel::EndLostCalls(Watch& watch, transport::Connection& conn) {
+  std::vector<uint64_t> lost;
+  Status why;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    why = watch.lost_why;
     pending_.ForEach([&](uint64_t id, Pending& p) {
       if (p.conn == &conn) lost.push_back(id);
     });
   }
-  for (uint64_t id : lost) {
-    Complete(id,
-             Status(StatusCode::kUnavailable,
-                    absl::StrCat("connection to ", conn.peer(), " lost: ", why.message())),
-             nullptr, false);
-  }
+  for (uint64_t id : lost) Complete(id, why, nullptr, false);
   // Last: once `done` is seen, the channel may be destroyed.
   std::lock_guard<std::mutex> lock(watch_mu_);
   watch.done = true;

@@ -15,9 +15,10 @@
 // was drained by the server's GOAWAY), is sent again on the next connection:
 // once, or as long as its deadline allows if it is wait-for-ready, as gRPC's
 // transparent retry does; it cannot run twice (ChannelStats::
-// transparent_retries). Not one with a request attachment, whose memory went
-// with the refused send. A call whose connection is reported lost before its
-// send returns ends as the calls in flight there do. Connecting is
+// transparent_retries), although the channel may hear of the loss before
+// the transport refuses the request: the calls in flight there end only
+// once the sends under way are done. Not one with a request attachment,
+// whose memory went with the refused send. Connecting is
 // the work of a thread of the channel's own, not the caller's (only
 // AllocateAttachment connects on its caller's thread): calls made meanwhile
 // wait for it, in order, each with its deadline running and TryCancel
@@ -119,23 +120,24 @@ struct ChannelOptions {
   // wait.
   absl::Duration reconnect_backoff = absl::Milliseconds(100);
   absl::Duration reconnect_backoff_max = absl::Seconds(10);
-  // Threads that run asynchronous callbacks. 0 runs each callback on the
-  // thread that ends its call, with no hand-off: the transport's I/O thread
-  // for a response or a lost connection (or a blocking caller's thread that
-  // is driving the connection), the timer thread at a deadline, the thread
-  // that cancels, the caller's own, before CallAsync returns, when the call
-  // fails to start. The fastest for callbacks that never block, as
-  // ServerBuilder::SetWorkerThreads(0) is for handlers; a callback that
-  // blocks stalls every call of the channel. From such a callback, a
-  // blocking Call on the same channel fails FAILED_PRECONDITION at once; a
-  // call it starts that ends at once runs its callback after the running one
-  // has returned, not inside it. The callbacks of calls that waited for a
-  // connection run on the channel's connector thread when it ends them. A
+  // Threads that run asynchronous callbacks. 0 runs each callback on the thread
+  // that ends its call, with no hand-off: the transport's I/O thread for a
+  // response or a lost connection (or a blocking caller's thread that is
+  // driving the connection; for a connection lost while a request was being
+  // sent on it, the thread that sent it, once the send is done), the timer
+  // thread at a deadline, the thread that cancels, the caller's own, before
+  // CallAsync returns, when the call fails to start. The fastest for callbacks
+  // that never block, as ServerBuilder::SetWorkerThreads(0) is for handlers; a
+  // callback that blocks stalls every call of the channel. From such a
+  // callback, a blocking Call on the same channel fails FAILED_PRECONDITION at
+  // once; a call it starts that ends at once runs its callback after the
+  // running one has returned, not inside it. The callbacks of calls that waited
+  // for a connection run on the channel's connector thread when it ends them. A
   // callback that drops the channel's last reference has it destroyed on a
   // thread of its own, just after; a process that exits meanwhile waits for
-  // that destruction to end. That reference must not be the one the caller
-  // of CallAsync holds while CallAsync runs: the callback may run before
-  // CallAsync has returned, on another thread.
+  // that destruction to end. That reference must not be the one the caller of
+  // CallAsync holds while CallAsync runs: the callback may run before CallAsync
+  // has returned, on another thread.
   int callback_threads = 2;
   // Run around every call of the channel (rpc/interceptor.h), in this order
   // as calls start and in the reverse order as they end.
@@ -275,8 +277,9 @@ class Channel {
   };
   // The observer of one connection of the channel. A connection may close
   // before Connect has even returned it: `lost` tells EnsureConnected not to
-  // adopt it then. `done` (OnClosed has returned everything it used of the
-  // channel) is what a grouped channel's destructor waits for.
+  // adopt it then. `done` (the calls lost with it have ended, and nothing
+  // uses the channel for it any more) is what a grouped channel's destructor
+  // waits for.
   class Watch;
   struct Connector;
 
@@ -426,6 +429,9 @@ class Channel {
   // call is left on it.
   void AckGoAway(transport::Connection& conn, bool tell_server);
   void OnClosed(Watch& watch, transport::Connection& conn, const absl::Status& why);
+  // The calls still on `conn`, which `watch` saw closed, end with its
+  // lost_why; then the watch is done.
+  void EndLostCalls(Watch& watch, transport::Connection& conn);
 
   const std::string target_;
   const transport::Address addr_;

@@ -124,7 +124,8 @@ Channel::Watch* Channel::NewWatch() {
   // One with a send under way is still in use: EndSend reads it.
   watches_.erase(std::remove_if(watches_.begin(), watches_.end(),
                                 [](const auto& w) {
-                                  return w->done && w->sending.load(std::memory_order_acquire) < 2;
+                                  return w->done && w->sending.load(std::memory_order_acquire) <
+                                                        Watch::kSender;
                                 }),
                  watches_.end());
   watches_.push_back(std::make_unique<Watch>(this));
@@ -197,7 +198,7 @@ void Channel::TryFasterWay() {
     if (watch->go_away) {
       // As in EnsureConnected: the server's GOAWAY came first; it waits for
       // the acknowledgment.
-      watch->sending.fetch_or(1, std::memory_order_acq_rel);
+      watch->sending.fetch_or(Watch::kGoAwayBit, std::memory_order_acq_rel);
       acknowledge = true;
       DrainLocked(*conn);
     } else if (!watch->lost && StillSlowerLocked()) {
@@ -211,7 +212,7 @@ void Channel::TryFasterWay() {
       slower_conn_ = nullptr;
       ++stats_.upgrades;
       // With a send under way there is a call on it, and EndSend ends the drain.
-      end_drain = slower_watch->sending.fetch_or(1, std::memory_order_acq_rel) == 0;
+      end_drain = slower_watch->sending.fetch_or(Watch::kGoAwayBit, std::memory_order_acq_rel) == 0;
     } else {
       TryFasterLaterLocked();  // lost as soon as it was made
     }
@@ -348,12 +349,13 @@ void Channel::SendWaiting(const StatusOr<std::shared_ptr<transport::Connection>>
     const bool had_attachment = !w.attachment.empty();
     Status sent =
         internal::SendWithSerialized(*conn, std::move(msg), std::move(w.attachment), w.request);
-    EndSend(watch, *conn);
-    if (sent.ok()) continue;
-    if (had_attachment || !transport::NeverSent(sent)) {
-      Complete(w.id, sent, nullptr, false);
+    if (sent.ok() || had_attachment || !transport::NeverSent(sent)) {
+      if (!sent.ok()) Complete(w.id, sent, nullptr, false);
+      EndSend(watch, *conn);
       continue;
     }
+    // Refused unsent: the call leaves the connection before EndSend, after
+    // which the connection's loss ends the calls left on it (as in Call).
     std::shared_ptr<transport::Connection> idle;
     bool pending;
     {
@@ -362,6 +364,7 @@ void Channel::SendWaiting(const StatusOr<std::shared_ptr<transport::Connection>>
       pending = p != nullptr;
       if (pending) LetGoOfUnsentLocked(*p, *conn, sent, &idle);
     }
+    EndSend(watch, *conn);
     conn->Close();
     if (idle) idle->Close();
     if (pending) not_sent(w, sent, /*unseen=*/true);
@@ -471,7 +474,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
       // before we took the connection. It takes no call: it is acknowledged
       // (the server waits for that; nothing was sent on it, so the
       // acknowledgment is ours) and then closed.
-      watch->sending.fetch_or(1, std::memory_order_acq_rel);
+      watch->sending.fetch_or(Watch::kGoAwayBit, std::memory_order_acq_rel);
       acknowledge = true;
       DrainLocked(*conn);
       failure =

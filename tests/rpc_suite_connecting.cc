@@ -374,6 +374,57 @@ TEST_P(RpcSuite, ACallRefusedUnsentAsItsConnectionClosedGoesOnTheNextOne) {
   EXPECT_EQ(ts.service.started.load(), 4);
 }
 
+// The same, where the channel hears of the loss first: the connection is
+// lost after the channel took it for the call and before the transport
+// refused the request. The calls sent on it end as lost (here one parked in
+// its handler); the one refused unsent goes on the next connection.
+TEST_P(RpcSuite, ACallWhoseConnectionWasLostBeforeItsRequestWentOutGoesOnTheNextOne) {
+  struct Disarm {
+    ~Disarm() {
+      internal::SendFaults::RefuseRequests() = 0;
+      internal::SendFaults::BeforeRefusal() = nullptr;
+    }
+  } disarm;
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  ASSERT_TRUE(EchoOn(*ch, "first").ok());
+  AsyncCall parked;
+  parked.ctx.set_timeout(absl::Seconds(60));
+  ch->CallAsync(kEcho, &parked.ctx, Req("parked", 30000), &parked.resp,
+                [&](Status s) { parked.result.set_value(s); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (ts.service.started.load() < 2 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(ts.service.started.load(), 2) << "the parked call never reached its handler";
+
+  bool heard = false;
+  internal::SendFaults::BeforeRefusal() = [&](transport::Connection& conn) {
+    conn.Close();
+    heard = ch->WaitForStateChange(ChannelState::kReady, absl::Now() + absl::Seconds(10));
+  };
+  internal::SendFaults::RefuseRequests() = 1;
+  {
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(30));
+    EchoResponse resp;
+    const Status s = ch->Call(kEcho, &ctx, Req("lost before it went out"), &resp);
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.data(), "lost before it went out");
+  }
+  EXPECT_TRUE(heard) << "the channel did not hear of the loss before the refusal";
+  EXPECT_EQ(internal::SendFaults::RefuseRequests().load(), 0) << "nothing was refused";
+  auto f = parked.result.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const Status lost = f.get();
+  EXPECT_EQ(lost.code(), StatusCode::kUnavailable) << lost;
+  EXPECT_NE(lost.message().find("lost"), absl::string_view::npos) << lost;
+  EXPECT_EQ(ts.service.started.load(), 3);
+  const ChannelStats stats = ch->stats();
+  EXPECT_EQ(stats.connect_attempts, 2u);
+  EXPECT_EQ(stats.transparent_retries, 1u);
+}
+
 // After a failed attempt the channel does not try again before the backoff
 // ends, even for a call that comes meanwhile: that call waits for the next
 // attempt and its deadline ends it; destroying the channel wakes the wait.

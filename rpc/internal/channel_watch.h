@@ -30,20 +30,29 @@ class Channel::Watch final : public transport::ConnectionObserver {
   }
   void OnMayGoFaster(transport::Connection& conn) override { channel_->OnMayGoFaster(*this, conn); }
 
-  bool lost = false;     // Channel::mu_
-  bool go_away = false;  // Channel::mu_: the server's GOAWAY came on it
-  // Set under Channel::mu_ before `sending` gets its 1, and read by whoever
-  // brings `sending` to 1: the channel moved to a faster connection, so the
+  bool lost = false;      // Channel::mu_
+  absl::Status lost_why;  // Channel::mu_: what the calls still on it end with
+  bool go_away = false;   // Channel::mu_: the server's GOAWAY came on it
+  // Set under Channel::mu_ before `sending` gets its kGoAwayBit, and read by
+  // whoever acknowledges: the channel moved to a faster connection, so the
   // end of this one's drain tells the server nothing (it sent no GOAWAY).
   bool moved = false;
   bool done = false;  // Channel::watch_mu_
-  // Twice the requests being sent on this connection outside mu_ (they
-  // started under mu_ while it was conn_), plus one once the server's GOAWAY
-  // came. The acknowledgment promises the server that no request follows,
-  // so it goes after theirs: sent by whoever brings this to exactly 1
-  // (OnGoAway when none is under way, else the last of them, EndSend). No
-  // request starts on it after the GOAWAY, so it only falls from then on.
+  // kSender for each request being sent on this connection outside mu_ (they
+  // started under mu_ while it was conn_), plus kGoAwayBit once the server's
+  // GOAWAY came, plus kLostBit once the connection closed. No request starts
+  // on it after either, so the count only falls from then on, and whoever
+  // sees it at zero with a bit set does what the bit asks, once: OnGoAway or
+  // OnClosed when no send is under way, else the last of them (EndSend).
+  // - The acknowledgment of a GOAWAY promises the server that no request
+  //   follows, so it goes after theirs.
+  // - A request being sent as the connection closes may be refused unsent,
+  //   and then its call goes on the next connection (SendAgainUnsent); so
+  //   the calls still on it end as lost only after those sends.
   std::atomic<uint32_t> sending{0};
+  static constexpr uint32_t kGoAwayBit = 1;
+  static constexpr uint32_t kLostBit = 2;
+  static constexpr uint32_t kSender = 4;
 
  private:
   Channel* const channel_;

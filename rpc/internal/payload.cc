@@ -45,6 +45,7 @@ template <typename Write>
 absl::Status SendPayload(transport::Connection& conn, transport::OutboundMessage&& msg,
                          Attachment attachment, size_t message_size, const Write& write) {
   if (msg.header.kind == transport::MessageKind::kRequest && SendFaults::TakeRefusedRequest()) {
+    if (SendFaults::BeforeRefusal()) SendFaults::BeforeRefusal()(conn);
     return transport::RefusedUnsent(
         absl::StrCat("connection to ", conn.peer(), " is closed (SendFaults, a test's)"));
   }

@@ -9,6 +9,9 @@
 #define RDMARPC_RPC_INTERNAL_SEND_FAULTS_H_
 
 #include <atomic>
+#include <functional>
+
+#include "transport/transport.h"
 
 namespace rdmarpc::internal {
 
@@ -21,10 +24,20 @@ struct SendFaults {
     static std::atomic<int> n{0};
     return n;
   }
+  // Where set, runs on the connection of each request refused so, before
+  // the refusal: a test that closes it there, and waits for the channel to
+  // hear, has the loss come between the channel taking the connection for
+  // the call and the transport refusing the request. Set it before
+  // RefuseRequests, and clear it after.
+  static std::function<void(transport::Connection&)>& BeforeRefusal() {
+    static std::function<void(transport::Connection&)> f;
+    return f;
+  }
   static bool TakeRefusedRequest() {
     std::atomic<int>& n = RefuseRequests();
     if (n.load(std::memory_order_relaxed) <= 0) return false;
-    return n.fetch_sub(1, std::memory_order_relaxed) > 0;
+    // Acquire: BeforeRefusal was set before the count.
+    return n.fetch_sub(1, std::memory_order_acquire) > 0;
   }
 };
 
