@@ -60,6 +60,10 @@ struct RdmaCounters {
   // response room or (a window to bind, on Soft-RoCE) a quiet send queue.
   uint64_t credit_stalls = 0;
   uint64_t credit_messages = 0;      // credit-only frames sent
+  // Frames refused RESOURCE_EXHAUSTED because they would have passed
+  // RdmaOptions::max_backlog_bytes or max_backlog_bytes_total: peers that
+  // return no credits, or return them slower than calls come.
+  uint64_t backlog_refusals = 0;
   // kShrink frames sent to take back credits past a peer's window, as a
   // listening transport's windows shrink with more connections.
   uint64_t credit_shrinks = 0;

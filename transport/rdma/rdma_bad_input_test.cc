@@ -476,6 +476,7 @@ TEST(RdmaBadInput, APeerThatReturnsNoCreditsPinsNoMoreThanTheBacklogBound) {
   // while the backlog stays within its bound.
   const size_t held = options.max_backlog_bytes / (kHeaderSize + kAnswer);
   const size_t requests = kRawRecvs + held + 16;
+  const uint64_t refusals_before = Counters().backlog_refusals;
   for (uint64_t id = 1; id <= requests; ++id) {
     // Within its credit: the server keeps returning credit (kCredit frames
     // need none of ours), and a peer past it would lose its connection.
@@ -492,6 +493,7 @@ TEST(RdmaBadInput, APeerThatReturnsNoCreditsPinsNoMoreThanTheBacklogBound) {
     EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "RdmaOptions::max_backlog_bytes")) << s;
   }
+  EXPECT_EQ(Counters().backlog_refusals - refusals_before, refused.size());
   EXPECT_EQ(server.answerer.closed_count(), 0u);
   EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
 
@@ -532,6 +534,7 @@ TEST(RdmaBadInput, PeersThatReturnNoCreditsPinNoMoreThanTheTotalBacklogBound) {
   RawPeer first;
   RawPeer second;
   size_t requests = 0;
+  const uint64_t refusals_before = Counters().backlog_refusals;
   // kRawRecvs answers go out, `held` wait, kPastTheBounds are refused; each
   // request within the peer's credit, which the server keeps returning.
   const auto send_requests = [&](RawPeer& peer, size_t held) {
@@ -563,6 +566,7 @@ TEST(RdmaBadInput, PeersThatReturnNoCreditsPinNoMoreThanTheTotalBacklogBound) {
           << "\"" << part << "\" not in: " << refused[i];
     }
   }
+  EXPECT_EQ(Counters().backlog_refusals - refusals_before, refused.size());
   EXPECT_EQ(server.answerer.closed_count(), 0u);
   EXPECT_TRUE(good_observer.Call(**good, 1).ok()) << "the good client was not served";
 

@@ -310,6 +310,7 @@ absl::Status RdmaConnection::RoomInBacklogLocked(const Header& h, size_t frame) 
   const absl::string_view beyond = error ? ", and kQueuedErrorHeadroom of errors beyond it" : "";
   const size_t bound = endpoint_->options().max_backlog_bytes;
   if (backlog_bytes_ + frame > bound + headroom) {
+    Count(&RdmaCounters::backlog_refusals);
     return absl::ResourceExhaustedError(
         absl::StrCat("more than ", bound, " bytes of frames wait for credits from ", peer_, " on ",
                      endpoint_->device_name(), " (RdmaOptions::max_backlog_bytes", beyond,
@@ -317,6 +318,7 @@ absl::Status RdmaConnection::RoomInBacklogLocked(const Header& h, size_t frame) 
   }
   const size_t total_bound = endpoint_->options().max_backlog_bytes_total;
   if (endpoint_->backlog_bytes() + frame > total_bound + headroom) {
+    Count(&RdmaCounters::backlog_refusals);
     return absl::ResourceExhaustedError(
         absl::StrCat("more than ", total_bound, " bytes of frames wait for credits on ",
                      endpoint_->device_name(), " over all its connections, ", backlog_bytes_,
