@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "base/stage_trace.h"
 #include "base/steady_clock.h"
@@ -319,21 +320,26 @@ std::shared_ptr<transport::Connection> Channel::Start(
   const bool had_attachment = !attachment.empty();
   Status sent =
       internal::SendWithMessage(*conn, std::move(msg), std::move(attachment), request, size);
-  if (!sent.ok()) {
-    // Refused unsent as its connection closed: the server never saw it. Not
-    // one with an attachment, whose memory went with the refused send.
-    // Before EndSend, after which the connection's loss ends the calls left
-    // on it.
-    if (!had_attachment && transport::NeverSent(sent)) {
-      SendAgainUnsent(method, id, *conn, sent, request, size);
-    } else {
-      Complete(id, sent, nullptr, false);
-    }
-    EndSend(watch, *conn);
+  if (ABSL_PREDICT_FALSE(!sent.ok())) {
+    NotSent(method, id, *conn, watch, sent, had_attachment, request, size);
     return nullptr;
   }
   EndSend(watch, *conn);
   return conn;
+}
+
+void Channel::NotSent(const MethodInfo& method, uint64_t id, transport::Connection& conn,
+                      Watch* watch, const Status& why, bool had_attachment,
+                      const google::protobuf::MessageLite& request, size_t size) {
+  // Refused unsent as its connection closed: the server never saw it. Not
+  // one with an attachment, whose memory went with the refused send. Before
+  // EndSend, after which the connection's loss ends the calls left on it.
+  if (!had_attachment && transport::NeverSent(why)) {
+    SendAgainUnsent(method, id, conn, why, request, size);
+  } else {
+    Complete(id, why, nullptr, false);
+  }
+  EndSend(watch, conn);
 }
 
 void Channel::SendAgainUnsent(const MethodInfo& method, uint64_t id, transport::Connection& conn,
@@ -756,9 +762,14 @@ Channel::Watch* Channel::BeginSendLocked() {
 
 void Channel::EndSend(Watch* watch, transport::Connection& conn) {
   const uint32_t before = watch->sending.fetch_sub(Watch::kSender, std::memory_order_acq_rel);
-  if (before == Watch::kSender || before >= 2 * Watch::kSender) return;  // nothing, or not last
-  if (before & Watch::kGoAwayBit) AckGoAway(conn, /*tell_server=*/!watch->moved);
-  if (before & Watch::kLostBit) EndLostCalls(*watch, conn);
+  // The last send with a bit set: kSender plus 1 to 3. One comparison on the
+  // fast path.
+  if (before - (Watch::kSender + 1) < Watch::kSender - 1) EndLastSend(*watch, conn, before);
+}
+
+void Channel::EndLastSend(Watch& watch, transport::Connection& conn, uint32_t bits) {
+  if (bits & Watch::kGoAwayBit) AckGoAway(conn, /*tell_server=*/!watch.moved);
+  if (bits & Watch::kLostBit) EndLostCalls(watch, conn);
 }
 
 void Channel::AckGoAway(transport::Connection& conn, bool tell_server) {

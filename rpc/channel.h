@@ -65,6 +65,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
@@ -399,6 +400,11 @@ class Channel {
   // A call whose request the transport refused unsent on `conn`
   // (transport::kNeverSent: it closed under the send) waits for the next
   // connection, unless it ended meanwhile. Closes `conn`.
+  // A call whose request `conn` did not take, ending with `why` or sent
+  // again (SendAgainUnsent); then the send's EndSend.
+  void NotSent(const MethodInfo& method, uint64_t id, transport::Connection& conn, Watch* watch,
+               const Status& why, bool had_attachment, const google::protobuf::MessageLite& request,
+               size_t size);
   void SendAgainUnsent(const MethodInfo& method, uint64_t id, transport::Connection& conn,
                        const Status& why, const google::protobuf::MessageLite& request,
                        size_t size);
@@ -424,6 +430,10 @@ class Channel {
   // conn_: BeginSendLocked returns conn_'s Watch, to pass to EndSend.
   Watch* BeginSendLocked();
   void EndSend(Watch* watch, transport::Connection& conn);
+  // What the last send on a connection does for the bits of Watch::sending.
+  // Out of line, so that EndSend stays a few instructions that inline.
+  ABSL_ATTRIBUTE_NOINLINE void EndLastSend(Watch& watch, transport::Connection& conn,
+                                           uint32_t bits);
   // Ends the drain of `conn`: with tell_server, tells the server that no
   // new call follows on it (the answer to its GOAWAY); and closes it when no
   // call is left on it.

@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/base/attributes.h"
 #include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/internal/send_faults.h"
@@ -18,6 +19,14 @@ auto SerializeTo(const google::protobuf::MessageLite& message) {
   return [&message](char* out) {
     message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(out));
   };
+}
+
+// A request refused by SendFaults; out of line, as the fast path never
+// comes here.
+ABSL_ATTRIBUTE_NOINLINE absl::Status RefusedForTest(transport::Connection& conn) {
+  if (SendFaults::BeforeRefusal()) SendFaults::BeforeRefusal()(conn);
+  return transport::RefusedUnsent(
+      absl::StrCat("connection to ", conn.peer(), " is closed (SendFaults, a test's)"));
 }
 
 // BuildPayload for `message_size` bytes that `write(out)` puts at `out`.
@@ -45,9 +54,7 @@ template <typename Write>
 absl::Status SendPayload(transport::Connection& conn, transport::OutboundMessage&& msg,
                          Attachment attachment, size_t message_size, const Write& write) {
   if (msg.header.kind == transport::MessageKind::kRequest && SendFaults::TakeRefusedRequest()) {
-    if (SendFaults::BeforeRefusal()) SendFaults::BeforeRefusal()(conn);
-    return transport::RefusedUnsent(
-        absl::StrCat("connection to ", conn.peer(), " is closed (SendFaults, a test's)"));
+    return RefusedForTest(conn);
   }
   if (attachment.empty()) {
     msg.header.attachment_len = 0;
