@@ -397,14 +397,17 @@ class Channel {
   std::unique_ptr<Retry> MakeRetry(const MethodInfo& method, const ClientContext& ctx,
                                    const google::protobuf::MessageLite& request, size_t size);
   void Resend(uint64_t id);
-  // A call whose request the transport refused unsent on `conn`
-  // (transport::kNeverSent: it closed under the send) waits for the next
-  // connection, unless it ended meanwhile. Closes `conn`.
   // A call whose request `conn` did not take, ending with `why` or sent
   // again (SendAgainUnsent); then the send's EndSend.
   void NotSent(const MethodInfo& method, uint64_t id, transport::Connection& conn, Watch* watch,
                const Status& why, bool had_attachment, const google::protobuf::MessageLite& request,
                size_t size);
+  // A call whose request the transport refused unsent on `conn`
+  // (transport::kNeverSent: it closed under the send) waits for the next
+  // connection, unless it ended meanwhile or there is no memory for the
+  // copy of its request that waits (then it ends RESOURCE_EXHAUSTED).
+  // Closes `conn`; the channel lets go of it at once (with a call that
+  // ended meanwhile, when OnClosed comes).
   void SendAgainUnsent(const MethodInfo& method, uint64_t id, transport::Connection& conn,
                        const Status& why, const google::protobuf::MessageLite& request,
                        size_t size);
