@@ -4,15 +4,17 @@
 // the wire format ends only that connection, naming the peer; a well-formed
 // request that advertises more than the server accepts is answered
 // RESOURCE_EXHAUSTED without a READ and the connection goes on, as does a
-// server's response that advertises more than the client can take (its
-// buffer released at once); a response payload the peer never releases is revoked at the server's
-// release timeout; a peer that vanishes without a disconnect, as when its machine dies, is noticed
-// by the keepalive, and one that stops before its RTU by the probe at the accept timeout; a peer
-// whose rdma_cm private data is not our handshake is refused (a client) or named in a clear connect
-// error (a server); a peer that grants credits before it posts receives gets every response,
-// windows intact, once it does; a peer that sends past its credit, returns credit past the largest
-// window it granted or asks for credit back out of turn loses its connection, and one that keeps to
-// the rules does not. Throughout, a good client is served.
+// server's response that advertises more than the client can take (its buffer
+// released at once); a response payload the peer never releases is revoked at
+// the server's release timeout; a peer that vanishes without a disconnect, as
+// when its machine dies, is noticed by the keepalive, and one that stops before
+// its RTU by the probe at the accept timeout; a peer whose rdma_cm private data
+// is not our handshake is refused (a client) or named in a clear connect error
+// (a server); a peer that grants credits before it posts receives gets every
+// response, windows intact, once it does; a peer that sends past its credit,
+// returns credit past the largest window it granted or asks for credit back out
+// of turn loses its connection, and one that keeps to the rules does not.
+// Throughout, a good client is served.
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
