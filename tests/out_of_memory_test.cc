@@ -196,9 +196,7 @@ TEST_P(OutOfMemory, ACallWithNoMemoryForTheCopyItKeepsEndsResourceExhausted) {
 // from a copy of its request; with no memory for the copy it ends, and the
 // channel connects again for the next call.
 TEST_P(OutOfMemory, ACallRefusedUnsentWithNoMemoryToSendItAgainEndsResourceExhausted) {
-  struct Disarm {
-    ~Disarm() { internal::SendFaults::RefuseRequests() = 0; }
-  } disarm;
+  internal::SendFaults::Disarm disarm;
   EchoRequest request;
   request.mutable_data()->assign(kHuge, 'q');
   internal::SendFaults::RefuseRequests() = 1;

@@ -301,9 +301,7 @@ std::string AddressNobodyListensOn(const std::string& listen_addr) {
 // often as it takes (there is no RetryPolicy here). SendFaults opens that
 // window, microseconds wide in a real close, on purpose.
 TEST_P(RpcSuite, ACallRefusedUnsentAsItsConnectionClosedGoesOnTheNextOne) {
-  struct Disarm {
-    ~Disarm() { internal::SendFaults::RefuseRequests() = 0; }
-  } disarm;
+  internal::SendFaults::Disarm disarm;
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
   auto ch = MakeChannel(ts.address);
@@ -379,12 +377,7 @@ TEST_P(RpcSuite, ACallRefusedUnsentAsItsConnectionClosedGoesOnTheNextOne) {
 // refused the request. The calls sent on it end as lost (here one parked in
 // its handler); the one refused unsent goes on the next connection.
 TEST_P(RpcSuite, ACallWhoseConnectionWasLostBeforeItsRequestWentOutGoesOnTheNextOne) {
-  struct Disarm {
-    ~Disarm() {
-      internal::SendFaults::RefuseRequests() = 0;
-      internal::SendFaults::BeforeRefusal() = nullptr;
-    }
-  } disarm;
+  internal::SendFaults::Disarm disarm;
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
   auto ch = MakeChannel(ts.address);

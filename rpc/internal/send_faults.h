@@ -39,6 +39,14 @@ struct SendFaults {
     // Acquire: BeforeRefusal was set before the count.
     return n.fetch_sub(1, std::memory_order_acquire) > 0;
   }
+  // Disarms both when it goes out of scope, so that a failed test leaves no
+  // fault armed for the next: `SendFaults::Disarm disarm;` before arming.
+  struct Disarm {
+    ~Disarm() {
+      RefuseRequests() = 0;
+      BeforeRefusal() = nullptr;
+    }
+  };
 };
 
 }  // namespace rdmarpc::internal
