@@ -25,6 +25,7 @@
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "transport/rdma/counters.h"
+#include "transport/tcp/tcp_counters.h"
 
 ABSL_FLAG(std::string, address, "", "where the server listens, e.g. rdma://10.0.0.1:0");
 ABSL_FLAG(int, small_calls, 2000, "calls with a 64-byte payload (0: none)");
@@ -196,6 +197,9 @@ int main(int argc, char** argv) {
                   run(absl::GetFlag(FLAGS_large_calls), 1 << 20, false, "large") &&
                   run(absl::GetFlag(FLAGS_attachment_calls), 1 << 20, true, "attach");
   printf("rdma counters: %s\n", rdmarpc::transport::rdma::Counters().ToString().c_str());
+  // Over tcp://, or auto:// without a device.
+  const rdmarpc::transport::tcp::TcpCounters tcp = rdmarpc::transport::tcp::Counters();
+  if (tcp.connections_opened > 0) printf("tcp counters: %s\n", tcp.ToString().c_str());
   for (const auto& [method, calls] : (*server)->MethodCallCounts()) {
     printf("server calls: %s %llu\n", method.c_str(), static_cast<unsigned long long>(calls));
   }

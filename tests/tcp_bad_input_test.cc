@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/echo_service.h"
 #include "tests/raw_connection.h"
+#include "transport/tcp/tcp_counters.h"
 #include "transport/transport.h"
 #include "transport/wire_format.h"
 
@@ -55,10 +56,14 @@ class BadInputTest : public ::testing::Test {
 };
 
 TEST_F(BadInputTest, GarbageInsteadOfAHeaderClosesOnlyThatConnection) {
+  const transport::tcp::TcpCounters before = transport::tcp::Counters();
   RawClient bad(port_);
   bad.SendBytes(std::string("GET / HTTP/1.1\r\nHost: x\r\n\r\n") + std::string(64, 'z'));
   EXPECT_TRUE(bad.ClosedByPeer());
   ExpectGoodClientServed();
+  const transport::tcp::TcpCounters after = transport::tcp::Counters();
+  EXPECT_EQ(after.malformed_frames - before.malformed_frames, 1u);
+  EXPECT_EQ(after.connections_closed - before.connections_closed, 1u);
 }
 
 TEST_F(BadInputTest, LyingLengthBeyondTheWireLimitClosesTheConnection) {
@@ -140,6 +145,7 @@ TEST_F(BadInputTest, UnparsableRequestAndMetadataAreInvalidArgument) {
 }
 
 TEST_F(BadInputTest, OversizePayloadIsSkippedAndAnsweredResourceExhausted) {
+  const transport::tcp::TcpCounters before = transport::tcp::Counters();
   RawClient bad(port_);
   const std::string big(2 << 20, 'q');  // server limit is 1 MiB
   bad.SendFrame(Request(1, kEcho.id), "", big);
@@ -147,6 +153,7 @@ TEST_F(BadInputTest, OversizePayloadIsSkippedAndAnsweredResourceExhausted) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->header.status, static_cast<uint16_t>(StatusCode::kResourceExhausted));
   EXPECT_NE(r->payload.find("1048576"), std::string::npos) << r->payload;
+  EXPECT_EQ(transport::tcp::Counters().receive_refusals - before.receive_refusals, 1u);
   bad.SendFrame(Request(2, kEcho.id), "", EchoBytes("next"));
   r = bad.ReadFrame();
   ASSERT_TRUE(r);

@@ -25,6 +25,7 @@
 #include "rpc/server.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/testing/rdma_test_env.h"
+#include "transport/tcp/tcp_counters.h"
 
 namespace rdmarpc {
 namespace {
@@ -256,6 +257,7 @@ void RunCutClient(const std::string& address, const std::vector<std::string>& wh
   auto stub = examples::Echo::NewStub(*channel);
   Status s = CallUntilAnswered(*stub);
   ASSERT_TRUE(s.ok()) << "server never answered: " << s;
+  const uint64_t tcp_timeouts_before = transport::tcp::Counters().peer_timeouts;
 
   // No deadlines: only the transport can end these calls.
   const auto call = [&stub](const std::string& payload) {
@@ -283,6 +285,9 @@ void RunCutClient(const std::string& address, const std::vector<std::string>& wh
     for (const std::string& word : why) EXPECT_NE(s.message().find(word), std::string::npos) << s;
   }
   EXPECT_LT(took, kCutFor) << "not noticed while the wire was down";
+  // Over TCP the one connection's end was the peer watch's verdict.
+  const bool over_tcp = address.rfind("tcp://", 0) == 0;
+  EXPECT_EQ(transport::tcp::Counters().peer_timeouts - tcp_timeouts_before, over_tcp ? 1u : 0u);
 }
 
 // The cut-wire test over `scheme` on `port`, in whichever role this VM has;

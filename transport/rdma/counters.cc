@@ -3,10 +3,8 @@
 #include <dirent.h>
 
 #include <cstdio>
-#include <iterator>
 #include <mutex>
 #include <set>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -75,94 +73,12 @@ constexpr Field kFields[] = {
     &RdmaCounters::caller_completions,
     &RdmaCounters::device_events,
 };
-constexpr bool FieldsDistinct() {
-  for (size_t i = 0; i < std::size(kFields); ++i) {
-    for (size_t j = i + 1; j < std::size(kFields); ++j) {
-      if (kFields[i] == kFields[j]) return false;
-    }
-  }
-  return true;
-}
-static_assert(sizeof(RdmaCounters) == std::size(kFields) * sizeof(uint64_t) && FieldsDistinct(),
+static_assert(base::ShardedCounts<RdmaCounters>::ListsEveryFieldOnce(kFields),
               "kFields must list every field of RdmaCounters once");
-
-// One thread's counts. Its owner writes with relaxed atomic stores of its
-// own load plus n (one writer: no read-modify-write needed); Counters()
-// reads with relaxed loads. A shard outlives its thread and passes to a
-// later one with its counts in it, so a sum over shards never loses what
-// an exited thread counted; the registry mutex orders the hand-over.
-struct alignas(64) Shard {
-  RdmaCounters counts;
-  bool in_use = false;  // guarded by RegistryMu()
-};
-
-std::mutex& RegistryMu() {
-  static auto* mu = new std::mutex;
-  return *mu;
-}
-std::vector<Shard*>& Shards() {  // guarded by RegistryMu(); never shrinks
-  static auto* shards = new std::vector<Shard*>;
-  return *shards;
-}
-// Counts made by a thread while it exits, after its shard went back: shared,
-// so added to atomically.
-Shard& LateShard() {
-  static Shard* shard = new Shard;
-  return *shard;
-}
-
-thread_local bool tls_exited = false;
-
-// Gives the thread's shard back when the thread exits.
-struct ShardReturn {
-  Shard* shard = nullptr;
-  ~ShardReturn() {
-    std::lock_guard<std::mutex> lock(RegistryMu());
-    if (shard != nullptr) shard->in_use = false;
-    internal::tls_counts = nullptr;
-    tls_exited = true;
-  }
-};
-
-Shard* AcquireShard() {
-  thread_local ShardReturn give_back_at_exit;
-  std::lock_guard<std::mutex> lock(RegistryMu());
-  Shard* shard = nullptr;
-  for (Shard* s : Shards()) {
-    if (!s->in_use) {
-      shard = s;
-      break;
-    }
-  }
-  if (shard == nullptr) shard = Shards().emplace_back(new Shard);
-  shard->in_use = true;
-  give_back_at_exit.shard = shard;
-  return shard;
-}
 
 }  // namespace
 
-namespace internal {
-void CountSlow(Field field, uint64_t n) {
-  if (tls_exited) {
-    __atomic_fetch_add(&(LateShard().counts.*field), n, __ATOMIC_RELAXED);
-    return;
-  }
-  tls_counts = &AcquireShard()->counts;
-  Count(field, n);
-}
-}  // namespace internal
-
-RdmaCounters Counters() {
-  RdmaCounters sum;
-  std::lock_guard<std::mutex> lock(RegistryMu());
-  const auto add = [&sum](const Shard& s) {
-    for (Field f : kFields) sum.*f += __atomic_load_n(&(s.counts.*f), __ATOMIC_RELAXED);
-  };
-  for (const Shard* s : Shards()) add(*s);
-  add(LateShard());
-  return sum;
-}
+RdmaCounters Counters() { return base::ShardedCounts<RdmaCounters>::Sum(kFields); }
 
 void NoteDeviceInUse(const std::string& device) {
   std::lock_guard<std::mutex> lock(DevicesMu());

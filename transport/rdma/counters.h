@@ -9,22 +9,16 @@
 // are counted by the device, not by us (a retried SEND completes like any
 // other): ReadDeviceRnrNaks.
 //
-// Why sharded: every SEND and every receive counts, on whichever thread does
-// it (callers driving their own completions, pollers, workers). One shared
-// set of atomics would bounce its cache lines between all those cores on
-// each message; so each thread counts in a shard of its own with plain
-// (relaxed, unlocked) stores, and Counters() adds the shards up.
-// bench/counter_bench.cc measures the two side by side.
-//
-// What not to rely on: Counters() is a snapshot, not a fast path (it takes
-// a lock and reads every shard), and counts made on other threads at the
-// same moment may be in it or not; a count made before Counters() on the
-// same thread, or on a thread joined or synchronized with since, is in it.
+// Sharded per thread (base/sharded_counts.h), so counting costs a few plain
+// instructions and shares no cache line; Counters() is a snapshot that adds
+// the shards up (a lock and every shard: not a fast path).
 #ifndef RDMARPC_TRANSPORT_RDMA_COUNTERS_H_
 #define RDMARPC_TRANSPORT_RDMA_COUNTERS_H_
 
 #include <cstdint>
 #include <string>
+
+#include "base/sharded_counts.h"
 
 namespace rdmarpc::transport::rdma {
 
@@ -109,20 +103,10 @@ struct RdmaCounters {
 // The sum over all threads' shards, now.
 RdmaCounters Counters();
 
-namespace internal {
-// The calling thread's shard; null before its first count and after its exit.
-inline thread_local RdmaCounters* tls_counts = nullptr;
-void CountSlow(RdmaCounters::Field field, uint64_t n);
-}  // namespace internal
-
 // Adds n to one counter in the calling thread's shard, e.g.
-// Count(&RdmaCounters::sends). A few plain instructions: no lock, no
-// read-modify-write shared with other threads (a shard has one writer).
+// Count(&RdmaCounters::sends).
 inline void Count(RdmaCounters::Field field, uint64_t n = 1) {
-  RdmaCounters* counts = internal::tls_counts;
-  if (__builtin_expect(counts == nullptr, 0)) return internal::CountSlow(field, n);
-  uint64_t* v = &(counts->*field);
-  __atomic_store_n(v, __atomic_load_n(v, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
+  base::ShardedCounts<RdmaCounters>::Add(field, n);
 }
 // Takes n from a gauge (registered_bytes).
 inline void Uncount(RdmaCounters::Field field, uint64_t n) { Count(field, uint64_t{0} - n); }

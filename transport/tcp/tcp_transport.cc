@@ -34,9 +34,13 @@
 #include "transport/listen_on_each.h"
 #include "transport/tcp/peer_watch.h"
 #include "transport/tcp/receive_budget.h"
+#include "transport/tcp/tcp_counters.h"
 
 namespace rdmarpc::transport {
 namespace {
+
+using tcp::Count;
+using tcp::TcpCounters;
 
 constexpr size_t kReadChunk = 64 * 1024;
 // What a finishing connection reads away at most (kReadChunk each): more
@@ -379,6 +383,7 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
        transport_->queued_send_bytes_.load(std::memory_order_relaxed) + out.size() > total_bound)) {
     const bool error = IsErrorResponse(h);
     if (!error || error_headroom_used_ + out.size() > kQueuedErrorHeadroom) {
+      Count(&TcpCounters::send_refusals);
       const absl::string_view headroom =
           error ? ", and kQueuedErrorHeadroom of errors beyond it" : "";
       if (over_connection) {
@@ -398,11 +403,13 @@ absl::Status TcpConnection::Send(OutboundMessage&& msg) {
   queue_.push_back(std::move(out));
   // Behind the held kHello (which is in the queue), or a pending flush.
   if (queue_.size() > 1) {
+    Count(&TcpCounters::frames_queued);
     CountQueuedLocked();
     return absl::OkStatus();
   }
   const absl::Status s = FlushLocked();
   if (!s.ok()) Close();  // the I/O thread reports it via OnClosed
+  if (!queue_.empty()) Count(&TcpCounters::frames_queued);
   return absl::OkStatus();
 }
 
@@ -462,6 +469,8 @@ absl::Status TcpConnection::FlushLocked() {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       return absl::UnavailableError(absl::StrCat("write to ", peer_, ": ", ErrnoText(errno)));
     }
+    Count(&TcpCounters::sendmsg_calls);
+    Count(&TcpCounters::bytes_sent, static_cast<uint64_t>(w));
     size_t left = static_cast<size_t>(w);
     while (left > 0 && !queue_.empty()) {
       Outgoing& front = queue_.front();
@@ -469,6 +478,7 @@ absl::Status TcpConnection::FlushLocked() {
       front.sent += take;
       left -= take;
       if (front.sent == front.size()) {
+        Count(&TcpCounters::frames_sent);
         queued_bytes_ -= front.size();
         if (front.in_error_headroom) error_headroom_used_ -= front.size();
         queue_.pop_front();
@@ -528,6 +538,7 @@ void TcpConnection::OnReadable() {
       if (r < 0 && errno == EINTR) continue;
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (r < 0 && errno == ETIMEDOUT) {
+        Count(&TcpCounters::peer_timeouts);
         return Finish(absl::UnavailableError(
             absl::StrCat("connection to ", peer_,
                          " timed out in the kernel: its retransmissions or keepalive probes "
@@ -544,6 +555,7 @@ void TcpConnection::OnReadable() {
             "connection to ", peer_, closing_.load() ? " closed" : " closed by peer",
             mid_frame ? " in the middle of a frame" : "")));
       }
+      Count(&TcpCounters::bytes_received, static_cast<uint64_t>(r));
       if (stage_ == Stage::kSkip) {
         skip_left_ -= r;
       } else if (stage_ == Stage::kPayload && !incoming_->Count(r)) {
@@ -555,6 +567,7 @@ void TcpConnection::OnReadable() {
     }
     const absl::Status s = FrameProgress();
     if (!s.ok()) {
+      Count(&TcpCounters::malformed_frames);
       fprintf(stderr, "rdmarpc[%s]: closing %s: malformed frame: %s\n",
               transport_->options_.name.c_str(), peer_.c_str(), std::string(s.message()).c_str());
       return Finish(absl::InternalError(
@@ -604,6 +617,7 @@ absl::Status TcpConnection::FrameProgress() {
                 transport_->options_.name.c_str(),
                 std::string(in_.payload_status.message()).c_str());
       }
+      Count(&TcpCounters::receive_refusals);
       skip_left_ = len;
       stage_ = Stage::kSkip;
       return FrameProgress();
@@ -623,6 +637,7 @@ absl::Status TcpConnection::FrameProgress() {
 }
 
 void TcpConnection::SkipPayload(absl::Status refused) {
+  Count(&TcpCounters::receive_refusals);
   skip_left_ = incoming_->size() - got_;
   incoming_.reset();
   in_.payload_status = std::move(refused);
@@ -630,6 +645,7 @@ void TcpConnection::SkipPayload(absl::Status refused) {
 }
 
 void TcpConnection::Deliver() {
+  Count(&TcpCounters::frames_received);
   stage_ = Stage::kHeader;
   got_ = 0;
   InboundMessage msg = std::move(in_);
@@ -650,6 +666,7 @@ void TcpConnection::Deliver() {
 void TcpConnection::Finish(absl::Status why) {
   if (finished_) return;
   finished_ = true;
+  Count(&TcpCounters::connections_closed);
   {
     std::lock_guard<std::mutex> lock(send_mu_);
     send_closed_ = true;
@@ -683,6 +700,7 @@ void TcpConnection::WatchPeer(absl::Time now) {
   signals.probe_unanswered = info.tcpi_probes > 0;
   signals.last_ack = now - absl::Milliseconds(info.tcpi_last_ack_recv);
   if (!watch_.Dead(signals, now)) return;
+  Count(&TcpCounters::peer_timeouts);
   Finish(absl::UnavailableError(
       absl::StrCat("connection to ", peer_, " timed out: nothing acknowledged for ",
                    transport_->tcp_.peer_timeout_ms, " ms (TcpOptions::peer_timeout_ms) while ",
@@ -767,7 +785,10 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
           nullptr, /*server_tcp_alone=*/false, id_);
       conn->HoldHello(/*tcp_alone=*/!beside_rdma_);
       ConnectionObserver* observer = on_accept_(conn);
-      if (observer == nullptr) continue;  // refused: conn closes its fd
+      if (observer == nullptr) {  // refused: conn closes its fd
+        Count(&TcpCounters::accepts_refused);
+        continue;
+      }
       conn->set_observer(observer);
       transport_->Adopt(conn);
       conn->SendHello();
@@ -897,6 +918,7 @@ void TcpTransport::WatchPeersIfDue() {
 }
 
 void TcpTransport::PauseAccepts(IoHandler* listener, int fd) {
+  Count(&TcpCounters::accept_pauses);
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   paused_accepts_.push_back(PausedAccept{listener, fd, SteadyNow() + kAcceptPause});
 }
@@ -946,6 +968,7 @@ void TcpTransport::Adopt(std::shared_ptr<TcpConnection> conn) {
   ev.events = EPOLLIN | EPOLLRDHUP;
   ev.data.ptr = static_cast<IoHandler*>(conn.get());
   const int fd = conn->fd();
+  Count(&TcpCounters::connections_opened);
   conns_[fd] = std::move(conn);
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
 }

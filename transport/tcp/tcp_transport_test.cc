@@ -1,12 +1,13 @@
 // TcpTransport against a raw socket peer: what a peer that stops reading can
-// make a sender hold, and that it is not taken for dead; closing a connection from our side, and a
-// connect that waits on a peer that does not answer; the keepalive and peer timeout the
-// connection's socket gets; a connect that returns only once the server took
-// the connection (kHello); Delivered waiting for the peer's acknowledgment;
-// what the kHello said of the server's port, even to a client that reads
-// slowly; a listener destroyed while its events are due; a server out of
-// file descriptors; the bound on what all connections queue, and on the
-// payloads received and held.
+// make a sender hold, and that it is not taken for dead; closing a
+// connection from our side, and a connect that waits on a peer that does not
+// answer; the keepalive and peer timeout the connection's socket gets; a
+// connect that returns only once the server took the connection (kHello);
+// Delivered waiting for the peer's acknowledgment; what the kHello said of
+// the server's port, even to a client that reads slowly; a listener
+// destroyed while its events are due; a server out of file descriptors; the
+// bound on what all connections queue, and on the payloads received and
+// held; and what the counters (tcp_counters.h) count of these.
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
@@ -33,6 +34,7 @@
 #include "base/cpu_time.h"
 #include "gtest/gtest.h"
 #include "transport/attempt_errors.h"
+#include "transport/tcp/tcp_counters.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc::transport {
@@ -183,11 +185,30 @@ absl::Status SendRequest(Connection& conn, size_t payload_bytes) {
   return conn.Send(std::move(m));
 }
 
+// What the TCP counters counted since `before`, field by field.
+tcp::TcpCounters CountedSince(const tcp::TcpCounters& before) {
+  tcp::TcpCounters now = tcp::Counters();
+  for (tcp::TcpCounters::Field f :
+       {&tcp::TcpCounters::frames_sent, &tcp::TcpCounters::bytes_sent,
+        &tcp::TcpCounters::sendmsg_calls, &tcp::TcpCounters::frames_queued,
+        &tcp::TcpCounters::send_refusals, &tcp::TcpCounters::frames_received,
+        &tcp::TcpCounters::bytes_received, &tcp::TcpCounters::receive_refusals,
+        &tcp::TcpCounters::malformed_frames, &tcp::TcpCounters::peer_timeouts,
+        &tcp::TcpCounters::connections_opened, &tcp::TcpCounters::connections_closed,
+        &tcp::TcpCounters::accepts_refused, &tcp::TcpCounters::accept_pauses}) {
+    now.*f -= before.*f;
+  }
+  return now;
+}
+
 // A peer that stops reading pins at most TcpOptions::max_queued_send_bytes of the
 // sender's memory: Send refuses RESOURCE_EXHAUSTED naming the bound, loses
 // nothing it took, and takes frames again once the peer reads. A cancel is
 // taken past the bound: refused, the server would work on for nothing.
+// The counters show the refusals, the frames that waited and the frames and
+// bytes that went.
 TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
+  const tcp::TcpCounters before = tcp::Counters();
   SilentPeer peer;
   NoObserver observer;  // outlives the transport, which calls it
   TransportOptions options;
@@ -224,10 +245,28 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   EXPECT_TRUE((*conn)->Send(std::move(cancel)).ok()) << "a full queue refused a cancel";
   EXPECT_FALSE(SendRequest(**conn, 0).ok()) << "the cancel reopened the queue to requests";
 
+  EXPECT_EQ(CountedSince(before).send_refusals, 3u);
+
   const size_t sent = taken * kFrame + (headers + 1) * kHeaderSize;
   EXPECT_EQ(peer.ReadUpTo(sent), sent) << "frames Send took were lost";
   EXPECT_TRUE(send_one().ok()) << "the connection stayed refused after its peer read";
   EXPECT_EQ(peer.ReadUpTo(kFrame), kFrame);
+  // A frame is counted once its last bytes went, which the peer may read
+  // first: wait for the count.
+  const uint64_t frames = taken + headers + 2;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (CountedSince(before).frames_sent < frames && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const tcp::TcpCounters counted = CountedSince(before);
+  EXPECT_EQ(counted.frames_sent, frames);
+  EXPECT_EQ(counted.bytes_sent, sent + kFrame);
+  EXPECT_EQ(counted.send_refusals, 3u);
+  // All but those the socket took whole at once, before it filled.
+  EXPECT_GE(counted.frames_queued, headers + 1);
+  EXPECT_LT(counted.frames_queued, frames);
+  EXPECT_EQ(counted.connections_opened, 1u);
+  EXPECT_EQ(counted.connections_closed, 0u);
 }
 
 // Peers that stop reading pin at most TcpOptions::max_queued_send_bytes_total
@@ -370,6 +409,7 @@ std::string ResponseHeader(uint64_t call_id, size_t payload) {
 // meanwhile), and its connection goes on. A frame announced and not yet
 // sent holds none of it, so it cannot keep other peers' messages out.
 TEST(TcpTransport, ReceivedPayloadsHeldAreBoundedAcrossConnections) {
+  const tcp::TcpCounters before = tcp::Counters();
   constexpr size_t kMiB = size_t{1} << 20;
   constexpr size_t kBound = 4 * kMiB;
   const std::string mib(kMiB, 'r');
@@ -441,6 +481,12 @@ TEST(TcpTransport, ReceivedPayloadsHeldAreBoundedAcrossConnections) {
   ASSERT_TRUE(slow.Write(ResponseHeader(7, 0)));  // no payload: taken with the bound full
   expect_taken(7, 0);
   EXPECT_EQ(keeper.closed(), 0u) << "a refused frame closed its connection";
+  const tcp::TcpCounters counted = CountedSince(before);
+  EXPECT_EQ(counted.receive_refusals, 3u);
+  EXPECT_EQ(counted.frames_received, 7u);
+  EXPECT_EQ(counted.bytes_received, 7 * kHeaderSize + 8 * kMiB + 2 * kBound + 1);
+  EXPECT_EQ(counted.connections_opened, 2u);
+  EXPECT_EQ(counted.connections_closed, 0u);
 }
 
 // A peer that stops reading but whose kernel answers (a handler running
@@ -473,6 +519,7 @@ TEST(TcpTransport, APeerThatStopsReadingIsNotTakenForDead) {
 // Close ends the connection from our side: the peer sees it closed, the
 // observer hears of it once, and a Send after it fails UNAVAILABLE.
 TEST(TcpTransport, CloseEndsTheConnectionOnceAndRefusesLaterSends) {
+  const tcp::TcpCounters before = tcp::Counters();
   SilentPeer peer;
   NoObserver observer;  // outlives the transport, which calls it
   TransportOptions options;
@@ -488,6 +535,10 @@ TEST(TcpTransport, CloseEndsTheConnectionOnceAndRefusesLaterSends) {
   const absl::Status late = (*conn)->Send(std::move(m));
   EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
   EXPECT_NE(late.message().find("is closed"), absl::string_view::npos) << late;
+  const tcp::TcpCounters counted = CountedSince(before);
+  EXPECT_EQ(counted.connections_opened, 1u);
+  EXPECT_EQ(counted.connections_closed, 1u);
+  EXPECT_EQ(counted.peer_timeouts, 0u);
 }
 
 // A connect with no deadline to a peer whose SYNs go unanswered (here: its
@@ -646,8 +697,10 @@ TEST(TcpTransport, ConnectReturnsOnlyOnceTheServerTookTheConnection) {
 }
 
 // A connection the server's runtime refuses (on_accept returns null: it is
-// shutting down) fails the client's Connect, and one it takes carries frames.
+// shutting down) fails the client's Connect, and one it takes carries frames;
+// the counters count each.
 TEST(TcpTransport, AConnectionTheServerRefusesFailsTheConnect) {
+  const tcp::TcpCounters before = tcp::Counters();
   NoObserver client_observer;
   NoObserver server_observer;
   std::atomic<bool> refuse{true};
@@ -675,6 +728,18 @@ TEST(TcpTransport, AConnectionTheServerRefusesFailsTheConnect) {
   m.header.call_id = 7;
   ASSERT_TRUE((*taken)->Send(std::move(m)).ok());
   EXPECT_EQ(server_observer.FirstCallId(absl::Seconds(10)), 7u) << "the frame never arrived";
+  // The refused connection counts nothing else; the taken one carried the
+  // server's kHello and the request, a sendmsg each.
+  const tcp::TcpCounters counted = CountedSince(before);
+  EXPECT_EQ(counted.accepts_refused, 1u);
+  EXPECT_EQ(counted.connections_opened, 2u) << "the taken connection, at each end";
+  EXPECT_EQ(counted.frames_sent, 2u);
+  EXPECT_EQ(counted.sendmsg_calls, 2u);
+  EXPECT_EQ(counted.bytes_sent, 2 * kHeaderSize);
+  // The client's Connect reads the kHello itself, before its connection.
+  EXPECT_EQ(counted.frames_received, 1u);
+  EXPECT_EQ(counted.bytes_received, kHeaderSize);
+  EXPECT_EQ(counted.frames_queued, 0u);
 }
 
 // A client's connection knows what the server's kHello said of its port:
@@ -959,6 +1024,7 @@ class DescriptorsRunOut {
 // I/O thread that serves every connection. Once a descriptor is free, the
 // waiting client is taken. It says so once, not at each try.
 TEST(TcpTransport, AServerOutOfDescriptorsWaitsAsleepAndTakesTheClientLater) {
+  const tcp::TcpCounters before = tcp::Counters();
   NoObserver server_observer;  // outlives the transport, which calls it
   TransportOptions options;
   options.name = "starved-server";
@@ -1011,6 +1077,11 @@ TEST(TcpTransport, AServerOutOfDescriptorsWaitsAsleepAndTakesTheClientLater) {
   EXPECT_EQ(lines, 1u) << log.substr(0, 2000);
   EXPECT_NE(log.find("raise `ulimit -n`"), std::string::npos) << log.substr(0, 2000);
   EXPECT_NE(log.find("accepting on tcp://127.0.0.1:"), std::string::npos) << log.substr(0, 2000);
+  const tcp::TcpCounters counted = CountedSince(before);
+  // The wait was ~550 ms, a pause each kAcceptPause (100 ms).
+  EXPECT_GE(counted.accept_pauses, 1u);
+  EXPECT_LE(counted.accept_pauses, 10u);
+  EXPECT_EQ(counted.connections_opened, 1u);
 }
 
 // A client out of file descriptors (socket: EMFILE), as one that holds as
