@@ -26,9 +26,10 @@
 //   owner (Drop) or the payloads. One atomic word holds both, the owner's
 //   share as kOwner, so a payload costs one read-modify-write when its bytes
 //   arrive and one when it is released, with no reference count of its own.
-// - Metadata (at most kMaxMetadataBytes a frame) is not counted, nor is
-//   what waits to be sent (TcpOptions::max_queued_send_bytes and
-//   max_queued_send_bytes_total bound that).
+// - Metadata (at most kMaxMetadataBytes a frame, which takes memory only as
+//   its bytes arrive) is not counted, nor is what waits to be sent
+//   (TcpOptions::max_queued_send_bytes and max_queued_send_bytes_total bound
+//   that).
 #ifndef RDMARPC_TRANSPORT_TCP_RECEIVE_BUDGET_H_
 #define RDMARPC_TRANSPORT_TCP_RECEIVE_BUDGET_H_
 

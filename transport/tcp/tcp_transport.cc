@@ -521,8 +521,11 @@ void TcpConnection::OnReadable() {
         want = kHeaderSize - got_;
         break;
       case Stage::kMetadata:
-        dst = in_.metadata.data() + got_;
-        want = in_.metadata.size() - got_;
+        // Through the scratch, appended as it comes: a header announces up
+        // to kMaxMetadataBytes, and memory taken then would let peers that
+        // send no more hold that much each.
+        dst = scratch;
+        want = std::min<size_t>(in_.header.metadata_len - got_, sizeof scratch);
         break;
       case Stage::kPayload:
         dst = incoming_->data() + got_;
@@ -558,6 +561,9 @@ void TcpConnection::OnReadable() {
       Count(&TcpCounters::bytes_received, static_cast<uint64_t>(r));
       if (stage_ == Stage::kSkip) {
         skip_left_ -= r;
+      } else if (stage_ == Stage::kMetadata) {
+        in_.metadata.append(scratch, r);
+        got_ += r;
       } else if (stage_ == Stage::kPayload && !incoming_->Count(r)) {
         got_ += r;
         SkipPayload(transport_->receive_budget_->Exceeded(incoming_->size(), peer_));
@@ -587,13 +593,12 @@ absl::Status TcpConnection::FrameProgress() {
       if (in_.header.remote_payload()) {
         return absl::InvalidArgumentError("remote payload over TCP");
       }
-      in_.metadata.resize(in_.header.metadata_len);
       got_ = 0;
       stage_ = Stage::kMetadata;
       return FrameProgress();
     }
     case Stage::kMetadata: {
-      if (got_ < in_.metadata.size()) return absl::OkStatus();
+      if (got_ < in_.header.metadata_len) return absl::OkStatus();
       got_ = 0;
       const uint32_t len = in_.header.payload_len;
       if (len == 0) {

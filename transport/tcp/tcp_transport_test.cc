@@ -40,6 +40,15 @@
 namespace rdmarpc::transport {
 namespace {
 
+// 127.0.0.1:`port`, for a raw socket.
+sockaddr_in Loopback(int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  return a;
+}
+
 class NoObserver : public ConnectionObserver {
  public:
   void OnMessage(Connection&, InboundMessage&& msg) override {
@@ -93,9 +102,7 @@ class SilentPeer {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     const int small = 64 << 10;
     setsockopt(listen_fd_, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);  // accepted ones inherit
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sockaddr_in a = Loopback(0);
     EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
     EXPECT_EQ(listen(listen_fd_, backlog), 0) << strerror(errno);
     socklen_t len = sizeof a;
@@ -356,8 +363,10 @@ class Keeper : public ConnectionObserver {
     closed_.push_back(why);
   }
   // Whether the message `call_id` came within 10 s; *status is its
-  // payload_status and *size its payload's size.
-  bool Await(uint64_t call_id, absl::Status* status, size_t* size) {
+  // payload_status, *size its payload's size and *metadata_size (unless
+  // null) its metadata's.
+  bool Await(uint64_t call_id, absl::Status* status, size_t* size,
+             size_t* metadata_size = nullptr) {
     const absl::Time until = absl::Now() + absl::Seconds(10);
     for (;;) {
       {
@@ -366,6 +375,7 @@ class Keeper : public ConnectionObserver {
           if (m.header.call_id != call_id) continue;
           *status = m.payload_status;
           *size = m.payload.size();
+          if (metadata_size != nullptr) *metadata_size = m.metadata.size();
           return true;
         }
       }
@@ -487,6 +497,103 @@ TEST(TcpTransport, ReceivedPayloadsHeldAreBoundedAcrossConnections) {
   EXPECT_EQ(counted.bytes_received, 7 * kHeaderSize + 8 * kMiB + 2 * kBound + 1);
   EXPECT_EQ(counted.connections_opened, 2u);
   EXPECT_EQ(counted.connections_closed, 0u);
+}
+
+// This process's resident memory, in bytes.
+int64_t ResidentBytes() {
+  FILE* f = fopen("/proc/self/statm", "r");
+  long long pages = 0;
+  long long resident = 0;
+  if (f != nullptr) {
+    if (fscanf(f, "%lld %lld", &pages, &resident) != 2) resident = 0;
+    fclose(f);
+  }
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// A frame takes memory as its bytes arrive, not when its header announces
+// them: peers that each announce the most metadata a frame may carry
+// (kMaxMetadataBytes), or a 4 MiB payload, and send none of it cost a server
+// next to nothing each, so its memory stays flat however many such
+// connections it holds. A frame whose metadata does come is delivered with
+// all of it.
+TEST(TcpTransport, AnnouncedBytesTakeNoMemoryUntilTheyCome) {
+  constexpr size_t kPeers = 300;  // of each kind
+  constexpr uint32_t kPayload = 4 << 20;
+  rlimit files{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &files), 0);
+  if (files.rlim_cur < 6 * kPeers) {
+    rlimit more = files;
+    more.rlim_cur = std::min<rlim_t>(files.rlim_max, 6 * kPeers);
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &more), 0) << strerror(errno);
+  }
+  Keeper keeper;  // outlives the transport, which calls it
+  TransportOptions options;
+  options.name = "announcements-server";
+  TcpTransport server(options);
+  auto listener =
+      server.Listen(*ParseAddress("tcp://127.0.0.1:0"),
+                    [&](std::shared_ptr<Connection>) -> ConnectionObserver* { return &keeper; });
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  const sockaddr_in to = Loopback((*listener)->address().port);
+  std::vector<int> peers;
+  // kPeers more peers, each sending a request header announcing
+  // `metadata_len` and `payload_len` bytes and nothing more; how much the
+  // process's resident memory grew once the server read them all.
+  const auto announce = [&](uint32_t metadata_len, uint32_t payload_len) -> int64_t {
+    Header h;
+    h.kind = MessageKind::kRequest;
+    h.call_id = 1;
+    h.metadata_len = metadata_len;
+    h.payload_len = payload_len;
+    char header[kHeaderSize];
+    EncodeHeader(h, header);
+    const tcp::TcpCounters before = tcp::Counters();
+    const int64_t resident_before = ResidentBytes();
+    for (size_t i = 0; i < kPeers; ++i) {
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      EXPECT_GE(fd, 0) << strerror(errno);
+      peers.push_back(fd);
+      EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to), 0)
+          << strerror(errno);
+      EXPECT_EQ(write(fd, header, sizeof header), static_cast<ssize_t>(sizeof header));
+    }
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (CountedSince(before).bytes_received < kPeers * kHeaderSize && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(CountedSince(before).bytes_received, kPeers * kHeaderSize)
+        << "the server did not read every header";
+    const int64_t grown = ResidentBytes() - resident_before;
+    printf(
+        "%zu connections announcing %u bytes of metadata and %u of payload: %lld bytes more "
+        "resident\n",
+        kPeers, metadata_len, payload_len, static_cast<long long>(grown));
+    return grown;
+  };
+  // Taken at once, the metadata would be 19 MiB and the payloads 1.2 GiB;
+  // what each connection costs besides comes to 0.2-5 KiB here, and up to
+  // 20 KiB under the sanitizers.
+  EXPECT_LT(announce(kMaxMetadataBytes, 0), static_cast<int64_t>(kPeers * kMaxMetadataBytes / 2))
+      << "announced metadata took memory before it came";
+  EXPECT_LT(announce(0, kPayload), static_cast<int64_t>(kPeers * kPayload / 16))
+      << "announced payloads took memory before they came";
+  EXPECT_EQ(server.received_bytes_held(), 0u);
+
+  const std::string metadata(kMaxMetadataBytes, 'm');
+  const size_t first = metadata.size() / 3;
+  ASSERT_EQ(write(peers[0], metadata.data(), first), static_cast<ssize_t>(first));
+  ASSERT_EQ(write(peers[0], metadata.data() + first, metadata.size() - first),
+            static_cast<ssize_t>(metadata.size() - first));
+  absl::Status status;
+  size_t size = 1;
+  size_t metadata_size = 0;
+  ASSERT_TRUE(keeper.Await(1, &status, &size, &metadata_size)) << "the frame never came";
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(size, 0u);
+  EXPECT_EQ(metadata_size, kMaxMetadataBytes);
+  for (const int fd : peers) close(fd);
+  setrlimit(RLIMIT_NOFILE, &files);
 }
 
 // A peer that stops reading but whose kernel answers (a handler running
@@ -818,10 +925,7 @@ TEST(TcpTransport, AClientThatReadsSlowlyStillHearsThatRdmaListens) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   const int small = 64 << 10;
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons((*listener)->address().port);
+  sockaddr_in a = Loopback((*listener)->address().port);
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
   // Reads one frame's header and skips its body; false on EOF or 20 s of
   // silence.
@@ -970,10 +1074,7 @@ TEST(TcpTransport, AListenerDestroyedMidBatchGetsNoMoreEvents) {
   auto destroying = std::async(std::launch::async, [&] { doomed->reset(); });
   absl::SleepFor(absl::Milliseconds(50));  // its task is queued, the wake-up fd readable
   const int raw = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(doomed_port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in a = Loopback(doomed_port);
   ASSERT_EQ(connect(raw, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
   blocking.Release();
   ASSERT_EQ(destroying.wait_for(std::chrono::seconds(10)), std::future_status::ready);
@@ -1033,10 +1134,7 @@ TEST(TcpTransport, AServerOutOfDescriptorsWaitsAsleepAndTakesTheClientLater) {
       *ParseAddress("tcp://127.0.0.1:0"),
       [&](std::shared_ptr<Connection>) -> ConnectionObserver* { return &server_observer; });
   ASSERT_TRUE(listener.ok()) << listener.status();
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  to.sin_port = htons((*listener)->address().port);
+  sockaddr_in to = Loopback((*listener)->address().port);
   const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(client, 0) << strerror(errno);
 
