@@ -4,7 +4,8 @@
 //
 //   struct FrameCounts { uint64_t frames = 0; uint64_t bytes = 0; };
 //   using Frames = rdmarpc::base::ShardedCounts<FrameCounts>;
-//   constexpr Frames::Field kFrameFields[] = {&FrameCounts::frames, &FrameCounts::bytes};
+//   constexpr Frames::NamedField kFrameFields[] = {{"frames", &FrameCounts::frames},
+//                                                  {"bytes", &FrameCounts::bytes}};
 //   static_assert(Frames::ListsEveryFieldOnce(kFrameFields));
 //
 //   Frames::Add(&FrameCounts::frames);          // on any thread
@@ -36,13 +37,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace rdmarpc::base {
 
-// Counts: a struct of uint64_t fields and nothing else, each listed once in
-// the fields passed to Sum (ListsEveryFieldOnce checks it).
+// Counts: a struct of uint64_t fields and nothing else, each listed once, by
+// a name of its own, in the fields passed to Sum (ListsEveryFieldOnce checks
+// it).
 template <typename Counts>
 class ShardedCounts {
   static_assert(std::is_trivially_copyable_v<Counts> && sizeof(Counts) % sizeof(uint64_t) == 0,
@@ -50,6 +54,11 @@ class ShardedCounts {
 
  public:
   using Field = uint64_t Counts::*;
+  // A field and the name it is shown and exported by (its own, by custom).
+  struct NamedField {
+    const char* name;
+    Field field;
+  };
 
   // Adds n to one counter in the calling thread's shard: no lock, and no
   // read-modify-write shared with other threads (a shard has one writer).
@@ -62,31 +71,52 @@ class ShardedCounts {
 
   // The sum over every thread's shard, now.
   template <size_t N>
-  static Counts Sum(const Field (&fields)[N]) {
+  static Counts Sum(const NamedField (&fields)[N]) {
     Counts sum;
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
     const auto add = [&](const Shard& s) {
-      for (Field f : fields) sum.*f += __atomic_load_n(&(s.counts.*f), __ATOMIC_RELAXED);
+      for (const NamedField& f : fields) {
+        sum.*f.field += __atomic_load_n(&(s.counts.*f.field), __ATOMIC_RELAXED);
+      }
     };
     for (const Shard* s : r.shards) add(*s);
     add(r.late);
     return sum;
   }
 
-  // Whether `fields` names every field of Counts exactly once, as Sum needs.
+  // Each of `fields` of `counts` under its name, in the order listed.
   template <size_t N>
-  static constexpr bool ListsEveryFieldOnce(const Field (&fields)[N]) {
+  static std::vector<std::pair<std::string, uint64_t>> Named(const Counts& counts,
+                                                             const NamedField (&fields)[N]) {
+    std::vector<std::pair<std::string, uint64_t>> named;
+    named.reserve(N);
+    for (const NamedField& f : fields) named.emplace_back(f.name, counts.*f.field);
+    return named;
+  }
+
+  // Whether `fields` lists every field of Counts exactly once, as Sum
+  // needs, each under a name no other has.
+  template <size_t N>
+  static constexpr bool ListsEveryFieldOnce(const NamedField (&fields)[N]) {
     if (sizeof(Counts) != N * sizeof(uint64_t)) return false;
     for (size_t i = 0; i < N; ++i) {
       for (size_t j = i + 1; j < N; ++j) {
-        if (fields[i] == fields[j]) return false;
+        if (fields[i].field == fields[j].field || SameName(fields[i].name, fields[j].name)) {
+          return false;
+        }
       }
     }
     return true;
   }
 
  private:
+  static constexpr bool SameName(const char* a, const char* b) {
+    for (; *a != '\0' && *a == *b; ++a, ++b) {
+    }
+    return *a == *b;
+  }
+
   // One thread's counts. Its owner writes with relaxed atomic stores of its
   // own load plus n; Sum reads with relaxed loads. The registry's mutex
   // orders the hand-over from an exited thread to a later one.

@@ -5,7 +5,9 @@
 #include "base/sharded_counts.h"
 
 #include <cstdint>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -19,14 +21,19 @@ struct TestCounts {
   uint64_t held = 0;  // a gauge
 };
 using Shards = ShardedCounts<TestCounts>;
-constexpr Shards::Field kFields[] = {&TestCounts::frames, &TestCounts::bytes, &TestCounts::held};
+constexpr Shards::NamedField kFields[] = {
+    {"frames", &TestCounts::frames}, {"bytes", &TestCounts::bytes}, {"held", &TestCounts::held}};
 static_assert(Shards::ListsEveryFieldOnce(kFields));
 
-constexpr Shards::Field kOneMissing[] = {&TestCounts::frames, &TestCounts::bytes};
+constexpr Shards::NamedField kOneMissing[] = {{"frames", &TestCounts::frames},
+                                              {"bytes", &TestCounts::bytes}};
 static_assert(!Shards::ListsEveryFieldOnce(kOneMissing));
-constexpr Shards::Field kOneTwice[] = {&TestCounts::frames, &TestCounts::bytes,
-                                       &TestCounts::frames};
+constexpr Shards::NamedField kOneTwice[] = {
+    {"frames", &TestCounts::frames}, {"bytes", &TestCounts::bytes}, {"again", &TestCounts::frames}};
 static_assert(!Shards::ListsEveryFieldOnce(kOneTwice));
+constexpr Shards::NamedField kANameTwice[] = {
+    {"frames", &TestCounts::frames}, {"bytes", &TestCounts::bytes}, {"bytes", &TestCounts::held}};
+static_assert(!Shards::ListsEveryFieldOnce(kANameTwice));
 
 TestCounts Now() { return Shards::Sum(kFields); }
 
@@ -82,6 +89,17 @@ TEST(ShardedCounts, AGaugeTakenFromOnAnotherThreadAddsUp) {
   // So the other thread's shard goes below zero on its own; the sum does not.
   std::thread([] { Shards::Add(&TestCounts::held, uint64_t{0} - (1 << 20)); }).join();
   EXPECT_EQ(Now().held, before.held);
+}
+
+TEST(ShardedCounts, NamedGivesEachFieldUnderItsNameInTheListsOrder) {
+  TestCounts counts;
+  counts.frames = 1;
+  counts.bytes = 2;
+  counts.held = 3;
+  const std::vector<std::pair<std::string, uint64_t>> named = Shards::Named(counts, kFields);
+  const std::vector<std::pair<std::string, uint64_t>> expected = {
+      {"frames", 1}, {"bytes", 2}, {"held", 3}};
+  EXPECT_EQ(named, expected);
 }
 
 }  // namespace

@@ -700,6 +700,11 @@ ServerBuilder& ServerBuilder::EnableHealthService() {
   return *this;
 }
 
+ServerBuilder& ServerBuilder::EnableStatsService() {
+  stats_ = true;
+  return *this;
+}
+
 ServerBuilder& ServerBuilder::AddInterceptor(std::shared_ptr<ServerInterceptor> interceptor) {
   interceptors_.push_back(std::move(interceptor));
   return *this;
@@ -741,11 +746,15 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
     }
     services.push_back(server->health_.get());
   }
+  if (stats_) {
+    server->stats_ = std::make_unique<StatsService>(server.get());
+    services.push_back(server->stats_.get());
+  }
   for (const Service* service : services) {
+    const bool limited = service != server->health_.get() && service != server->stats_.get();
     for (const Service::Method& m : service->methods()) {
       auto [it, added] = server->methods_.emplace(
-          m.id, Server::MethodEntry{&m, std::make_unique<std::atomic<uint64_t>>(0),
-                                    /*limited=*/service != server->health_.get()});
+          m.id, Server::MethodEntry{&m, std::make_unique<std::atomic<uint64_t>>(0), limited});
       if (added) continue;
       const std::string& other = it->second.method->full_name;
       return Status(StatusCode::kAlreadyExists,

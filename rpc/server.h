@@ -32,13 +32,15 @@
 //
 // EnableHealthService() hosts the standard health service (rpc/health.h):
 // Server::health() sets what it answers, and Shutdown starts by marking
-// everything NOT_SERVING.
+// everything NOT_SERVING. EnableStatsService() hosts the stats service
+// (rpc/stats.h): the process's transport counters and this server's calls.
 //
 // SetMaxConcurrentCalls(n) sheds load: with n calls in flight (queued for
 // a worker, running, or finishing asynchronously), the next is answered
 // RESOURCE_EXHAUSTED at once, its handler not run, so that a client may try
 // another server or later instead of queueing behind an overloaded one.
-// Health checks neither count nor are refused: a busy server still serves.
+// Health checks and stats neither count nor are refused: a busy server still
+// answers them.
 // SetMaxConcurrentCallsPerConnection(n) does the same per connection, so
 // that one client flooding the server is refused before it takes every
 // slot of the global limit from the others.
@@ -73,6 +75,7 @@
 #include "rpc/internal/thread_pool.h"
 #include "rpc/internal/timer_queue.h"
 #include "rpc/service.h"
+#include "rpc/stats.h"
 #include "rpc/status.h"
 #include "transport/factory.h"
 #include "transport/transport.h"
@@ -156,11 +159,13 @@ class Server : private transport::ConnectionObserver {
   const size_t max_calls_per_conn_;  // 0: no limit
   const bool inline_handlers_;
   std::vector<std::shared_ptr<ServerInterceptor>> interceptors_;  // set before the server starts
-  std::unique_ptr<HealthService> health_;  // before methods_, which point into it
+  // Before methods_, which point into them.
+  std::unique_ptr<HealthService> health_;
+  std::unique_ptr<StatsService> stats_;
   struct MethodEntry {
     const Service::Method* method;
     std::unique_ptr<std::atomic<uint64_t>> calls;
-    bool limited;  // by max_calls_: all but the health service's
+    bool limited;  // by max_calls_: all but the health and stats services'
   };
   std::unordered_map<uint32_t, MethodEntry> methods_;
   std::map<std::string, std::unique_ptr<transport::Transport>> transports_;  // by scheme
@@ -233,6 +238,8 @@ class ServerBuilder {
   // Hosts the standard health service (rpc/health.h) beside the registered
   // ones, with "" and each of them SERVING.
   ServerBuilder& EnableHealthService();
+  // Hosts the stats service (rpc/stats.h) beside the registered ones.
+  ServerBuilder& EnableStatsService();
   // Runs `interceptor` around every call (rpc/interceptor.h), after those
   // added before it as calls come in and before them as they are answered.
   ServerBuilder& AddInterceptor(std::shared_ptr<ServerInterceptor> interceptor);
@@ -250,6 +257,7 @@ class ServerBuilder {
   int max_calls_per_conn_ = 0;
   transport::TransportTunables tunables_;
   bool health_ = false;
+  bool stats_ = false;
   std::vector<std::shared_ptr<ServerInterceptor>> interceptors_;
 };
 

@@ -13,9 +13,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/time/time.h"
 #include "proto/health.rdmarpc.pb.h"
-#include "rpc/channel.h"
+#include "rpc/tools/call_once.h"
 
 ABSL_FLAG(std::string, address, "",
           "the server: rdma://host:port, tcp://host:port or auto://host:port");
@@ -30,28 +29,15 @@ using rdmarpc::health::v1::HealthCheckResponse;
 
 int Probe(const std::string& address, const std::string& service, int timeout_ms) {
   const std::string what = service.empty() ? address : address + " service \"" + service + "\"";
-  auto channel = rdmarpc::Channel::Create(address);
-  if (!channel.ok()) {
-    fprintf(stderr, "rdmarpc_health_probe: %s: %s\n", address.c_str(),
-            channel.status().ToString().c_str());
-    return channel.status().code() == rdmarpc::StatusCode::kInvalidArgument ? 3 : 2;
-  }
-  auto stub = rdmarpc::health::v1::Health::NewStub(*channel);
-  rdmarpc::ClientContext ctx;
-  ctx.set_timeout(absl::Milliseconds(timeout_ms));
   HealthCheckRequest request;
   request.set_service(service);
   HealthCheckResponse response;
-  const rdmarpc::Status s = stub->Check(&ctx, request, &response);
-  if (!s.ok()) {
-    fprintf(stderr, "rdmarpc_health_probe: %s: %s\n", what.c_str(), s.ToString().c_str());
-    if (s.code() == rdmarpc::StatusCode::kUnimplemented) {
-      fprintf(stderr,
-              "rdmarpc_health_probe: the server has no health service; it needs "
-              "ServerBuilder::EnableHealthService()\n");
-    }
-    return 2;
-  }
+  const int rc = rdmarpc::tools::CallOnce(
+      "rdmarpc_health_probe", address, what, timeout_ms, "health", "EnableHealthService",
+      [&](std::shared_ptr<rdmarpc::Channel> channel, rdmarpc::ClientContext* ctx) {
+        return rdmarpc::health::v1::Health::NewStub(channel)->Check(ctx, request, &response);
+      });
+  if (rc != 0) return rc;
   printf("%s: %s\n", what.c_str(),
          HealthCheckResponse::ServingStatus_Name(response.status()).c_str());
   return response.status() == HealthCheckResponse::SERVING ? 0 : 1;
@@ -67,7 +53,7 @@ int main(int argc, char** argv) {
     fprintf(stderr,
             "usage: rdmarpc_health_probe --address rdma://host:port [--service NAME] "
             "[--timeout_ms N > 0]\n");
-    return 3;
+    return rdmarpc::tools::kBadArguments;
   }
   return Probe(address, absl::GetFlag(FLAGS_service), timeout_ms);
 }

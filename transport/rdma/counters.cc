@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <mutex>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -40,45 +42,58 @@ void AddPortCounter(const std::string& device, const char* name, int64_t* sum) {
 
 std::string Show(int64_t v) { return v < 0 ? "n/a" : absl::StrCat(v); }
 
-using Field = RdmaCounters::Field;
-constexpr Field kFields[] = {
-    &RdmaCounters::sends,
-    &RdmaCounters::sends_inline,
-    &RdmaCounters::sends_in_place,
-    &RdmaCounters::send_payload_copies,
-    &RdmaCounters::reads,
-    &RdmaCounters::bytes_read,
-    &RdmaCounters::payloads_advertised,
-    &RdmaCounters::advertised_payload_copies,
-    &RdmaCounters::releases_expired,
-    &RdmaCounters::late_reads_skipped,
-    &RdmaCounters::srq_slots_posted,
-    &RdmaCounters::srq_slots_consumed,
-    &RdmaCounters::srq_short,
-    &RdmaCounters::rnr_retry_exhausted,
-    &RdmaCounters::credit_stalls,
-    &RdmaCounters::credit_messages,
-    &RdmaCounters::backlog_refusals,
-    &RdmaCounters::credit_shrinks,
-    &RdmaCounters::credit_shrinks_overdue,
-    &RdmaCounters::frames_without_credit,
-    &RdmaCounters::unwarranted_control_frames,
-    &RdmaCounters::keepalives,
-    &RdmaCounters::keepalives_behind_reads,
-    &RdmaCounters::connections_opened,
-    &RdmaCounters::connections_closed,
-    &RdmaCounters::accepts_unfinished,
-    &RdmaCounters::registered_bytes,
-    &RdmaCounters::poller_sleeps,
-    &RdmaCounters::caller_completions,
-    &RdmaCounters::device_events,
+using Shards = base::ShardedCounts<RdmaCounters>;
+// Each field under its own name.
+#define RDMARPC_COUNTER(f) \
+  { #f, &RdmaCounters::f }
+constexpr Shards::NamedField kFields[] = {
+    RDMARPC_COUNTER(sends),
+    RDMARPC_COUNTER(sends_inline),
+    RDMARPC_COUNTER(sends_in_place),
+    RDMARPC_COUNTER(send_payload_copies),
+    RDMARPC_COUNTER(reads),
+    RDMARPC_COUNTER(bytes_read),
+    RDMARPC_COUNTER(payloads_advertised),
+    RDMARPC_COUNTER(advertised_payload_copies),
+    RDMARPC_COUNTER(releases_expired),
+    RDMARPC_COUNTER(late_reads_skipped),
+    RDMARPC_COUNTER(srq_slots_posted),
+    RDMARPC_COUNTER(srq_slots_consumed),
+    RDMARPC_COUNTER(srq_short),
+    RDMARPC_COUNTER(rnr_retry_exhausted),
+    RDMARPC_COUNTER(credit_stalls),
+    RDMARPC_COUNTER(credit_messages),
+    RDMARPC_COUNTER(backlog_refusals),
+    RDMARPC_COUNTER(credit_shrinks),
+    RDMARPC_COUNTER(credit_shrinks_overdue),
+    RDMARPC_COUNTER(frames_without_credit),
+    RDMARPC_COUNTER(unwarranted_control_frames),
+    RDMARPC_COUNTER(keepalives),
+    RDMARPC_COUNTER(keepalives_behind_reads),
+    RDMARPC_COUNTER(connections_opened),
+    RDMARPC_COUNTER(connections_closed),
+    RDMARPC_COUNTER(accepts_unfinished),
+    RDMARPC_COUNTER(registered_bytes),
+    RDMARPC_COUNTER(poller_sleeps),
+    RDMARPC_COUNTER(caller_completions),
+    RDMARPC_COUNTER(device_events),
 };
-static_assert(base::ShardedCounts<RdmaCounters>::ListsEveryFieldOnce(kFields),
+#undef RDMARPC_COUNTER
+static_assert(Shards::ListsEveryFieldOnce(kFields),
               "kFields must list every field of RdmaCounters once");
 
 }  // namespace
 
-RdmaCounters Counters() { return base::ShardedCounts<RdmaCounters>::Sum(kFields); }
+RdmaCounters Counters() { return Shards::Sum(kFields); }
+
+std::vector<std::pair<std::string, uint64_t>> RdmaCounters::Named() const {
+  return Shards::Named(*this, kFields);
+}
+
+std::vector<std::string> DevicesInUse() {
+  std::lock_guard<std::mutex> lock(DevicesMu());
+  return std::vector<std::string>(Devices().begin(), Devices().end());
+}
 
 void NoteDeviceInUse(const std::string& device) {
   std::lock_guard<std::mutex> lock(DevicesMu());

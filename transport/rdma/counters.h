@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/sharded_counts.h"
 
@@ -98,6 +100,9 @@ struct RdmaCounters {
   using Field = uint64_t RdmaCounters::*;
 
   std::string ToString() const;
+  // Every counter under its field's name ("sends", ...), in declaration
+  // order: for exporting (rpc/stats.h), where ToString is for people.
+  std::vector<std::pair<std::string, uint64_t>> Named() const;
 };
 
 // The sum over all threads' shards, now.
@@ -126,6 +131,8 @@ struct DeviceRnrNaks {
 DeviceRnrNaks ReadDeviceRnrNaks();
 // Endpoints record their device so ReadDeviceRnrNaks knows where to look.
 void NoteDeviceInUse(const std::string& device);
+// The devices recorded so, by name, sorted.
+std::vector<std::string> DevicesInUse();
 
 }  // namespace rdmarpc::transport::rdma
 

@@ -4,6 +4,7 @@
 
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -32,6 +33,22 @@ TEST(RdmaCounters, ToStringShowsTheSums) {
             std::string::npos)
       << text;
   EXPECT_GE(c.credit_stalls, 5u);
+}
+
+TEST(RdmaCounters, NamedGivesEveryCounterUnderItsFieldName) {
+  Count(&RdmaCounters::late_reads_skipped, 4);
+  const RdmaCounters c = Counters();
+  const auto named = c.Named();
+  EXPECT_EQ(named.size(), sizeof(RdmaCounters) / sizeof(uint64_t));
+  EXPECT_EQ(named.front(), std::make_pair(std::string("sends"), c.sends));
+  bool found = false;
+  for (const auto& [name, value] : named) {
+    if (name != "late_reads_skipped") continue;
+    found = true;
+    EXPECT_EQ(value, c.late_reads_skipped);
+    EXPECT_GE(value, 4u);
+  }
+  EXPECT_TRUE(found);
 }
 
 }  // namespace

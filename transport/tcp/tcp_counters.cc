@@ -6,21 +6,29 @@ namespace rdmarpc::transport::tcp {
 namespace {
 
 using Shards = base::ShardedCounts<TcpCounters>;
-constexpr TcpCounters::Field kFields[] = {
-    &TcpCounters::frames_sent,        &TcpCounters::bytes_sent,
-    &TcpCounters::sendmsg_calls,      &TcpCounters::frames_queued,
-    &TcpCounters::send_refusals,      &TcpCounters::frames_received,
-    &TcpCounters::bytes_received,     &TcpCounters::receive_refusals,
-    &TcpCounters::malformed_frames,   &TcpCounters::peer_timeouts,
-    &TcpCounters::connections_opened, &TcpCounters::connections_closed,
-    &TcpCounters::accepts_refused,    &TcpCounters::accept_pauses,
+// Each field under its own name.
+#define RDMARPC_COUNTER(f) \
+  { #f, &TcpCounters::f }
+constexpr Shards::NamedField kFields[] = {
+    RDMARPC_COUNTER(frames_sent),        RDMARPC_COUNTER(bytes_sent),
+    RDMARPC_COUNTER(sendmsg_calls),      RDMARPC_COUNTER(frames_queued),
+    RDMARPC_COUNTER(send_refusals),      RDMARPC_COUNTER(frames_received),
+    RDMARPC_COUNTER(bytes_received),     RDMARPC_COUNTER(receive_refusals),
+    RDMARPC_COUNTER(malformed_frames),   RDMARPC_COUNTER(peer_timeouts),
+    RDMARPC_COUNTER(connections_opened), RDMARPC_COUNTER(connections_closed),
+    RDMARPC_COUNTER(accepts_refused),    RDMARPC_COUNTER(accept_pauses),
 };
+#undef RDMARPC_COUNTER
 static_assert(Shards::ListsEveryFieldOnce(kFields),
               "kFields must list every field of TcpCounters once");
 
 }  // namespace
 
 TcpCounters Counters() { return Shards::Sum(kFields); }
+
+std::vector<std::pair<std::string, uint64_t>> TcpCounters::Named() const {
+  return Shards::Named(*this, kFields);
+}
 
 std::string TcpCounters::ToString() const {
   return absl::StrCat("frames_sent=", frames_sent, " bytes_sent=", bytes_sent,

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/sharded_counts.h"
 
@@ -66,6 +68,10 @@ struct TcpCounters {
   using Field = uint64_t TcpCounters::*;
 
   std::string ToString() const;
+  // Every counter under its field's name ("frames_sent", ...), in
+  // declaration order: for exporting (rpc/stats.h), where ToString is for
+  // people.
+  std::vector<std::pair<std::string, uint64_t>> Named() const;
 };
 
 // The sum over all threads' shards, now.

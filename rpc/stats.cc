@@ -1,0 +1,56 @@
+#include "rpc/stats.h"
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "rpc/server.h"
+#include "transport/rdma/counters.h"
+#include "transport/tcp/tcp_counters.h"
+
+namespace rdmarpc {
+
+using stats::v1::StatsRequest;
+using stats::v1::StatsResponse;
+
+namespace {
+
+// "/rdmarpc.stats.v1.Stats/Get", from stats.proto itself, as the generated
+// stub names it.
+std::string GetMethodName() {
+  const google::protobuf::ServiceDescriptor* stats =
+      StatsRequest::descriptor()->file()->FindServiceByName("Stats");
+  return absl::StrCat("/", stats->full_name(), "/", stats->FindMethodByName("Get")->name());
+}
+
+}  // namespace
+
+StatsService::StatsService(const Server* server) : server_(server) {
+  auto get = [this](ServerContext*, const StatsRequest*, StatsResponse* resp, DoneCallback done) {
+    *resp = Snapshot();
+    std::move(done)(Status());
+  };
+  AddMethod(GetMethodName(), UnaryHandler<StatsRequest, StatsResponse>(get));
+}
+
+StatsResponse StatsService::Snapshot() const {
+  StatsResponse resp;
+  for (const auto& [name, value] : transport::rdma::Counters().Named()) {
+    (*resp.mutable_rdma())[name] = value;
+  }
+  for (const auto& [name, value] : transport::tcp::Counters().Named()) {
+    (*resp.mutable_tcp())[name] = value;
+  }
+  const transport::rdma::DeviceRnrNaks naks = transport::rdma::ReadDeviceRnrNaks();
+  resp.set_device_rnr_naks_received(naks.received);
+  resp.set_device_rnr_naks_sent(naks.sent);
+  for (const std::string& device : transport::rdma::DevicesInUse()) resp.add_rdma_devices(device);
+  for (const auto& [method, calls] : server_->MethodCallCounts()) {
+    (*resp.mutable_method_calls())[method] = calls;
+  }
+  const Server::Stats calls = server_->stats();
+  resp.set_calls_in_flight(calls.calls_in_flight);
+  resp.set_refused_over_limit(calls.refused_over_limit);
+  resp.set_refused_over_connection_limit(calls.refused_over_connection_limit);
+  return resp;
+}
+
+}  // namespace rdmarpc
