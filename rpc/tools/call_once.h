@@ -29,9 +29,9 @@ inline constexpr int kBadArguments = 3;
 // Calls `call(channel, &ctx)` once, on a channel to `address` and with
 // `timeout_ms` for all of it, connecting included. 0 when it succeeded.
 // Otherwise prints "<tool>: <what>: <status>", and for a server without the
-// service (UNIMPLEMENTED) that it needs ServerBuilder::<enable>(), and
-// returns kBadArguments for an address that does not parse, kNoAnswer for
-// the rest.
+// service (UNIMPLEMENTED) that it has no <service> service and needs
+// ServerBuilder::<enable>(), and returns kBadArguments for an address that
+// does not parse, kNoAnswer for the rest.
 template <typename Call>
 int CallOnce(const char* tool, const std::string& address, const std::string& what, int timeout_ms,
              const char* service, const char* enable, Call call) {
