@@ -188,11 +188,13 @@ class TcpUntilRdmaListener : public Listener {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       rdma_ = *std::move(listener);
-      tcp_->SharePortWithRdma();
+      // Said before the clients are told, so that whoever sees them told
+      // (a test) finds it said.
       fprintf(stderr,
               "rdmarpc[%s]: %s listens over RDMA too now (%s); its TCP clients are told, and "
               "their auto:// channels move to RDMA\n",
               who.c_str(), address_.ToString().c_str(), rdma_->address().ToString().c_str());
+      tcp_->SharePortWithRdma();
       return;
     }
   }
