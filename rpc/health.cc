@@ -1,24 +1,12 @@
 #include "rpc/health.h"
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/descriptor.h"
+#include "rpc/internal/proto_method_name.h"
 
 namespace rdmarpc {
 
 using health::v1::HealthCheckRequest;
 using health::v1::HealthCheckResponse;
-
-namespace {
-
-// "/rdmarpc.health.v1.Health/Check", from health.proto itself, as the
-// generated stub names it.
-std::string CheckMethodName() {
-  const google::protobuf::ServiceDescriptor* health =
-      HealthCheckRequest::descriptor()->file()->FindServiceByName("Health");
-  return absl::StrCat("/", health->full_name(), "/", health->FindMethodByName("Check")->name());
-}
-
-}  // namespace
 
 HealthService::HealthService() {
   serving_[""] = true;
@@ -28,7 +16,8 @@ HealthService::HealthService() {
     if (status.ok()) resp->set_status(*status);
     std::move(done)(status.status());
   };
-  AddMethod(CheckMethodName(), UnaryHandler<HealthCheckRequest, HealthCheckResponse>(check));
+  AddMethod(internal::ProtoMethodName(*HealthCheckRequest::descriptor()->file(), "Health", "Check"),
+            UnaryHandler<HealthCheckRequest, HealthCheckResponse>(check));
 }
 
 void HealthService::SetServingStatus(const std::string& service, bool serving) {

@@ -1,7 +1,6 @@
 #include "rpc/stats.h"
 
-#include "absl/strings/str_cat.h"
-#include "google/protobuf/descriptor.h"
+#include "rpc/internal/proto_method_name.h"
 #include "rpc/server.h"
 #include "transport/rdma/counters.h"
 #include "transport/tcp/tcp_counters.h"
@@ -11,24 +10,13 @@ namespace rdmarpc {
 using stats::v1::StatsRequest;
 using stats::v1::StatsResponse;
 
-namespace {
-
-// "/rdmarpc.stats.v1.Stats/Get", from stats.proto itself, as the generated
-// stub names it.
-std::string GetMethodName() {
-  const google::protobuf::ServiceDescriptor* stats =
-      StatsRequest::descriptor()->file()->FindServiceByName("Stats");
-  return absl::StrCat("/", stats->full_name(), "/", stats->FindMethodByName("Get")->name());
-}
-
-}  // namespace
-
 StatsService::StatsService(const Server* server) : server_(server) {
   auto get = [this](ServerContext*, const StatsRequest*, StatsResponse* resp, DoneCallback done) {
     *resp = Snapshot();
     std::move(done)(Status());
   };
-  AddMethod(GetMethodName(), UnaryHandler<StatsRequest, StatsResponse>(get));
+  AddMethod(internal::ProtoMethodName(*StatsRequest::descriptor()->file(), "Stats", "Get"),
+            UnaryHandler<StatsRequest, StatsResponse>(get));
 }
 
 StatsResponse StatsService::Snapshot() const {

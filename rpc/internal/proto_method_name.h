@@ -1,0 +1,22 @@
+// The name a generated stub calls a method by, "/package.Service/Method",
+// looked up in the descriptor of the .proto file that declares it. For the
+// services the runtime writes by hand (health.cc, stats.cc), so that their
+// names cannot drift from their .proto files.
+#ifndef RDMARPC_RPC_INTERNAL_PROTO_METHOD_NAME_H_
+#define RDMARPC_RPC_INTERNAL_PROTO_METHOD_NAME_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
+
+namespace rdmarpc::internal {
+
+// Precondition: `file` declares `service` with `method`; aborts naming them
+// otherwise (a mistake in the runtime, found by any test that builds it).
+std::string ProtoMethodName(const google::protobuf::FileDescriptor& file, absl::string_view service,
+                            absl::string_view method);
+
+}  // namespace rdmarpc::internal
+
+#endif  // RDMARPC_RPC_INTERNAL_PROTO_METHOD_NAME_H_
