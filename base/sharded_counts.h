@@ -95,6 +95,17 @@ class ShardedCounts {
     return named;
   }
 
+  // What was counted from `earlier` to `later`, two snapshots of Sum, field
+  // by field. Only for counters that never go down: a gauge's difference
+  // wraps when it fell.
+  template <size_t N>
+  static Counts Difference(const Counts& later, const Counts& earlier,
+                           const NamedField (&fields)[N]) {
+    Counts diff = later;
+    for (const NamedField& f : fields) diff.*f.field -= earlier.*f.field;
+    return diff;
+  }
+
   // Whether `fields` lists every field of Counts exactly once, as Sum
   // needs, each under a name no other has.
   template <size_t N>

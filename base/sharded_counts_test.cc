@@ -1,7 +1,7 @@
 // Sharded counts add up exactly: counts from many threads at once, from
 // threads that have exited (their shards passed on to later threads), made
 // while a thread exits, and a gauge taken from on another thread than the
-// one that added to it.
+// one that added to it; snapshots name and subtract every field.
 #include "base/sharded_counts.h"
 
 #include <cstdint>
@@ -100,6 +100,21 @@ TEST(ShardedCounts, NamedGivesEachFieldUnderItsNameInTheListsOrder) {
   const std::vector<std::pair<std::string, uint64_t>> expected = {
       {"frames", 1}, {"bytes", 2}, {"held", 3}};
   EXPECT_EQ(named, expected);
+}
+
+TEST(ShardedCounts, DifferenceSubtractsEveryFieldListed) {
+  TestCounts earlier;
+  earlier.frames = 1;
+  earlier.bytes = 10;
+  earlier.held = 100;
+  TestCounts later;
+  later.frames = 4;
+  later.bytes = 30;
+  later.held = 160;
+  const TestCounts diff = Shards::Difference(later, earlier, kFields);
+  EXPECT_EQ(diff.frames, 3u);
+  EXPECT_EQ(diff.bytes, 20u);
+  EXPECT_EQ(diff.held, 60u);
 }
 
 }  // namespace

@@ -30,6 +30,10 @@ std::vector<std::pair<std::string, uint64_t>> TcpCounters::Named() const {
   return Shards::Named(*this, kFields);
 }
 
+TcpCounters TcpCounters::Since(const TcpCounters& earlier) const {
+  return Shards::Difference(*this, earlier, kFields);
+}
+
 std::string TcpCounters::ToString() const {
   return absl::StrCat("frames_sent=", frames_sent, " bytes_sent=", bytes_sent,
                       " sendmsg_calls=", sendmsg_calls, " frames_queued=", frames_queued,

@@ -72,6 +72,9 @@ struct TcpCounters {
   // declaration order: for exporting (rpc/stats.h), where ToString is for
   // people.
   std::vector<std::pair<std::string, uint64_t>> Named() const;
+  // What was counted from the snapshot `earlier` to this one (all of these
+  // counters only grow), e.g. Counters().Since(before).frames_sent.
+  TcpCounters Since(const TcpCounters& earlier) const;
 };
 
 // The sum over all threads' shards, now.

@@ -192,22 +192,6 @@ absl::Status SendRequest(Connection& conn, size_t payload_bytes) {
   return conn.Send(std::move(m));
 }
 
-// What the TCP counters counted since `before`, field by field.
-tcp::TcpCounters CountedSince(const tcp::TcpCounters& before) {
-  tcp::TcpCounters now = tcp::Counters();
-  for (tcp::TcpCounters::Field f :
-       {&tcp::TcpCounters::frames_sent, &tcp::TcpCounters::bytes_sent,
-        &tcp::TcpCounters::sendmsg_calls, &tcp::TcpCounters::frames_queued,
-        &tcp::TcpCounters::send_refusals, &tcp::TcpCounters::frames_received,
-        &tcp::TcpCounters::bytes_received, &tcp::TcpCounters::receive_refusals,
-        &tcp::TcpCounters::malformed_frames, &tcp::TcpCounters::peer_timeouts,
-        &tcp::TcpCounters::connections_opened, &tcp::TcpCounters::connections_closed,
-        &tcp::TcpCounters::accepts_refused, &tcp::TcpCounters::accept_pauses}) {
-    now.*f -= before.*f;
-  }
-  return now;
-}
-
 // A peer that stops reading pins at most TcpOptions::max_queued_send_bytes of the
 // sender's memory: Send refuses RESOURCE_EXHAUSTED naming the bound, loses
 // nothing it took, and takes frames again once the peer reads. A cancel is
@@ -252,7 +236,7 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   EXPECT_TRUE((*conn)->Send(std::move(cancel)).ok()) << "a full queue refused a cancel";
   EXPECT_FALSE(SendRequest(**conn, 0).ok()) << "the cancel reopened the queue to requests";
 
-  EXPECT_EQ(CountedSince(before).send_refusals, 3u);
+  EXPECT_EQ(tcp::Counters().Since(before).send_refusals, 3u);
 
   const size_t sent = taken * kFrame + (headers + 1) * kHeaderSize;
   EXPECT_EQ(peer.ReadUpTo(sent), sent) << "frames Send took were lost";
@@ -262,10 +246,10 @@ TEST(TcpTransport, PeerThatStopsReadingPinsNoMoreThanTheQueueBound) {
   // first: wait for the count.
   const uint64_t frames = taken + headers + 2;
   const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (CountedSince(before).frames_sent < frames && absl::Now() < until) {
+  while (tcp::Counters().Since(before).frames_sent < frames && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  const tcp::TcpCounters counted = CountedSince(before);
+  const tcp::TcpCounters counted = tcp::Counters().Since(before);
   EXPECT_EQ(counted.frames_sent, frames);
   EXPECT_EQ(counted.bytes_sent, sent + kFrame);
   EXPECT_EQ(counted.send_refusals, 3u);
@@ -491,7 +475,7 @@ TEST(TcpTransport, ReceivedPayloadsHeldAreBoundedAcrossConnections) {
   ASSERT_TRUE(slow.Write(ResponseHeader(7, 0)));  // no payload: taken with the bound full
   expect_taken(7, 0);
   EXPECT_EQ(keeper.closed(), 0u) << "a refused frame closed its connection";
-  const tcp::TcpCounters counted = CountedSince(before);
+  const tcp::TcpCounters counted = tcp::Counters().Since(before);
   EXPECT_EQ(counted.receive_refusals, 3u);
   EXPECT_EQ(counted.frames_received, 7u);
   EXPECT_EQ(counted.bytes_received, 7 * kHeaderSize + 8 * kMiB + 2 * kBound + 1);
@@ -559,10 +543,11 @@ TEST(TcpTransport, AnnouncedBytesTakeNoMemoryUntilTheyCome) {
       EXPECT_EQ(write(fd, header, sizeof header), static_cast<ssize_t>(sizeof header));
     }
     const absl::Time until = absl::Now() + absl::Seconds(20);
-    while (CountedSince(before).bytes_received < kPeers * kHeaderSize && absl::Now() < until) {
+    while (tcp::Counters().Since(before).bytes_received < kPeers * kHeaderSize &&
+           absl::Now() < until) {
       absl::SleepFor(absl::Milliseconds(5));
     }
-    EXPECT_EQ(CountedSince(before).bytes_received, kPeers * kHeaderSize)
+    EXPECT_EQ(tcp::Counters().Since(before).bytes_received, kPeers * kHeaderSize)
         << "the server did not read every header";
     const int64_t grown = ResidentBytes() - resident_before;
     printf(
@@ -642,7 +627,7 @@ TEST(TcpTransport, CloseEndsTheConnectionOnceAndRefusesLaterSends) {
   const absl::Status late = (*conn)->Send(std::move(m));
   EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
   EXPECT_NE(late.message().find("is closed"), absl::string_view::npos) << late;
-  const tcp::TcpCounters counted = CountedSince(before);
+  const tcp::TcpCounters counted = tcp::Counters().Since(before);
   EXPECT_EQ(counted.connections_opened, 1u);
   EXPECT_EQ(counted.connections_closed, 1u);
   EXPECT_EQ(counted.peer_timeouts, 0u);
@@ -837,7 +822,7 @@ TEST(TcpTransport, AConnectionTheServerRefusesFailsTheConnect) {
   EXPECT_EQ(server_observer.FirstCallId(absl::Seconds(10)), 7u) << "the frame never arrived";
   // The refused connection counts nothing else; the taken one carried the
   // server's kHello and the request, a sendmsg each.
-  const tcp::TcpCounters counted = CountedSince(before);
+  const tcp::TcpCounters counted = tcp::Counters().Since(before);
   EXPECT_EQ(counted.accepts_refused, 1u);
   EXPECT_EQ(counted.connections_opened, 2u) << "the taken connection, at each end";
   EXPECT_EQ(counted.frames_sent, 2u);
@@ -1175,7 +1160,7 @@ TEST(TcpTransport, AServerOutOfDescriptorsWaitsAsleepAndTakesTheClientLater) {
   EXPECT_EQ(lines, 1u) << log.substr(0, 2000);
   EXPECT_NE(log.find("raise `ulimit -n`"), std::string::npos) << log.substr(0, 2000);
   EXPECT_NE(log.find("accepting on tcp://127.0.0.1:"), std::string::npos) << log.substr(0, 2000);
-  const tcp::TcpCounters counted = CountedSince(before);
+  const tcp::TcpCounters counted = tcp::Counters().Since(before);
   // The wait was ~550 ms, a pause each kAcceptPause (100 ms).
   EXPECT_GE(counted.accept_pauses, 1u);
   EXPECT_LE(counted.accept_pauses, 10u);
