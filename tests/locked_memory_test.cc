@@ -2,7 +2,8 @@
 // (RLIMIT_MEMLOCK, `ulimit -l`), as a user's program or a systemd service
 // is (Debian gives them 8 MiB): the first endpoint says what the limit is,
 // a call whose buffers do not fit fails alone and names the limit, and idle
-// payload buffers make way for a size that needs new ones.
+// payload buffers, of any transport of the process, make way for a size that
+// needs new ones.
 //
 // Runs in the Soft-RoCE VM under tests/without_capability.sh ipc_lock, which drops the
 // CAP_IPC_LOCK that root would have; the test sets the limit itself. Server
@@ -117,6 +118,34 @@ TEST(LockedMemory, IdleBuffersMakeWayForANewSize) {
   ASSERT_TRUE(three.ok()) << three;
   const Status six = Send(*peers.channel, 6 * kMiB);
   EXPECT_TRUE(six.ok()) << six;
+}
+
+// The limit counts every registration of the process, so idle buffers of
+// one transport make way for another's: after 3 MiB requests from one
+// channel to one server (a 3.5 MiB buffer idle in each of their pools), 6 MiB
+// ones from a second channel to a second server need 7 MiB buffers in two
+// other pools, and the second server's fits only once the first pair's idle
+// ones are given back; then the first pair's fit again once the second's
+// are.
+TEST(LockedMemory, IdleBuffersOfOneTransportMakeWayForAnothers) {
+  const std::string ip = rdma::testing::RequireRdmaTestAddress();
+  ASSERT_FALSE(ip.empty());
+  LimitLockedMemory(64 * kMiB);
+  Peers first(ip);
+  Peers second(ip);
+  ASSERT_TRUE(first.channel && second.channel);
+  ASSERT_TRUE(Send(*first.channel, 10).ok());
+  ASSERT_TRUE(Send(*second.channel, 10).ok());
+  const size_t base = transport::rdma::PinnedBytes();
+  // Without giving back across pools the 6 MiB request needs base + 21 MiB
+  // (two 3.5 MiB buffers idle, two 7 MiB ones in use), with it base + 14.
+  LimitLockedMemory(base + 17 * kMiB);
+  const Status three = Send(*first.channel, 3 * kMiB);
+  ASSERT_TRUE(three.ok()) << three;
+  const Status six = Send(*second.channel, 6 * kMiB);
+  EXPECT_TRUE(six.ok()) << six;
+  const Status again = Send(*first.channel, 3 * kMiB);
+  EXPECT_TRUE(again.ok()) << again;
 }
 
 }  // namespace

@@ -360,7 +360,7 @@ absl::StatusOr<Endpoint::Region> Endpoint::NewRegion(size_t bytes, int access,
   if (posix_memalign(&mem, 4096, bytes) != 0) {
     return OutOfMemory(bytes, absl::StrCat(what, " on ", device_name_));
   }
-  ibv_mr* mr = RegisterMemory(pd_, mem, bytes, access);
+  ibv_mr* mr = RegisterWithinLockedLimit(pd_, mem, bytes, access, pool_.get());
   if (!mr) {
     const int err = errno;
     free(mem);

@@ -52,7 +52,7 @@ struct FaultInjection {
   }
   static bool TakeRefusedSendBlock() { return Take(RefuseSendBlocks()); }
 
-  // The next N registrations of memory fail (RegisterMemory), as ibv_reg_mr
+  // The next N registrations of memory fail (RegisterWithinLockedLimit), as ibv_reg_mr
   // does with ENOMEM past the locked-memory limit.
   static std::atomic<int>& FailRegistrations() {
     static std::atomic<int> n{0};

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "transport/rdma/counters.h"
 #include "transport/rdma/fault_injection.h"
@@ -13,12 +15,53 @@
 
 namespace rdmarpc::transport::rdma {
 
+namespace {
+
 ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, int access) {
   if (FaultInjection::TakeFailedRegistration()) {
     errno = ENOMEM;
     return nullptr;
   }
   return ibv_reg_mr(pd, addr, length, access);
+}
+
+// Every pool of the process. Its mutex is taken before a pool's own, and
+// held while another pool's idle blocks are destroyed, so that the pool
+// cannot be destroyed meanwhile.
+struct Pools {
+  std::mutex mu;
+  std::vector<RegisteredPool*> all;  // guarded by mu
+};
+
+Pools& AllPools() {
+  static auto* pools = new Pools;  // never destroyed: pools may outlive static destructors
+  return *pools;
+}
+
+}  // namespace
+
+// Idle blocks of `first` (when not null), then of the process's other pools,
+// destroyed until `bytes` are or none is left; returns the bytes destroyed.
+size_t GiveBackIdleBlocks(size_t bytes, RegisteredPool* first) {
+  Pools& pools = AllPools();
+  std::lock_guard<std::mutex> lock(pools.mu);
+  size_t freed = first != nullptr ? first->DestroyIdle(bytes) : 0;
+  for (RegisteredPool* pool : pools.all) {
+    if (freed >= bytes) break;
+    if (pool != first) freed += pool->DestroyIdle(bytes - freed);
+  }
+  return freed;
+}
+
+ibv_mr* RegisterWithinLockedLimit(ibv_pd* pd, void* addr, size_t length, int access,
+                                  RegisteredPool* first) {
+  ibv_mr* mr = RegisterMemory(pd, addr, length, access);
+  if (mr != nullptr || errno != ENOMEM) return mr;
+  if (GiveBackIdleBlocks(length, first) == 0) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  return RegisterMemory(pd, addr, length, access);
 }
 
 absl::Status RegistrationError(size_t bytes, const std::string& what, const std::string& device,
@@ -30,9 +73,18 @@ absl::Status RegistrationError(size_t bytes, const std::string& what, const std:
 
 RegisteredPool::RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device,
                                bool memory_windows)
-    : pd_(pd), max_bytes_(max_bytes), device_(std::move(device)), memory_windows_(memory_windows) {}
+    : pd_(pd), max_bytes_(max_bytes), device_(std::move(device)), memory_windows_(memory_windows) {
+  Pools& pools = AllPools();
+  std::lock_guard<std::mutex> lock(pools.mu);
+  pools.all.push_back(this);
+}
 
 RegisteredPool::~RegisteredPool() {
+  {
+    Pools& pools = AllPools();
+    std::lock_guard<std::mutex> lock(pools.mu);
+    pools.all.erase(std::find(pools.all.begin(), pools.all.end(), this));
+  }
   for (const auto& [data, b] : by_data_) Destroy(b);
 }
 
@@ -78,6 +130,20 @@ std::vector<RegisteredPool::Block*> RegisteredPool::EvictLocked(size_t bytes) {
   return evicted;
 }
 
+size_t RegisteredPool::DestroyIdle(size_t bytes) {
+  std::vector<Block*> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle = EvictLocked(bytes);
+  }
+  size_t freed = 0;
+  for (Block* b : idle) {
+    freed += b->capacity;
+    Destroy(b);
+  }
+  return freed;
+}
+
 absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool remote_read) {
   const int cls = SizeClassOf(size);
   if (cls == kSizeClasses) {
@@ -117,22 +183,9 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
   }
   const int remote = memory_windows_ ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ;
   const int access = IBV_ACCESS_LOCAL_WRITE | (remote_read ? remote : 0);
-  ibv_mr* mr = RegisterMemory(pd_, mem, capacity, access);
-  int err = mr == nullptr ? errno : 0;
-  if (err == ENOMEM) {
-    // Past the locked-memory limit, which idle blocks count against too.
-    std::vector<Block*> idle;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      idle = EvictLocked(capacity);
-    }
-    if (!idle.empty()) {
-      for (Block* b : idle) Destroy(b);
-      mr = RegisterMemory(pd_, mem, capacity, access);
-      err = mr == nullptr ? errno : 0;
-    }
-  }
+  ibv_mr* mr = RegisterWithinLockedLimit(pd_, mem, capacity, access, this);
   if (mr == nullptr) {
+    const int err = errno;
     free(mem);
     std::lock_guard<std::mutex> lock(mu_);
     registered_ -= capacity;

@@ -20,8 +20,12 @@
 // Without that, a process whose payload sizes changed (a burst of 64 MiB
 // requests, then 1 MiB responses) would be refused for good, its bound held
 // by blocks nobody uses. Blocks in use are never taken back. A registration
-// refused for the locked-memory limit (ENOMEM) evicts idle blocks the same
-// way and is tried once more: the limit counts every block of the process.
+// refused for the locked-memory limit (ENOMEM), a block's or an endpoint's
+// slots', evicts idle blocks the same way, of its own pool first and then of
+// every other pool of the process, and is tried once more: the limit counts
+// every registration of the process, so one transport's idle blocks (a
+// server's after a burst of large requests) must not starve another's calls
+// (a channel's in the same process).
 //
 // What not to rely on: once put back a block may carry someone else's bytes,
 // or be freed; callers must not Put() a block a peer may still READ.
@@ -43,10 +47,16 @@
 
 namespace rdmarpc::transport::rdma {
 
+class RegisteredPool;
+
 // Every registration of the transport's memory goes through here (the pool's
-// blocks, the endpoint's slot regions): ibv_reg_mr, or null with errno set,
-// failing on purpose when a test asks (FaultInjection::FailRegistrations).
-ibv_mr* RegisterMemory(ibv_pd* pd, void* addr, size_t length, int access);
+// blocks, the endpoint's slot regions): ibv_reg_mr, failing on purpose when a
+// test asks (FaultInjection::FailRegistrations); refused for the
+// locked-memory limit (ENOMEM), tried once more after idle blocks were given
+// back: `first`'s (when not null), then other pools', largest first, as far
+// as `length` needs and there are any. Null with errno set when it fails.
+ibv_mr* RegisterWithinLockedLimit(ibv_pd* pd, void* addr, size_t length, int access,
+                                  RegisteredPool* first);
 // What a failed registration of `bytes` for `what` on `device` says, with
 // `err` its errno: RESOURCE_EXHAUSTED, for ENOMEM naming the locked-memory
 // limit and how to raise it (locked_memory.h).
@@ -63,6 +73,8 @@ class RegisteredPool {
     bool remote_read;
   };
 
+  // Each pool is listed process-wide from here to its destructor, for
+  // RegisterWithinLockedLimit.
   RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device, bool memory_windows);
   ~RegisteredPool();
   RegisteredPool(const RegisteredPool&) = delete;
@@ -91,7 +103,11 @@ class RegisteredPool {
   // Takes idle blocks of at least `bytes` in all out of the pool (fewer when
   // fewer are idle), largest first; they are to be destroyed outside mu_.
   std::vector<Block*> EvictLocked(size_t bytes);
+  // Evicts as EvictLocked and destroys what it took; returns those bytes.
+  size_t DestroyIdle(size_t bytes);
   void Destroy(Block* block);
+
+  friend size_t GiveBackIdleBlocks(size_t bytes, RegisteredPool* first);
 };
 
 }  // namespace rdmarpc::transport::rdma
