@@ -11,7 +11,10 @@
 //   - Echo::Service   the server base class: per rpc an overridable
 //                     `Status Say(ctx, req, resp)` (answers UNIMPLEMENTED unless
 //                     overridden) and `void SayAsync(ctx, req, resp, done)`
-//                     (calls Say unless overridden).
+//                     (calls Say unless overridden); it hands
+//                     Service::SetProtoFiles the file and its imports as
+//                     serialized FileDescriptorProtos, which the .rdmarpc.pb.cc
+//                     holds, for the reflection service (rpc/reflection.h).
 //
 // Naming: a name that is a C++ keyword gets a trailing '_' (as protobuf does
 // for fields); a generated member name that would collide with another in the

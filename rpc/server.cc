@@ -9,6 +9,7 @@
 #include "base/stage_trace.h"
 #include "base/steady_clock.h"
 #include "rpc/internal/payload.h"
+#include "rpc/internal/proto_method_name.h"
 #include "rpc/internal/spare_pool.h"
 
 namespace rdmarpc {
@@ -705,6 +706,11 @@ ServerBuilder& ServerBuilder::EnableStatsService() {
   return *this;
 }
 
+ServerBuilder& ServerBuilder::EnableReflectionService() {
+  reflection_ = true;
+  return *this;
+}
+
 ServerBuilder& ServerBuilder::AddInterceptor(std::shared_ptr<ServerInterceptor> interceptor) {
   interceptors_.push_back(std::move(interceptor));
   return *this;
@@ -737,11 +743,8 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
     server->health_ = std::make_unique<HealthService>();
     for (const Service* service : services_) {
       for (const Service::Method& m : service->methods()) {
-        // "/package.Service/Method" -> "package.Service"
-        const size_t end = m.full_name.rfind('/');
-        if (end != std::string::npos && end > 0) {
-          server->health_->SetServingStatus(m.full_name.substr(1, end - 1), true);
-        }
+        const absl::string_view name = internal::ServiceOfMethod(m.full_name);
+        if (!name.empty()) server->health_->SetServingStatus(std::string(name), true);
       }
     }
     services.push_back(server->health_.get());
@@ -750,8 +753,13 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
     server->stats_ = std::make_unique<StatsService>(server.get());
     services.push_back(server->stats_.get());
   }
+  if (reflection_) {
+    server->reflection_ = std::make_unique<ReflectionService>(services);
+    services.push_back(server->reflection_.get());
+  }
   for (const Service* service : services) {
-    const bool limited = service != server->health_.get() && service != server->stats_.get();
+    const bool limited = service != server->health_.get() && service != server->stats_.get() &&
+                         service != server->reflection_.get();
     for (const Service::Method& m : service->methods()) {
       auto [it, added] = server->methods_.emplace(
           m.id, Server::MethodEntry{&m, std::make_unique<std::atomic<uint64_t>>(0), limited});

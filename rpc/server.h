@@ -34,13 +34,15 @@
 // Server::health() sets what it answers, and Shutdown starts by marking
 // everything NOT_SERVING. EnableStatsService() hosts the stats service
 // (rpc/stats.h): the process's transport counters and this server's calls.
+// EnableReflectionService() hosts the reflection service (rpc/reflection.h):
+// the services hosted and their .proto descriptions.
 //
 // SetMaxConcurrentCalls(n) sheds load: with n calls in flight (queued for
 // a worker, running, or finishing asynchronously), the next is answered
 // RESOURCE_EXHAUSTED at once, its handler not run, so that a client may try
 // another server or later instead of queueing behind an overloaded one.
-// Health checks and stats neither count nor are refused: a busy server still
-// answers them.
+// Health checks, stats and reflection neither count nor are refused: a busy
+// server still answers them.
 // SetMaxConcurrentCallsPerConnection(n) does the same per connection, so
 // that one client flooding the server is refused before it takes every
 // slot of the global limit from the others.
@@ -74,6 +76,7 @@
 #include "rpc/interceptor.h"
 #include "rpc/internal/thread_pool.h"
 #include "rpc/internal/timer_queue.h"
+#include "rpc/reflection.h"
 #include "rpc/service.h"
 #include "rpc/stats.h"
 #include "rpc/status.h"
@@ -162,10 +165,11 @@ class Server : private transport::ConnectionObserver {
   // Before methods_, which point into them.
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<StatsService> stats_;
+  std::unique_ptr<ReflectionService> reflection_;
   struct MethodEntry {
     const Service::Method* method;
     std::unique_ptr<std::atomic<uint64_t>> calls;
-    bool limited;  // by max_calls_: all but the health and stats services'
+    bool limited;  // by max_calls_: all but the health, stats and reflection services'
   };
   std::unordered_map<uint32_t, MethodEntry> methods_;
   std::map<std::string, std::unique_ptr<transport::Transport>> transports_;  // by scheme
@@ -240,6 +244,9 @@ class ServerBuilder {
   ServerBuilder& EnableHealthService();
   // Hosts the stats service (rpc/stats.h) beside the registered ones.
   ServerBuilder& EnableStatsService();
+  // Hosts the reflection service (rpc/reflection.h) beside the registered
+  // ones, describing them, the other built-in ones and itself.
+  ServerBuilder& EnableReflectionService();
   // Runs `interceptor` around every call (rpc/interceptor.h), after those
   // added before it as calls come in and before them as they are answered.
   ServerBuilder& AddInterceptor(std::shared_ptr<ServerInterceptor> interceptor);
@@ -258,6 +265,7 @@ class ServerBuilder {
   transport::TransportTunables tunables_;
   bool health_ = false;
   bool stats_ = false;
+  bool reflection_ = false;
   std::vector<std::shared_ptr<ServerInterceptor>> interceptors_;
 };
 

@@ -74,15 +74,24 @@ class Service {
 
   virtual ~Service() = default;
   const std::vector<Method>& methods() const { return methods_; }
+  // The .proto file that declares the service and every file it imports,
+  // each after its imports, as serialized google.protobuf.FileDescriptorProto:
+  // what the reflection service (rpc/reflection.h) describes it by.
+  // Generated code sets them; a Service written by hand has none unless it
+  // sets them.
+  const std::vector<absl::string_view>& proto_files() const { return proto_files_; }
 
  protected:
   void AddMethod(std::string full_name, MethodHandler handler) {
     const uint32_t id = MethodId(full_name);
     methods_.push_back(Method{std::move(full_name), id, std::move(handler)});
   }
+  // `files` must outlive the Service (generated code passes static data).
+  void SetProtoFiles(std::vector<absl::string_view> files) { proto_files_ = std::move(files); }
 
  private:
   std::vector<Method> methods_;
+  std::vector<absl::string_view> proto_files_;
 };
 
 namespace internal {

@@ -20,4 +20,12 @@ std::string ProtoMethodName(const google::protobuf::FileDescriptor& file, absl::
   return absl::StrCat("/", s->full_name(), "/", m->name());
 }
 
+absl::string_view ServiceOfMethod(absl::string_view full_name) {
+  const size_t end = full_name.rfind('/');
+  if (full_name.empty() || full_name[0] != '/' || end == absl::string_view::npos || end < 2) {
+    return absl::string_view();
+  }
+  return full_name.substr(1, end - 1);
+}
+
 }  // namespace rdmarpc::internal

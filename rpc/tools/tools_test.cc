@@ -8,10 +8,15 @@
 // rdmarpc_stats: the counters it prints against the process's own, the
 // server's calls per method, a server without the stats service, and bad
 // arguments.
+// rdmarpc_call: the methods it lists, calls made from text and their
+// answers, a call that fails, a method the server does not have, a request
+// that does not parse, a server without the reflection service, and bad
+// arguments.
 //
-//   tools_test PATH_OF_rdmarpc_health_probe PATH_OF_rdmarpc_stats tcp|rdma
+//   tools_test PATH_OF_rdmarpc_health_probe PATH_OF_rdmarpc_stats PATH_OF_rdmarpc_call tcp|rdma
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -31,7 +36,8 @@ namespace {
 
 std::string probe_path;  // argv[1]
 std::string stats_path;  // argv[2]
-std::string listen_at;   // from argv[3]: where the test servers listen
+std::string call_path;   // argv[3]
+std::string listen_at;   // from argv[4]: where the test servers listen
 
 struct Outcome {
   int exit_status = -1;
@@ -198,19 +204,121 @@ TEST(Stats, PrintsTheProcessCountersAndTheServersCallsPerMethod) {
   EXPECT_NE(o.err.find("usage:"), std::string::npos) << o.err;
 }
 
+// Echoes the payload and numbers the calls.
+class NumberingEcho : public examples::Echo::Service {
+ public:
+  Status Say(ServerContext*, const examples::EchoRequest* req,
+             examples::EchoResponse* resp) override {
+    resp->set_payload(req->payload());
+    resp->set_server_calls(++calls_);
+    return Status();
+  }
+
+ private:
+  std::atomic<uint64_t> calls_{0};
+};
+
+// A service no .proto declares.
+class HandWritten : public Service {
+ public:
+  HandWritten() {
+    AddMethod("/rdmarpc.testing.HandWritten/Do",
+              UnaryHandler<examples::EchoRequest, examples::EchoResponse>(
+                  [](ServerContext*, const examples::EchoRequest*, examples::EchoResponse*,
+                     DoneCallback done) { std::move(done)(Status()); }));
+  }
+};
+
+TEST(Call, ListsTheServersMethodsAndCallsThemFromText) {
+  NumberingEcho echo;
+  HandWritten hand_written;
+  auto built = ServerBuilder()
+                   .AddListeningPort(listen_at)
+                   .RegisterService(&echo)
+                   .RegisterService(&hand_written)
+                   .EnableHealthService()
+                   .EnableReflectionService()
+                   .BuildAndStart();
+  ASSERT_TRUE(built.ok()) << built.status();
+  std::unique_ptr<Server> server = std::move(*built);
+  const std::string address = server->addresses()[0];
+  const std::string at = "--address " + address + " ";
+
+  Outcome o = RunTool(call_path, at);
+  EXPECT_EQ(o.exit_status, 0) << o.out << o.err;
+  EXPECT_EQ(o.out,
+            "rdmarpc.examples.Echo\n"
+            "  rpc Say(rdmarpc.examples.EchoRequest) returns (rdmarpc.examples.EchoResponse)\n"
+            "rdmarpc.health.v1.Health\n"
+            "  rpc Check(rdmarpc.health.v1.HealthCheckRequest) returns "
+            "(rdmarpc.health.v1.HealthCheckResponse)\n"
+            "rdmarpc.reflection.v1.Reflection\n"
+            "  rpc Describe(rdmarpc.reflection.v1.DescribeRequest) returns "
+            "(rdmarpc.reflection.v1.DescribeResponse)\n"
+            "rdmarpc.testing.HandWritten (undescribed: the server's binary has no .proto "
+            "description of it)\n")
+      << o.err;
+
+  o = RunTool(call_path,
+              at + "--method /rdmarpc.examples.Echo/Say --request 'payload: \"hi there\"'");
+  EXPECT_EQ(o.exit_status, 0) << o.out << o.err;
+  EXPECT_EQ(o.out, "payload: \"hi there\"\nserver_calls: 1\n") << o.err;
+  // The other spellings of a method; an empty request is all defaults.
+  o = RunTool(call_path, at + "--method rdmarpc.examples.Echo.Say");
+  EXPECT_EQ(o.exit_status, 0) << o.out << o.err;
+  EXPECT_EQ(o.out, "server_calls: 2\n") << o.err;
+  o = RunTool(call_path, at + "--method rdmarpc.examples.Echo/Say --request 'payload: \"x\"'");
+  EXPECT_EQ(o.out, "payload: \"x\"\nserver_calls: 3\n") << o.err;
+  EXPECT_EQ(server->MethodCallCounts().at("/rdmarpc.examples.Echo/Say"), 3u);
+
+  // A built-in service, and a call that ends with an error: exit 1.
+  o = RunTool(call_path, at + "--method /rdmarpc.health.v1.Health/Check --request 'service: \"\"'");
+  EXPECT_EQ(o.exit_status, 0) << o.out << o.err;
+  EXPECT_EQ(o.out, "status: SERVING\n") << o.err;
+  o = RunTool(call_path,
+              at + "--method /rdmarpc.health.v1.Health/Check --request 'service: \"no.Such\"'");
+  EXPECT_EQ(o.exit_status, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("/rdmarpc.health.v1.Health/Check: NOT_FOUND"), std::string::npos) << o.err;
+
+  o = RunTool(call_path, at + "--method /rdmarpc.examples.Echo/Shout");
+  EXPECT_EQ(o.exit_status, 3) << o.out << o.err;
+  EXPECT_NE(o.err.find("describes no method /rdmarpc.examples.Echo/Shout"), std::string::npos)
+      << o.err;
+  o = RunTool(call_path, at + "--method /rdmarpc.examples.Echo/Say --request 'volume: 11'");
+  EXPECT_EQ(o.exit_status, 3) << o.out << o.err;
+  EXPECT_NE(o.err.find("--request is not a rdmarpc.examples.EchoRequest in text format: 1:"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("volume"), std::string::npos) << o.err;
+  EXPECT_EQ(server->MethodCallCounts().at("/rdmarpc.examples.Echo/Say"), 3u)
+      << "a refused request was sent";
+
+  std::unique_ptr<Server> plain = StartServer(&echo, false);
+  ASSERT_NE(plain, nullptr);
+  o = RunTool(call_path, "--address " + plain->addresses()[0]);
+  EXPECT_EQ(o.exit_status, 2) << o.out << o.err;
+  EXPECT_NE(o.err.find("ServerBuilder::EnableReflectionService()"), std::string::npos) << o.err;
+  o = RunTool(call_path, "--method /rdmarpc.examples.Echo/Say");
+  EXPECT_EQ(o.exit_status, 3) << o.out << o.err;
+  EXPECT_NE(o.err.find("usage:"), std::string::npos) << o.err;
+}
+
 }  // namespace
 }  // namespace rdmarpc
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  const std::string scheme = argc == 4 ? argv[3] : "";
+  const std::string scheme = argc == 5 ? argv[4] : "";
   if (scheme != "tcp" && scheme != "rdma") {
-    fprintf(stderr, "usage: %s PATH_OF_rdmarpc_health_probe PATH_OF_rdmarpc_stats tcp|rdma\n",
+    fprintf(stderr,
+            "usage: %s PATH_OF_rdmarpc_health_probe PATH_OF_rdmarpc_stats PATH_OF_rdmarpc_call "
+            "tcp|rdma\n",
             argv[0]);
     return 2;
   }
   rdmarpc::probe_path = argv[1];
   rdmarpc::stats_path = argv[2];
+  rdmarpc::call_path = argv[3];
   if (scheme == "tcp") {
     rdmarpc::listen_at = "tcp://127.0.0.1:0";
   } else {

@@ -1,0 +1,180 @@
+// rdmarpc_call: lists the methods of a server, or calls one with a request
+// written in protobuf's text format and prints the response the same way, as
+// grpcurl does for gRPC. It learns the methods and messages from the server's
+// reflection service (rpc/reflection.h), so it needs none of the server's
+// code or .proto files:
+//
+//   rdmarpc_call --address rdma://10.0.0.7:7471
+//   demo.Greeter
+//     rpc Hello(demo.HelloRequest) returns (demo.HelloReply)
+//   rdmarpc_call --address rdma://10.0.0.7:7471 --method /demo.Greeter/Hello
+//       --request 'name: "world"'
+//   text: "hello world"
+//
+// --method takes "/demo.Greeter/Hello", "demo.Greeter/Hello" or
+// "demo.Greeter.Hello".
+//
+// Exit status: 0 answered (the call OK); 1 the call ended with an error (its
+// status on stderr); 2 no answer from the reflection service (unreachable,
+// timed out, a server without it); 3 bad arguments: an address that does not
+// parse, a method the server does not describe, a request that does not
+// parse as its message.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "google/protobuf/dynamic_message.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "proto/reflection.rdmarpc.pb.h"
+#include "rpc/method_id.h"
+#include "rpc/tools/call_once.h"
+
+ABSL_FLAG(std::string, address, "",
+          "the server: rdma://host:port, tcp://host:port or auto://host:port");
+ABSL_FLAG(std::string, method, "",
+          "the method to call, /package.Service/Method; without it, lists the server's methods");
+ABSL_FLAG(std::string, request, "", "the request, in protobuf's text format (empty: all defaults)");
+ABSL_FLAG(int, timeout_ms, 1000, "how long to wait for each answer, connecting included");
+
+namespace {
+
+using google::protobuf::DescriptorPool;
+using google::protobuf::MethodDescriptor;
+using rdmarpc::reflection::v1::DescribeRequest;
+using rdmarpc::reflection::v1::DescribeResponse;
+using rdmarpc::tools::kBadArguments;
+using rdmarpc::tools::kNoAnswer;
+
+constexpr char kTool[] = "rdmarpc_call";
+
+// The text parser's complaints, "line:column: what", for one line on stderr.
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    absl::StrAppend(&errors_, errors_.empty() ? "" : "; ", line + 1, ":", column + 1, ": ",
+                    message);
+  }
+  const std::string& errors() const { return errors_; }
+
+ private:
+  std::string errors_;
+};
+
+void List(const DescriptorPool& pool, const DescribeResponse& description) {
+  for (const std::string& name : description.services()) {
+    printf("%s\n", name.c_str());
+    const google::protobuf::ServiceDescriptor* service = pool.FindServiceByName(name);
+    for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
+      const MethodDescriptor* m = service->method(i);
+      printf("  rpc %s(%s) returns (%s)\n", m->name().c_str(), m->input_type()->full_name().c_str(),
+             m->output_type()->full_name().c_str());
+    }
+  }
+  for (const std::string& name : description.undescribed_services()) {
+    printf("%s (undescribed: the server's binary has no .proto description of it)\n", name.c_str());
+  }
+}
+
+// "/a.B/C", "a.B/C" or "a.B.C" in `pool`, or null.
+const MethodDescriptor* FindMethod(const DescriptorPool& pool, std::string name) {
+  if (!name.empty() && name[0] == '/') name.erase(0, 1);
+  size_t split = name.rfind('/');
+  if (split == std::string::npos) split = name.rfind('.');
+  if (split == std::string::npos) return nullptr;
+  const google::protobuf::ServiceDescriptor* service =
+      pool.FindServiceByName(name.substr(0, split));
+  return service == nullptr ? nullptr : service->FindMethodByName(name.substr(split + 1));
+}
+
+int Call(const std::string& address, const DescriptorPool& pool, const std::string& method_name,
+         const std::string& request_text, int timeout_ms) {
+  const MethodDescriptor* method = FindMethod(pool, method_name);
+  if (method == nullptr) {
+    fprintf(stderr,
+            "%s: the server at %s describes no method %s; `%s --address %s` lists those it "
+            "describes\n",
+            kTool, address.c_str(), method_name.c_str(), kTool, address.c_str());
+    return kBadArguments;
+  }
+  google::protobuf::DynamicMessageFactory factory(&pool);
+  std::unique_ptr<google::protobuf::Message> request(
+      factory.GetPrototype(method->input_type())->New());
+  std::unique_ptr<google::protobuf::Message> response(
+      factory.GetPrototype(method->output_type())->New());
+  google::protobuf::TextFormat::Parser parser;
+  CollectErrors errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(request_text, request.get())) {
+    fprintf(stderr, "%s: --request is not a %s in text format: %s\n", kTool,
+            method->input_type()->full_name().c_str(), errors.errors().c_str());
+    return kBadArguments;
+  }
+  const std::string full_name =
+      absl::StrCat("/", method->service()->full_name(), "/", method->name());
+  auto channel = rdmarpc::Channel::Create(address);
+  if (!channel.ok()) {
+    fprintf(stderr, "%s: %s: %s\n", kTool, address.c_str(), channel.status().ToString().c_str());
+    return kNoAnswer;
+  }
+  rdmarpc::ClientContext ctx;
+  ctx.set_timeout(absl::Milliseconds(timeout_ms));
+  const rdmarpc::Status s =
+      (*channel)->Call(rdmarpc::MethodInfo{full_name.c_str(), rdmarpc::MethodId(full_name)}, &ctx,
+                       *request, response.get());
+  if (!s.ok()) {
+    fprintf(stderr, "%s: %s: %s\n", kTool, full_name.c_str(), s.ToString().c_str());
+    return 1;
+  }
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(*response, &text);
+  fputs(text.c_str(), stdout);
+  return 0;
+}
+
+int Run(const std::string& address, const std::string& method, const std::string& request,
+        int timeout_ms) {
+  DescribeResponse description;
+  const int rc = rdmarpc::tools::CallOnce(
+      kTool, address, address, timeout_ms, "reflection", "EnableReflectionService",
+      [&](std::shared_ptr<rdmarpc::Channel> channel, rdmarpc::ClientContext* ctx) {
+        return rdmarpc::reflection::v1::Reflection::NewStub(channel)->Describe(
+            ctx, DescribeRequest(), &description);
+      });
+  if (rc != 0) return rc;
+  DescriptorPool pool;
+  for (const std::string& bytes : description.files()) {
+    google::protobuf::FileDescriptorProto file;
+    if (!file.ParseFromString(bytes) || pool.BuildFile(file) == nullptr) {
+      fprintf(stderr, "%s: the server at %s described %s in a way that does not build\n", kTool,
+              address.c_str(), file.name().empty() ? "a file" : file.name().c_str());
+      return kNoAnswer;
+    }
+  }
+  if (method.empty()) {
+    List(pool, description);
+    return 0;
+  }
+  return Call(address, pool, method, request, timeout_ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string address = absl::GetFlag(FLAGS_address);
+  const int timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+  if (address.empty() || timeout_ms <= 0) {
+    fprintf(stderr,
+            "usage: %s --address rdma://host:port [--method /package.Service/Method "
+            "[--request TEXT]] [--timeout_ms N > 0]\n",
+            kTool);
+    return kBadArguments;
+  }
+  return Run(address, absl::GetFlag(FLAGS_method), absl::GetFlag(FLAGS_request), timeout_ms);
+}
