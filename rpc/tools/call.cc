@@ -56,9 +56,11 @@ constexpr char kTool[] = "rdmarpc_call";
 // The text parser's complaints, "line:column: what", for one line on stderr.
 class CollectErrors : public google::protobuf::io::ErrorCollector {
  public:
+  // `line` is -1 for what concerns the whole message (required fields).
   void AddError(int line, int column, const std::string& message) override {
-    absl::StrAppend(&errors_, errors_.empty() ? "" : "; ", line + 1, ":", column + 1, ": ",
-                    message);
+    absl::StrAppend(&errors_, errors_.empty() ? "" : "; ");
+    if (line >= 0) absl::StrAppend(&errors_, line + 1, ":", column + 1, ": ");
+    absl::StrAppend(&errors_, message);
   }
   const std::string& errors() const { return errors_; }
 
