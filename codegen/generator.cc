@@ -237,8 +237,9 @@ void PrintHeader(Printer& p, const FileDescriptor* file, const std::vector<Servi
 void AddWithImports(const FileDescriptor* file, std::set<const FileDescriptor*>* added,
                     std::vector<const FileDescriptor*>* files) {
   if (!added->insert(file).second) return;
-  for (int i = 0; i < file->dependency_count(); ++i)
+  for (int i = 0; i < file->dependency_count(); ++i) {
     AddWithImports(file->dependency(i), added, files);
+  }
   files->push_back(file);
 }
 

@@ -52,8 +52,8 @@ struct FaultInjection {
   }
   static bool TakeRefusedSendBlock() { return Take(RefuseSendBlocks()); }
 
-  // The next N registrations of memory fail (RegisterWithinLockedLimit), as ibv_reg_mr
-  // does with ENOMEM past the locked-memory limit.
+  // The next N registrations of memory fail (RegisterWithinLockedLimit), as
+  // ibv_reg_mr does with ENOMEM past the locked-memory limit.
   static std::atomic<int>& FailRegistrations() {
     static std::atomic<int> n{0};
     return n;
