@@ -9,9 +9,9 @@
 // server's calls per method, a server without the stats service, and bad
 // arguments.
 // rdmarpc_call: the methods it lists, calls made from text and their
-// answers, a call that fails, a method the server does not have, a request
-// that does not parse, a server without the reflection service, and bad
-// arguments.
+// answers, metadata both ways, a call that fails, a method the server does
+// not have, a request that does not parse, a server without the reflection
+// service, and bad arguments.
 //
 //   tools_test PATH_OF_rdmarpc_health_probe PATH_OF_rdmarpc_stats PATH_OF_rdmarpc_call tcp|rdma
 #include <sys/wait.h>
@@ -204,11 +204,14 @@ TEST(Stats, PrintsTheProcessCountersAndTheServersCallsPerMethod) {
   EXPECT_NE(o.err.find("usage:"), std::string::npos) << o.err;
 }
 
-// Echoes the payload and numbers the calls.
+// Echoes the payload and the metadata, and numbers the calls.
 class NumberingEcho : public examples::Echo::Service {
  public:
-  Status Say(ServerContext*, const examples::EchoRequest* req,
+  Status Say(ServerContext* ctx, const examples::EchoRequest* req,
              examples::EchoResponse* resp) override {
+    for (const auto& [key, value] : ctx->client_metadata()) {
+      ctx->AddResponseMetadata("echo-" + key, value);
+    }
     resp->set_payload(req->payload());
     resp->set_server_calls(++calls_);
     return Status();
@@ -267,8 +270,13 @@ TEST(Call, ListsTheServersMethodsAndCallsThemFromText) {
   o = RunTool(call_path, at + "--method rdmarpc.examples.Echo.Say");
   EXPECT_EQ(o.exit_status, 0) << o.out << o.err;
   EXPECT_EQ(o.out, "server_calls: 2\n") << o.err;
-  o = RunTool(call_path, at + "--method rdmarpc.examples.Echo/Say --request 'payload: \"x\"'");
+  o = RunTool(call_path, at + "--method rdmarpc.examples.Echo/Say --request 'payload: \"x\"' "
+                              "--metadata request-id=42,tenant=a=b");
   EXPECT_EQ(o.out, "payload: \"x\"\nserver_calls: 3\n") << o.err;
+  EXPECT_NE(o.err.find("rdmarpc_call: server metadata: echo-request-id: 42\n"), std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("rdmarpc_call: server metadata: echo-tenant: a=b\n"), std::string::npos)
+      << o.err;
   EXPECT_EQ(server->MethodCallCounts().at("/rdmarpc.examples.Echo/Say"), 3u);
 
   // A built-in service, and a call that ends with an error: exit 1.
@@ -290,6 +298,12 @@ TEST(Call, ListsTheServersMethodsAndCallsThemFromText) {
             std::string::npos)
       << o.err;
   EXPECT_NE(o.err.find("volume"), std::string::npos) << o.err;
+  o = RunTool(call_path, at + "--method /rdmarpc.examples.Echo/Say --metadata tenant");
+  EXPECT_EQ(o.exit_status, 3) << o.out << o.err;
+  EXPECT_NE(o.err.find("--metadata tenant is not key=value"), std::string::npos) << o.err;
+  o = RunTool(call_path, at + "--method /rdmarpc.examples.Echo/Say --metadata Bad=1");
+  EXPECT_EQ(o.exit_status, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("INVALID_ARGUMENT"), std::string::npos) << o.err;
   EXPECT_EQ(server->MethodCallCounts().at("/rdmarpc.examples.Echo/Say"), 3u)
       << "a refused request was sent";
 
