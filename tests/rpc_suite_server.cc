@@ -18,6 +18,8 @@
 #include "absl/time/time.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "proto/health.rdmarpc.pb.h"
+#include "proto/reflection.rdmarpc.pb.h"
+#include "proto/stats.rdmarpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/health.h"
 #include "rpc/server.h"
@@ -270,10 +272,11 @@ void CancelAndAwaitRelease(std::vector<std::unique_ptr<AsyncCall>>& calls, Serve
 // call ends with a status (OK, or UNAVAILABLE / CANCELLED while it is down),
 // none hangs, and calls succeed again once it is back.
 // With SetMaxConcurrentCalls(2), two slow calls fill the server: a third
-// is refused RESOURCE_EXHAUSTED, its handler not run, while health checks
-// still answer; once the slow calls end, calls go through again. With
-// workers, and with inline handlers that finish on threads of their own.
-TEST_P(RpcSuite, CallsOverTheServersLimitAreRefusedAndHealthChecksAreNot) {
+// is refused RESOURCE_EXHAUSTED, its handler not run, while the built-in
+// services (health, stats, reflection) still answer, neither counted nor
+// refused; once the slow calls end, calls go through again. With workers,
+// and with inline handlers that finish on threads of their own.
+TEST_P(RpcSuite, CallsOverTheServersLimitAreRefusedAndBuiltInServicesAreNot) {
   for (int workers : {4, 0}) {
     SCOPED_TRACE(absl::StrCat("workers ", workers));
     EchoService service;
@@ -283,6 +286,8 @@ TEST_P(RpcSuite, CallsOverTheServersLimitAreRefusedAndHealthChecksAreNot) {
                      .SetWorkerThreads(workers)
                      .SetMaxConcurrentCalls(2)
                      .EnableHealthService()
+                     .EnableStatsService()
+                     .EnableReflectionService()
                      .BuildAndStart();
     ASSERT_TRUE(built.ok()) << built.status();
     Server& server = **built;
@@ -305,6 +310,24 @@ TEST_P(RpcSuite, CallsOverTheServersLimitAreRefusedAndHealthChecksAreNot) {
     auto serving = CheckHealth(*health, "");
     ASSERT_TRUE(serving.ok()) << serving.status();
     EXPECT_EQ(*serving, HealthCheckResponse::SERVING);
+    {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(10));
+      stats::v1::StatsResponse stats;
+      const Status s = stats::v1::Stats::NewStub(ch)->Get(&ctx, stats::v1::StatsRequest(), &stats);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(stats.calls_in_flight(), 2u);
+      EXPECT_EQ(stats.refused_over_limit(), 1u);
+    }
+    {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(10));
+      reflection::v1::DescribeResponse description;
+      const Status s = reflection::v1::Reflection::NewStub(ch)->Describe(
+          &ctx, reflection::v1::DescribeRequest(), &description);
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_GE(description.services_size(), 3);  // health, stats, reflection
+    }
     EXPECT_EQ(server.stats().refused_over_limit, 1u);
     EXPECT_EQ(server.stats().calls_in_flight, 2u);
     CancelAndAwaitRelease(calls, server);
