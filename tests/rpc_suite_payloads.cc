@@ -3,9 +3,11 @@
 // rpc_suite.h).
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "rpc/channel.h"
@@ -14,6 +16,7 @@
 #include "tests/proto/test_service.pb.h"
 #include "tests/rpc_suite.h"
 #include "tests/rpc_suite_util.h"
+#include "transport/memory_quota.h"
 
 namespace rdmarpc::testing {
 namespace {
@@ -208,6 +211,80 @@ TEST_P(RpcSuite, AttachmentsCountAgainstMaxMessageSize) {
   ctx.set_request_attachment(Attachment::CopyOf("fits"));
   ASSERT_TRUE(big->Call(kEcho, &ctx, Req("still fine"), &resp).ok());
   EXPECT_EQ(ctx.response_attachment().view(), "fits");
+}
+
+// Two servers and two channels, every transport given one memory quota
+// (transport/memory_quota.h): payload sizes that change on one pair are
+// not refused for the other pair's idle memory, a message larger than the
+// quota is refused naming it, and what one channel holds (a response
+// attachment it keeps) refuses another's call until it is let go. Over TCP
+// a payload counts once, where it is received; over RDMA twice, in the
+// sender's registered buffer and in the receiver's, each up to a quarter
+// larger than the payload (transport/rdma/size_classes.h). So the quota is
+// 10 MiB over TCP and 20 MiB over RDMA: a 6 MiB attachment held and
+// another in transit need 12 MiB over TCP and 21 over RDMA, past either
+// quota, and one alone fits.
+TEST_P(RpcSuite, TransportsSharingAMemoryQuotaAreBoundTogether) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  const bool over_tcp = absl::StartsWith(GetParam().name, "tcp");
+  auto quota = transport::MemoryQuota::Create("suite", (over_tcp ? 10 : 20) * kMiB);
+  {
+    transport::TransportTunables tunables;
+    tunables.memory_quota = quota;
+    TestServer first_server(GetParam().listen_addr(), 64 * kMiB, 4, tunables);
+    TestServer second_server(GetParam().listen_addr(), 64 * kMiB, 4, tunables);
+    ASSERT_TRUE(first_server.server && second_server.server);
+    ChannelOptions options;
+    options.transport = tunables;
+    auto first = MakeChannel(first_server.address, options);
+    auto second = MakeChannel(second_server.address, options);
+    const auto send = [](Channel& ch, size_t size) {
+      ClientContext ctx;
+      ctx.set_timeout(absl::Seconds(30));
+      EchoRequest req = Req(std::string(size, 'q'));
+      req.set_response_size(1);
+      EchoResponse resp;
+      return ch.Call(kEcho, &ctx, req, &resp);
+    };
+    // Over RDMA: 3 MiB leave two 3.5 MiB buffers idle, and 6 MiB need two
+    // of 7 MiB, 21 MiB with the idle ones kept; then 3 MiB again need the
+    // 3.5 MiB ones back beside those 7 MiB ones, idle now (21 MiB).
+    for (auto [ch, size] : {std::pair{first.get(), 3 * kMiB}, std::pair{second.get(), 6 * kMiB},
+                            std::pair{first.get(), 3 * kMiB}}) {
+      const Status s = send(*ch, size);
+      EXPECT_TRUE(s.ok()) << size << " bytes: " << s;
+    }
+    const Status too_big = send(*first, 24 * kMiB);
+    EXPECT_EQ(too_big.code(), StatusCode::kResourceExhausted) << too_big;
+    EXPECT_NE(too_big.message().find("memory quota \"suite\""), absl::string_view::npos) << too_big;
+    const Status after = send(*first, kMiB);
+    EXPECT_TRUE(after.ok()) << "after the refusal: " << after;
+
+    const auto attachment_back = [](Channel& ch, ClientContext* ctx) {
+      ctx->set_timeout(absl::Seconds(30));
+      EchoRequest req = Req("attachment");
+      req.set_response_attachment_size(static_cast<int64_t>(6 * kMiB));
+      EchoResponse resp;
+      return ch.Call(kEcho, ctx, req, &resp);
+    };
+    auto kept = std::make_unique<ClientContext>();
+    const Status held = attachment_back(*first, kept.get());
+    ASSERT_TRUE(held.ok()) << held;
+    ASSERT_EQ(kept->response_attachment().size(), 6 * kMiB);
+    {
+      ClientContext ctx;
+      const Status refused = attachment_back(*second, &ctx);
+      EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
+      EXPECT_NE(refused.message().find("memory quota \"suite\""), absl::string_view::npos)
+          << refused;
+    }
+    kept.reset();
+    ClientContext ctx;
+    const Status let_go = attachment_back(*second, &ctx);
+    EXPECT_TRUE(let_go.ok()) << "once the first channel let go: " << let_go;
+    EXPECT_EQ(ctx.response_attachment().size(), 6 * kMiB);
+  }
+  EXPECT_EQ(quota->used(), 0u) << "payload memory outlived the servers and channels";
 }
 
 }  // namespace

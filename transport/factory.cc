@@ -43,8 +43,10 @@ absl::StatusOr<std::string> ResolveScheme(const std::string& scheme, const std::
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const std::string& scheme,
-                                                         const TransportOptions& options,
+                                                         const TransportOptions& given,
                                                          const TransportTunables& tunables) {
+  TransportOptions options = given;
+  if (tunables.memory_quota) options.memory_quota = tunables.memory_quota;
   absl::StatusOr<std::string> kind = ResolveScheme(scheme, options.name, tunables);
   if (!kind.ok()) return kind.status();
   // A transport that could not start its thread (or, at the descriptor

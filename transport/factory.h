@@ -57,6 +57,10 @@ struct TransportTunables {
   // last call ends (rpc/channel.h). Zero: never; the TCP connection is kept
   // while it lasts.
   absl::Duration tcp_fallback_upgrade = absl::Seconds(10);
+  // One bound on payload memory shared by every transport given the same
+  // quota (transport/memory_quota.h): a server's and its process's
+  // channels', say. Null: each transport has only its own bounds.
+  std::shared_ptr<MemoryQuota> memory_quota;
 };
 
 // The transport for `scheme`, its tunables overridden by the environment.

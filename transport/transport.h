@@ -45,6 +45,7 @@
 #include "base/steady_clock.h"
 #include "transport/address.h"
 #include "transport/buffer.h"
+#include "transport/memory_quota.h"
 #include "transport/wire_format.h"
 
 namespace rdmarpc::transport {
@@ -235,6 +236,9 @@ struct TransportOptions {
   std::string name = "rdmarpc";
   // A server's transport: sizes receive resources for many peers.
   bool listening = false;
+  // Shared with other transports (memory_quota.h); null: none. MakeTransport
+  // sets it from TransportTunables::memory_quota where that is set.
+  std::shared_ptr<MemoryQuota> memory_quota;
 };
 
 // The payload (absl::Status::SetPayload) of a Connect error that says the

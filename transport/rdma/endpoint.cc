@@ -87,15 +87,17 @@ std::chrono::nanoseconds SweepInterval(const RdmaOptions& o) {
 
 absl::StatusOr<std::shared_ptr<Endpoint>> Endpoint::Create(ibv_context* verbs,
                                                            const RdmaOptions& options, Side side,
-                                                           const std::string& owner) {
+                                                           const std::string& owner,
+                                                           std::shared_ptr<MemoryQuota> quota) {
   PrepareForFork();
-  std::shared_ptr<Endpoint> ep(new Endpoint(verbs, options, side, owner),
+  std::shared_ptr<Endpoint> ep(new Endpoint(verbs, options, side, owner, std::move(quota)),
                                [](Endpoint* e) { e->EndLoan(); });
   if (absl::Status s = ep->Init(); !s.ok()) return s;
   return ep;
 }
 
-Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, std::string owner)
+Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, std::string owner,
+                   std::shared_ptr<MemoryQuota> quota)
     : verbs_(verbs),
       options_(options),
       side_(side),
@@ -104,6 +106,7 @@ Endpoint::Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, st
       receive_slots_option_(side == Side::kServer ? "server_receive_slots"
                                                   : "client_receive_slots"),
       owner_(std::move(owner)),
+      memory_quota_(std::move(quota)),
       spare_(static_cast<uint32_t>(target_ + options.max_held_slots)),
       sweep_interval_(SweepInterval(options)) {
   shares_credits_ = side == Side::kServer && !options.strict_credits;
@@ -151,8 +154,8 @@ absl::Status Endpoint::Init() {
             device_windows ? "RdmaOptions::memory_windows is off"
                            : "the device has no type-2 memory windows");
   }
-  pool_ =
-      std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_, windows);
+  pool_ = std::make_unique<RegisteredPool>(pd_, options_.max_registered_bytes, device_name_,
+                                           windows, memory_quota_);
   binds_wait_for_quiet_queue_ = windows && device_attr_.vendor_id == kSoftRoceVendorId;
   wake_fd_ = NewWakeFd(FaultInjection::WakeFdOf::kEndpoint);
   if (wake_fd_ < 0) {

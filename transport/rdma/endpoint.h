@@ -125,9 +125,12 @@ class Endpoint {
   // or a client's (the peers send responses to our calls). It decides which
   // RdmaOptions field sizes the SRQ and what the endpoint tells its user to try.
   enum class Side { kServer, kClient };
+  // `quota` (null: none) bounds the payload pool together with other
+  // transports' (transport/memory_quota.h).
   static absl::StatusOr<std::shared_ptr<Endpoint>> Create(ibv_context* verbs,
                                                           const RdmaOptions& options, Side side,
-                                                          const std::string& owner);
+                                                          const std::string& owner,
+                                                          std::shared_ptr<MemoryQuota> quota);
   // Stops the poller thread (joins it); connections must be gone. Idempotent;
   // never from the poller thread itself.
   void Stop();
@@ -325,7 +328,8 @@ class Endpoint {
   }
 
  private:
-  Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, std::string owner);
+  Endpoint(ibv_context* verbs, const RdmaOptions& options, Side side, std::string owner,
+           std::shared_ptr<MemoryQuota> quota);
   ~Endpoint();  // through EndLoan only
   absl::Status Init();
   absl::Status GrowSlots();  // poller thread or Init
@@ -371,6 +375,7 @@ class Endpoint {
   const size_t refill_below_;  // RefillSrq once posted_ is below it
   const char* const receive_slots_option_;  // the RdmaOptions field target_ comes from
   const std::string owner_;
+  const std::shared_ptr<MemoryQuota> memory_quota_;  // for pool_, made in Init
   std::string device_name_;
   ibv_device_attr device_attr_{};
   ibv_pd* pd_ = nullptr;

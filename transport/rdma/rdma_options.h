@@ -111,7 +111,8 @@ struct RdmaOptions {
   // naming it when reached), per device: a transport whose connections use
   // two devices has a pool on each. Slot-sized memory has bounds of its own:
   // receive slots target + max_held_slots, small payload blocks and send
-  // slots Endpoint::kMaxSmallBlocks and kMaxSendBlocks.
+  // slots Endpoint::kMaxSmallBlocks and kMaxSendBlocks. One bound for
+  // several transports together: TransportTunables::memory_quota.
   size_t max_registered_bytes = size_t{1} << 30;
   // Entries of a completion queue of the transport (shared by the SRQ's
   // receives and the send queues of the connections on it) to begin with,

@@ -292,7 +292,7 @@ absl::StatusOr<Endpoint*> RdmaTransport::EndpointFor(rdma_cm_id* id) {
     sized.cq_entries = InitialCqEntries(rdma_, server_);
     auto made = Endpoint::Create(id->verbs, sized,
                                  server_ ? Endpoint::Side::kServer : Endpoint::Side::kClient,
-                                 options_.name);
+                                 options_.name, options_.memory_quota);
     if (!made.ok()) {
       endpoints_.erase(id->verbs);
       return made.status();

@@ -40,15 +40,18 @@ Pools& AllPools() {
 
 }  // namespace
 
-// Idle blocks of `first` (when not null), then of the process's other pools,
-// destroyed until `bytes` are or none is left; returns the bytes destroyed.
-size_t GiveBackIdleBlocks(size_t bytes, RegisteredPool* first) {
+// Idle blocks of `first` (when not null), then of the process's other pools
+// (those that share the quota `of`, when not null), destroyed until `bytes`
+// are or none is left; returns the bytes destroyed.
+size_t GiveBackIdleBlocks(size_t bytes, RegisteredPool* first, const MemoryQuota* of) {
   Pools& pools = AllPools();
   std::lock_guard<std::mutex> lock(pools.mu);
   size_t freed = first != nullptr ? first->DestroyIdle(bytes) : 0;
   for (RegisteredPool* pool : pools.all) {
     if (freed >= bytes) break;
-    if (pool != first) freed += pool->DestroyIdle(bytes - freed);
+    if (pool != first && (of == nullptr || pool->quota_.get() == of)) {
+      freed += pool->DestroyIdle(bytes - freed);
+    }
   }
   return freed;
 }
@@ -57,7 +60,7 @@ ibv_mr* RegisterWithinLockedLimit(ibv_pd* pd, void* addr, size_t length, int acc
                                   RegisteredPool* first) {
   ibv_mr* mr = RegisterMemory(pd, addr, length, access);
   if (mr != nullptr || errno != ENOMEM) return mr;
-  if (GiveBackIdleBlocks(length, first) == 0) {
+  if (GiveBackIdleBlocks(length, first, nullptr) == 0) {
     errno = ENOMEM;
     return nullptr;
   }
@@ -72,8 +75,12 @@ absl::Status RegistrationError(size_t bytes, const std::string& what, const std:
 }
 
 RegisteredPool::RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device,
-                               bool memory_windows)
-    : pd_(pd), max_bytes_(max_bytes), device_(std::move(device)), memory_windows_(memory_windows) {
+                               bool memory_windows, std::shared_ptr<MemoryQuota> quota)
+    : pd_(pd),
+      max_bytes_(max_bytes),
+      device_(std::move(device)),
+      memory_windows_(memory_windows),
+      quota_(std::move(quota)) {
   Pools& pools = AllPools();
   std::lock_guard<std::mutex> lock(pools.mu);
   pools.all.push_back(this);
@@ -100,7 +107,14 @@ void RegisteredPool::Destroy(Block* block) {
     free(block->data);
   }
   Uncount(&RdmaCounters::registered_bytes, block->capacity);
+  if (quota_) quota_->Release(block->capacity);
   delete block;
+}
+
+bool RegisteredPool::ReserveOnQuota(size_t bytes) {
+  if (!quota_ || quota_->TryReserve(bytes)) return true;
+  GiveBackIdleBlocks(quota_->Shortfall(bytes), this, quota_.get());
+  return quota_->TryReserve(bytes);
 }
 
 size_t RegisteredPool::IdleBytesLocked() const {
@@ -173,8 +187,14 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
     registered_ += capacity;  // reserved; undone below on failure
   }
   for (Block* b : evicted) Destroy(b);
+  if (!ReserveOnQuota(capacity)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_ -= capacity;
+    return quota_->Exceeded(capacity, absl::StrCat("a payload block on ", device_));
+  }
   void* mem = nullptr;
   if (posix_memalign(&mem, 4096, capacity) != 0) {
+    if (quota_) quota_->Release(capacity);
     std::lock_guard<std::mutex> lock(mu_);
     registered_ -= capacity;
     return OutOfMemory(
@@ -187,6 +207,7 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
   if (mr == nullptr) {
     const int err = errno;
     free(mem);
+    if (quota_) quota_->Release(capacity);
     std::lock_guard<std::mutex> lock(mu_);
     registered_ -= capacity;
     return RegistrationError(capacity, "payload buffers", device_, err);

@@ -25,7 +25,12 @@
 // every other pool of the process, and is tried once more: the limit counts
 // every registration of the process, so one transport's idle blocks (a
 // server's after a burst of large requests) must not starve another's calls
-// (a channel's in the same process).
+// (a channel's in the same process). A pool given a memory quota (shared
+// with other transports, transport/memory_quota.h) reserves each block's
+// bytes there too; a block the quota has no room for evicts idle blocks of
+// its own pool and then of the other pools that share the quota, largest
+// first, and fails RESOURCE_EXHAUSTED naming the quota only if that was not
+// enough.
 //
 // What not to rely on: once put back a block may carry someone else's bytes,
 // or be freed; callers must not Put() a block a peer may still READ.
@@ -37,12 +42,14 @@
 #include <infiniband/verbs.h>
 
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "transport/memory_quota.h"
 #include "transport/rdma/size_classes.h"
 
 namespace rdmarpc::transport::rdma {
@@ -74,8 +81,10 @@ class RegisteredPool {
   };
 
   // Each pool is listed process-wide from here to its destructor, for
-  // RegisterWithinLockedLimit.
-  RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device, bool memory_windows);
+  // RegisterWithinLockedLimit and for the pools that share `quota` (null:
+  // none).
+  RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device, bool memory_windows,
+                 std::shared_ptr<MemoryQuota> quota = nullptr);
   ~RegisteredPool();
   RegisteredPool(const RegisteredPool&) = delete;
   RegisteredPool& operator=(const RegisteredPool&) = delete;
@@ -93,6 +102,7 @@ class RegisteredPool {
   const size_t max_bytes_;
   const std::string device_;
   const bool memory_windows_;
+  const std::shared_ptr<MemoryQuota> quota_;
   mutable std::mutex mu_;
   size_t registered_ = 0;                        // guarded by mu_
   std::vector<Block*> free_[2][kSizeClasses];    // [remote_read][class], guarded by mu_
@@ -106,8 +116,11 @@ class RegisteredPool {
   // Evicts as EvictLocked and destroys what it took; returns those bytes.
   size_t DestroyIdle(size_t bytes);
   void Destroy(Block* block);
+  // Reserves `bytes` on the quota (true when there is none), after idle
+  // blocks of the pools that share it made room where needed.
+  bool ReserveOnQuota(size_t bytes);
 
-  friend size_t GiveBackIdleBlocks(size_t bytes, RegisteredPool* first);
+  friend size_t GiveBackIdleBlocks(size_t bytes, RegisteredPool* first, const MemoryQuota* of);
 };
 
 }  // namespace rdmarpc::transport::rdma

@@ -9,11 +9,14 @@
 
 namespace rdmarpc::transport {
 
-ReceiveBudget* ReceiveBudget::New(size_t bound) { return new ReceiveBudget(bound); }
+ReceiveBudget* ReceiveBudget::New(size_t bound, std::shared_ptr<MemoryQuota> quota) {
+  return new ReceiveBudget(bound, std::move(quota));
+}
 
 void ReceiveBudget::Drop() { Release(kOwner); }
 
 void ReceiveBudget::Release(uint64_t bytes) {
+  if (quota_ && bytes != kOwner) quota_->Release(bytes);
   if (value_.fetch_sub(bytes, std::memory_order_acq_rel) == bytes) delete this;
 }
 
@@ -24,6 +27,9 @@ std::optional<ReceiveBudget::Incoming> ReceiveBudget::Allocate(size_t size) {
 }
 
 absl::Status ReceiveBudget::Exceeded(size_t bytes, absl::string_view from) const {
+  if (quota_ && bytes <= bound_ && held() <= bound_ - bytes && !quota_->Fits(bytes)) {
+    return quota_->Exceeded(bytes, absl::StrCat("a message from ", from, " (it was skipped)"));
+  }
   return absl::ResourceExhaustedError(
       absl::StrCat("a message of ", bytes, " bytes from ", from, " does not fit under ",
                    "TcpOptions::max_receive_bytes, ", bound_,
@@ -64,6 +70,10 @@ bool ReceiveBudget::Incoming::Count(size_t bytes) {
     }
     if (bytes > budget_->bound_ || now - kOwner > budget_->bound_ - bytes) return false;
   } while (!value.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
+  if (budget_->quota_ && !budget_->quota_->TryReserve(bytes)) {
+    value.fetch_sub(bytes, std::memory_order_relaxed);
+    return false;
+  }
   counted_ += bytes;
   return true;
 }

@@ -7,7 +7,7 @@
 // has. Over RDMA the registered pool's bound (RdmaOptions::
 // max_registered_bytes) already caps this; this is TCP's counterpart.
 //
-//   ReceiveBudget* budget = ReceiveBudget::New(1 << 30);  // the owner's reference
+//   ReceiveBudget* budget = ReceiveBudget::New(1 << 30, quota);  // the owner's reference
 //   std::optional<ReceiveBudget::Incoming> in = budget->Allocate(len);
 //   // per read(2) into in->data():  if (!in->Count(n)) { refuse: budget->Exceeded(...) }
 //   Buffer payload = std::move(*in).Take();               // once all `len` bytes came
@@ -26,6 +26,9 @@
 //   owner (Drop) or the payloads. One atomic word holds both, the owner's
 //   share as kOwner, so a payload costs one read-modify-write when its bytes
 //   arrive and one when it is released, with no reference count of its own.
+// - Bytes counted count against the memory quota too, when there is one
+//   (transport/memory_quota.h), as long as they count here; the budget
+//   keeps the quota alive until they are released.
 // - Metadata (at most kMaxMetadataBytes a frame, which takes memory only as
 //   its bytes arrive) is not counted, nor is what waits to be sent
 //   (TcpOptions::max_queued_send_bytes and max_queued_send_bytes_total bound
@@ -42,14 +45,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "transport/buffer.h"
+#include "transport/memory_quota.h"
 
 namespace rdmarpc::transport {
 
 class ReceiveBudget {
  public:
-  // A budget of `bound` bytes, and its owner's reference, which Drop gives
-  // back.
-  static ReceiveBudget* New(size_t bound);
+  // A budget of `bound` bytes, within `quota` when not null, and its owner's
+  // reference, which Drop gives back.
+  static ReceiveBudget* New(size_t bound, std::shared_ptr<MemoryQuota> quota = nullptr);
   // The owner lets go. Fits, Count and held need the owner's reference.
   void Drop();
 
@@ -65,7 +69,7 @@ class ReceiveBudget {
     char* data() const { return data_.get(); }
     size_t size() const { return size_; }
     // Counts `bytes` more of it as arrived; false, counting nothing, when
-    // that would take the budget past its bound.
+    // that would take the budget past its bound, or the quota past its own.
     bool Count(size_t bytes);
     // The payload, once all of it is counted: a Buffer that gives its bytes
     // back to the budget when released.
@@ -87,12 +91,15 @@ class ReceiveBudget {
   // nullopt when the process has none to give.
   std::optional<Incoming> Allocate(size_t size);
 
-  // Whether `bytes` more fit under the bound now.
-  bool Fits(size_t bytes) const { return bytes <= bound_ && held() <= bound_ - bytes; }
+  // Whether `bytes` more fit under the bound, and the quota's, now.
+  bool Fits(size_t bytes) const {
+    return bytes <= bound_ && held() <= bound_ - bytes && (!quota_ || quota_->Fits(bytes));
+  }
   // Bytes counted now: arrived, and not yet released.
   size_t held() const { return value_.load(std::memory_order_relaxed) - kOwner; }
   // RESOURCE_EXHAUSTED for a message of `bytes` from `from` ("tcp://...")
-  // that does not fit: names the option, the bound and what is held.
+  // that does not fit: names the option (or the quota, when it is the
+  // quota that has no room), the bound and what is held.
   absl::Status Exceeded(size_t bytes, absl::string_view from) const;
 
  private:
@@ -101,12 +108,14 @@ class ReceiveBudget {
   // and every payload have let go.
   static constexpr uint64_t kOwner = uint64_t{1} << 63;
 
-  explicit ReceiveBudget(size_t bound) : bound_(bound) {}
+  ReceiveBudget(size_t bound, std::shared_ptr<MemoryQuota> quota)
+      : bound_(bound), quota_(std::move(quota)) {}
   // Gives back `bytes` (or the owner's share), freeing the budget on the
   // last.
   void Release(uint64_t bytes);
 
   const size_t bound_;
+  const std::shared_ptr<MemoryQuota> quota_;
   std::atomic<uint64_t> value_{kOwner};
 };
 

@@ -17,7 +17,8 @@ namespace {
 
 // Owns the owner's reference for a test.
 struct Budget {
-  explicit Budget(size_t bound) : b(ReceiveBudget::New(bound)) {}
+  explicit Budget(size_t bound, std::shared_ptr<MemoryQuota> quota = nullptr)
+      : b(ReceiveBudget::New(bound, std::move(quota))) {}
   ~Budget() {
     if (b != nullptr) b->Drop();
   }
@@ -99,6 +100,47 @@ TEST(ReceiveBudget, PayloadsOutliveTheOwnersReference) {
   c.join();
   EXPECT_EQ(kept[1].size(), 10u);
   kept.clear();  // the last: frees the budget
+}
+
+// Two transports' budgets given one quota: bytes count on both, each
+// budget refuses what the quota has no room for though its own bound has,
+// and names the quota then; what is released, and a refusal, leave the
+// quota as they leave the budget.
+TEST(ReceiveBudget, BudgetsSharingAQuotaAreBoundTogether) {
+  auto quota = MemoryQuota::Create("both", 1000);
+  Budget first(800, quota);
+  Budget second(800, quota);
+  std::optional<ReceiveBudget::Incoming> a = first->Allocate(700);
+  std::optional<ReceiveBudget::Incoming> b = second->Allocate(500);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Count(700));
+  EXPECT_EQ(quota->used(), 700u);
+  EXPECT_FALSE(second->Fits(500)) << "the quota's room was not looked at";
+  EXPECT_TRUE(second->Fits(300));
+  ASSERT_TRUE(b->Count(300));
+  EXPECT_FALSE(b->Count(200)) << "counted past the quota";
+  EXPECT_EQ(second->held(), 300u) << "a refusal by the quota counted on the budget";
+  EXPECT_EQ(quota->used(), 1000u);
+
+  const absl::Status why = second->Exceeded(500, "tcp://10.0.0.7:7000");
+  EXPECT_EQ(why.code(), absl::StatusCode::kResourceExhausted) << why;
+  for (const char* part : {"500 bytes for a message from tcp://10.0.0.7:7000",
+                           "memory quota \"both\"", "1000 bytes", "1000 held now"}) {
+    EXPECT_NE(why.message().find(part), absl::string_view::npos)
+        << "\"" << part << "\" not in: " << why;
+  }
+  const absl::Status own = first->Exceeded(900, "tcp://10.0.0.8:7000");
+  EXPECT_NE(own.message().find("TcpOptions::max_receive_bytes"), absl::string_view::npos)
+      << "past the budget's own bound, the bound is not named: " << own;
+
+  b.reset();
+  EXPECT_EQ(quota->used(), 700u);
+  Buffer kept = std::move(*a).Take();
+  a.reset();
+  EXPECT_EQ(quota->used(), 700u) << "a delivered payload stopped counting on the quota";
+  kept.Reset();
+  EXPECT_EQ(quota->used(), 0u);
+  EXPECT_TRUE(second->Fits(800));
 }
 
 // Many payloads arriving on some threads while others are released on

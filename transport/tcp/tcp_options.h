@@ -47,7 +47,8 @@ struct TcpOptions {
   // read and thrown away, and its call ends RESOURCE_EXHAUSTED naming the
   // bound; the connection goes on. TCP's counterpart of
   // RdmaOptions::max_registered_bytes, with the same default; a bound below
-  // max_message_size refuses the messages between.
+  // max_message_size refuses the messages between. One bound for several
+  // transports together: TransportTunables::memory_quota.
   size_t max_receive_bytes = size_t{1} << 30;
 };
 

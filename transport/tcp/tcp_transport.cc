@@ -815,7 +815,7 @@ class TcpListener : public Listener, public TcpTransport::IoHandler {
 TcpTransport::TcpTransport(TransportOptions options, TcpOptions tcp)
     : options_(std::move(options)),
       tcp_(tcp),
-      receive_budget_(ReceiveBudget::New(tcp.max_receive_bytes)) {
+      receive_budget_(ReceiveBudget::New(tcp.max_receive_bytes, options_.memory_quota)) {
   const auto fd_failed = [&](const char* what) {
     const int err = errno;
     return WithFileLimitAdvice(
