@@ -28,9 +28,9 @@
 // belongs to RESOURCE_EXHAUSTED, naming the quota.
 //
 // What not to rely on: reservations are first come, first served, with no
-// fairness between transports; a transport may keep what it holds (idle
-// TCP memory is released at once, idle RDMA blocks only when another block
-// needs their room or their transport is destroyed).
+// fairness between transports. used() counts idle RDMA blocks: they stay
+// reserved until a block of a transport that shares the quota needs their
+// room, or their transport is destroyed.
 #ifndef RDMARPC_TRANSPORT_MEMORY_QUOTA_H_
 #define RDMARPC_TRANSPORT_MEMORY_QUOTA_H_
 

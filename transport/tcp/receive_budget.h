@@ -10,8 +10,8 @@
 //   ReceiveBudget* budget = ReceiveBudget::New(1 << 30, quota);  // the owner's reference
 //   std::optional<ReceiveBudget::Incoming> in = budget->Allocate(len);
 //   // per read(2) into in->data():  if (!in->Count(n)) { refuse: budget->Exceeded(...) }
-//   Buffer payload = std::move(*in).Take();               // once all `len` bytes came
-//   budget->Drop();                                        // payloads may outlive it
+//   Buffer payload = std::move(*in).Take();                      // once all `len` bytes came
+//   budget->Drop();                                              // payloads may outlive it
 //
 // What it counts, and what not to rely on:
 // - Bytes count as they arrive, not when a header announces them. A peer that
@@ -25,7 +25,8 @@
 //   transport is gone. So the budget is freed by whichever lets go last: the
 //   owner (Drop) or the payloads. One atomic word holds both, the owner's
 //   share as kOwner, so a payload costs one read-modify-write when its bytes
-//   arrive and one when it is released, with no reference count of its own.
+//   arrive and one when it is released (two each with a memory quota), with
+//   no reference count of its own.
 // - Bytes counted count against the memory quota too, when there is one
 //   (transport/memory_quota.h), as long as they count here; the budget
 //   keeps the quota alive until they are released.

@@ -106,8 +106,8 @@ class TcpTransport : public Transport {
   const TransportOptions options_;
   const TcpOptions tcp_;
   // TcpOptions::max_receive_bytes over every connection (and the memory
-  // quota, where options_ has one); Drop()ped by the
-  // destructor, and freed once the last payload it counts is released.
+  // quota, where options_ has one); Drop()ped by the destructor, and freed
+  // once the last payload it counts is released.
   ReceiveBudget* const receive_budget_;
   // Bytes queued on all connections (TcpOptions::max_queued_send_bytes_total),
   // as each last counted them (TcpConnection::CountQueuedLocked).
