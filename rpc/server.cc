@@ -731,6 +731,7 @@ StatusOr<std::unique_ptr<Server>> ServerBuilder::BuildAndStart() {
                                             static_cast<size_t>(max_calls_),
                                             static_cast<size_t>(max_calls_per_conn_)));
   server->interceptors_ = interceptors_;
+  server->memory_quota_ = tunables_.memory_quota;
   // Before any listener: a call may come as soon as one listens.
   auto pool = internal::ThreadPool::Create(workers, "rpc-handler", "the server's handlers");
   if (!pool.ok()) return pool.status();

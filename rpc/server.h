@@ -81,6 +81,7 @@
 #include "rpc/stats.h"
 #include "rpc/status.h"
 #include "transport/factory.h"
+#include "transport/memory_quota.h"
 #include "transport/transport.h"
 
 namespace rdmarpc {
@@ -113,6 +114,10 @@ class Server : private transport::ConnectionObserver {
 
   // The health service, when the builder enabled it; null otherwise.
   HealthService* health() const { return health_.get(); }
+
+  // The memory quota its transports share with others
+  // (TransportTunables::memory_quota); null when it has none.
+  const std::shared_ptr<transport::MemoryQuota>& memory_quota() const { return memory_quota_; }
 
  private:
   friend class ServerBuilder;
@@ -162,6 +167,7 @@ class Server : private transport::ConnectionObserver {
   const size_t max_calls_per_conn_;  // 0: no limit
   const bool inline_handlers_;
   std::vector<std::shared_ptr<ServerInterceptor>> interceptors_;  // set before the server starts
+  std::shared_ptr<transport::MemoryQuota> memory_quota_;          // set before the server starts
   // Before methods_, which point into them.
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<StatsService> stats_;

@@ -38,6 +38,11 @@ StatsResponse StatsService::Snapshot() const {
   resp.set_calls_in_flight(calls.calls_in_flight);
   resp.set_refused_over_limit(calls.refused_over_limit);
   resp.set_refused_over_connection_limit(calls.refused_over_connection_limit);
+  if (const auto& quota = server_->memory_quota()) {
+    resp.set_memory_quota(quota->name());
+    resp.set_memory_quota_bound(quota->bound());
+    resp.set_memory_quota_used(quota->used());
+  }
   return resp;
 }
 

@@ -16,6 +16,12 @@
 //   server calls_in_flight 0
 //   server refused_over_limit 0
 //   server refused_over_connection_limit 0
+//   memory_quota name frontend
+//   memory_quota bound 2147483648
+//   memory_quota used 14680064
+//
+// The memory_quota lines come only from a server given one
+// (TransportTunables::memory_quota).
 //
 // Exit status: 0 answered; 2 no answer (the status says why: unreachable,
 // timed out, a server without the stats service); 3 bad arguments.
@@ -71,6 +77,11 @@ int Ask(const std::string& address, int timeout_ms) {
          static_cast<unsigned long long>(r.refused_over_limit()));
   printf("server refused_over_connection_limit %llu\n",
          static_cast<unsigned long long>(r.refused_over_connection_limit()));
+  if (!r.memory_quota().empty()) {
+    printf("memory_quota name %s\n", r.memory_quota().c_str());
+    printf("memory_quota bound %llu\n", static_cast<unsigned long long>(r.memory_quota_bound()));
+    printf("memory_quota used %llu\n", static_cast<unsigned long long>(r.memory_quota_used()));
+  }
   return 0;
 }
 

@@ -6,8 +6,8 @@
 // server without the health service, an address nobody listens on, and bad
 // arguments.
 // rdmarpc_stats: the counters it prints against the process's own, the
-// server's calls per method, a server without the stats service, and bad
-// arguments.
+// server's calls per method, the memory quota of a server given one, a
+// server without the stats service, and bad arguments.
 // rdmarpc_call: the methods it lists, calls made from text and their
 // answers, metadata both ways, a call that fails, a method the server does
 // not have, a request that does not parse, a server without the reflection
@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -28,6 +29,8 @@
 #include "proto/echo.rdmarpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
+#include "transport/factory.h"
+#include "transport/memory_quota.h"
 #include "transport/rdma/counters.h"
 #include "transport/tcp/tcp_counters.h"
 
@@ -71,9 +74,13 @@ Outcome RunTool(const std::string& path, const std::string& args) {
 
 Outcome RunProbe(const std::string& args) { return RunTool(probe_path, args); }
 
-std::unique_ptr<Server> StartServer(Service* service, bool health, bool stats = false) {
+std::unique_ptr<Server> StartServer(Service* service, bool health, bool stats = false,
+                                    std::shared_ptr<transport::MemoryQuota> quota = nullptr) {
   ServerBuilder b;
   b.AddListeningPort(listen_at).RegisterService(service);
+  transport::TransportTunables tunables;
+  tunables.memory_quota = std::move(quota);
+  b.SetTransportTunables(tunables);
   if (health) b.EnableHealthService();
   if (stats) b.EnableStatsService();
   auto built = b.BuildAndStart();
@@ -185,6 +192,7 @@ TEST(Stats, PrintsTheProcessCountersAndTheServersCallsPerMethod) {
   EXPECT_EQ(printed.count("server calls_in_flight"), 1u) << o.out;
   EXPECT_EQ(printed.count("server refused_over_limit"), 1u) << o.out;
   EXPECT_EQ(printed.count("device rnr_naks_received"), 1u) << o.out;
+  EXPECT_EQ(printed.count("memory_quota name"), 0u) << "a server without a quota: " << o.out;
   if (listen_at.rfind("rdma://", 0) == 0) {
     // The calls went by SEND into the SRQ, and the device is named.
     EXPECT_GE(rdma_before.sends, 2u * kCalls);
@@ -193,6 +201,32 @@ TEST(Stats, PrintsTheProcessCountersAndTheServersCallsPerMethod) {
   } else {
     EXPECT_GE(tcp_before.frames_received, 2u * kCalls);
   }
+
+  // A server given a memory quota says how much of it is reserved: over
+  // RDMA the block its 1 MiB request was READ into stays, idle.
+  auto quota = transport::MemoryQuota::Create("tools", 64u << 20);
+  std::unique_ptr<Server> bounded = StartServer(&echo, false, /*stats=*/true, quota);
+  ASSERT_NE(bounded, nullptr);
+  {
+    auto to_bounded = Channel::Create(bounded->addresses()[0]);
+    ASSERT_TRUE(to_bounded.ok()) << to_bounded.status();
+    ClientContext ctx;
+    examples::EchoRequest req;
+    req.set_payload(std::string(1 << 20, 'q'));
+    examples::EchoResponse resp;
+    EXPECT_EQ(examples::Echo::NewStub(*to_bounded)->Say(&ctx, req, &resp).code(),
+              StatusCode::kUnimplemented);
+  }
+  o = RunTool(stats_path, "--address " + bounded->addresses()[0]);
+  ASSERT_EQ(o.exit_status, 0) << o.out << o.err;
+  const std::map<std::string, std::string> with_quota = StatsLines(o.out);
+  EXPECT_EQ(with_quota.count("memory_quota name"), 1u) << o.out;
+  EXPECT_EQ(with_quota.at("memory_quota name"), "tools");
+  EXPECT_EQ(with_quota.at("memory_quota bound"), std::to_string(64u << 20));
+  EXPECT_EQ(with_quota.at("memory_quota used"), std::to_string(quota->used()));
+  if (listen_at.rfind("rdma://", 0) == 0) EXPECT_GT(quota->used(), 1u << 20);
+  bounded.reset();
+  EXPECT_EQ(quota->used(), 0u) << "the server's transport left memory reserved";
 
   std::unique_ptr<Server> plain = StartServer(&echo, false);
   ASSERT_NE(plain, nullptr);
