@@ -223,7 +223,9 @@ TEST_P(RpcSuite, AttachmentsCountAgainstMaxMessageSize) {
 // larger than the payload (transport/rdma/size_classes.h). So the quota is
 // 10 MiB over TCP and 20 MiB over RDMA: a 6 MiB attachment held and
 // another in transit need 12 MiB over TCP and 21 over RDMA, past either
-// quota, and one alone fits.
+// quota, and one alone fits. Over RDMA, a TCP server in the process is
+// given the quota too: the RDMA transports' idle buffers must make way for
+// its messages.
 TEST_P(RpcSuite, TransportsSharingAMemoryQuotaAreBoundTogether) {
   constexpr size_t kMiB = size_t{1} << 20;
   const bool over_tcp = absl::StartsWith(GetParam().name, "tcp");
@@ -279,10 +281,23 @@ TEST_P(RpcSuite, TransportsSharingAMemoryQuotaAreBoundTogether) {
           << refused;
     }
     kept.reset();
-    ClientContext ctx;
-    const Status let_go = attachment_back(*second, &ctx);
-    EXPECT_TRUE(let_go.ok()) << "once the first channel let go: " << let_go;
-    EXPECT_EQ(ctx.response_attachment().size(), 6 * kMiB);
+    {
+      ClientContext ctx;
+      const Status let_go = attachment_back(*second, &ctx);
+      EXPECT_TRUE(let_go.ok()) << "once the first channel let go: " << let_go;
+      EXPECT_EQ(ctx.response_attachment().size(), 6 * kMiB);
+    }
+    if (!over_tcp) {
+      // A TCP server and channel in the same process share the quota too,
+      // as an auto:// server's two listeners do: a 12 MiB message to it
+      // fits only once the RDMA pairs' idle buffers are given back.
+      ASSERT_GT(quota->used(), 8 * kMiB) << "the RDMA buffers are not idle and reserved";
+      TestServer tcp_server("tcp://127.0.0.1:0", 64 * kMiB, 4, tunables);
+      ASSERT_TRUE(tcp_server.server);
+      auto over_tcp_too = MakeChannel(tcp_server.address, options);
+      const Status s = send(*over_tcp_too, 12 * kMiB);
+      EXPECT_TRUE(s.ok()) << "over TCP beside RDMA: " << s;
+    }
   }
   EXPECT_EQ(quota->used(), 0u) << "payload memory outlived the servers and channels";
 }

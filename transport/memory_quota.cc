@@ -7,6 +7,14 @@
 
 namespace rdmarpc::transport {
 
+namespace {
+
+std::atomic<MemoryQuota::Reclaimer> reclaimer{nullptr};
+
+}  // namespace
+
+void MemoryQuota::SetReclaimer(Reclaimer r) { reclaimer.store(r, std::memory_order_release); }
+
 std::shared_ptr<MemoryQuota> MemoryQuota::Create(std::string name, size_t bound) {
   return std::shared_ptr<MemoryQuota>(new MemoryQuota(std::move(name), bound));
 }
@@ -25,6 +33,18 @@ bool MemoryQuota::TryReserve(size_t bytes) {
     if (bytes > bound_ || now > bound_ - bytes) return false;
   } while (!used_.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
   return true;
+}
+
+bool MemoryQuota::Reserve(size_t bytes) {
+  if (TryReserve(bytes)) return true;
+  return MakeRoom(bytes) && TryReserve(bytes);
+}
+
+bool MemoryQuota::MakeRoom(size_t bytes) {
+  if (Fits(bytes)) return true;
+  if (bytes > bound_) return false;
+  if (const Reclaimer r = reclaimer.load(std::memory_order_acquire)) r(Shortfall(bytes), this);
+  return Fits(bytes);
 }
 
 void MemoryQuota::Release(size_t bytes) {

@@ -17,10 +17,13 @@
 // transports given the quota:
 // - RDMA: registered payload blocks, READ into or advertised, in use or idle
 //   (the pool that RdmaOptions::max_registered_bytes bounds per device).
-//   Before a block is refused for the quota, idle blocks of every pool that
-//   shares it are given back, largest first, so only blocks in use refuse.
 // - TCP: received payloads, from their first byte until released (the budget
 //   that TcpOptions::max_receive_bytes bounds per transport).
+// Before anything is refused for the quota, idle RDMA blocks reserved on it
+// are given back (Reserve, MakeRoom: the reclaimer the RDMA transport sets),
+// whichever transport asks, so that only memory in use refuses: a TCP
+// message to an auto:// server is not refused for the idle buffers of its
+// RDMA listener.
 // Each transport's own bound still applies. Not counted: receive and send
 // slots and small payload blocks (bounded by counts of their own), and what
 // waits to be sent (RdmaOptions::max_backlog_bytes, TcpOptions::
@@ -57,6 +60,12 @@ class MemoryQuota {
   // Reserves `bytes`; false, reserving nothing, when that would pass the
   // bound.
   bool TryReserve(size_t bytes);
+  // TryReserve, after the reclaimer gave back idle memory reserved on the
+  // quota where there was no room.
+  bool Reserve(size_t bytes);
+  // Whether `bytes` more fit, after the reclaimer gave back idle memory
+  // reserved on the quota where they did not; reserves nothing.
+  bool MakeRoom(size_t bytes);
   // Gives back bytes reserved before; aborts on more than are reserved.
   void Release(size_t bytes);
 
@@ -71,6 +80,13 @@ class MemoryQuota {
   // RESOURCE_EXHAUSTED for `bytes` that do not fit, needed for `what` ("a
   // message from tcp://..."): names the quota, its bound and what is held.
   absl::Status Exceeded(size_t bytes, absl::string_view what) const;
+
+  // Gives back idle memory reserved on `quota`, at least `bytes` of it
+  // where there is that much; returns the bytes given back. One per
+  // process: the RDMA transport sets it when it makes a pool with a quota
+  // (TCP holds no idle memory). Until then nothing is given back.
+  using Reclaimer = size_t (*)(size_t bytes, const MemoryQuota* quota);
+  static void SetReclaimer(Reclaimer reclaimer);
 
  private:
   MemoryQuota(std::string name, size_t bound) : name_(std::move(name)), bound_(bound) {}

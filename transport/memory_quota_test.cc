@@ -66,6 +66,46 @@ TEST(MemoryQuota, ThreadsTogetherNeverPassTheBound) {
   EXPECT_EQ(quota->used(), 0u);
 }
 
+// Idle memory reserved on the quota, as idle RDMA blocks are: the
+// reclaimer gives it back, all of it, when asked for any.
+size_t idle_bytes = 0;
+const MemoryQuota* asked_of = nullptr;
+size_t asked_for = 0;
+
+size_t GiveBackIdle(size_t bytes, const MemoryQuota* quota) {
+  asked_of = quota;
+  asked_for = bytes;
+  const size_t given = idle_bytes;
+  const_cast<MemoryQuota*>(quota)->Release(given);
+  idle_bytes = 0;
+  return given;
+}
+
+TEST(MemoryQuota, IdleMemoryIsGivenBackBeforeAReservationIsRefused) {
+  auto quota = MemoryQuota::Create("reclaimed", 1000);
+  ASSERT_TRUE(quota->TryReserve(300));  // in use
+  ASSERT_TRUE(quota->TryReserve(600));
+  idle_bytes = 600;
+  EXPECT_FALSE(quota->Reserve(200)) << "reserved past the bound with no reclaimer";
+  MemoryQuota::SetReclaimer(&GiveBackIdle);
+  EXPECT_FALSE(quota->TryReserve(200)) << "TryReserve gave back idle memory";
+  EXPECT_EQ(idle_bytes, 600u);
+  EXPECT_FALSE(quota->Reserve(1001)) << "past the bound itself";
+  EXPECT_EQ(idle_bytes, 600u) << "idle memory given back for what can never fit";
+  ASSERT_TRUE(quota->Reserve(200));
+  EXPECT_EQ(asked_of, quota.get());
+  EXPECT_EQ(asked_for, 100u) << "the shortfall";
+  EXPECT_EQ(quota->used(), 500u);
+  EXPECT_FALSE(quota->Reserve(600)) << "nothing idle is left";
+  EXPECT_TRUE(quota->MakeRoom(500));
+  EXPECT_EQ(quota->used(), 500u) << "MakeRoom reserved something";
+
+  idle_bytes = 500;  // the 300 and 200 reserved above, idle now
+  EXPECT_TRUE(quota->MakeRoom(800));
+  EXPECT_EQ(quota->used(), 0u);
+  MemoryQuota::SetReclaimer(nullptr);
+}
+
 TEST(MemoryQuotaDeathTest, ReleasingMoreThanIsReservedAborts) {
   auto quota = MemoryQuota::Create("q", 100);
   ASSERT_TRUE(quota->TryReserve(10));

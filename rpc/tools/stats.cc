@@ -77,7 +77,7 @@ int Ask(const std::string& address, int timeout_ms) {
          static_cast<unsigned long long>(r.refused_over_limit()));
   printf("server refused_over_connection_limit %llu\n",
          static_cast<unsigned long long>(r.refused_over_connection_limit()));
-  if (!r.memory_quota().empty()) {
+  if (!r.memory_quota().empty() || r.memory_quota_bound() != 0) {
     printf("memory_quota name %s\n", r.memory_quota().c_str());
     printf("memory_quota bound %llu\n", static_cast<unsigned long long>(r.memory_quota_bound()));
     printf("memory_quota used %llu\n", static_cast<unsigned long long>(r.memory_quota_used()));

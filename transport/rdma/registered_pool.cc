@@ -81,6 +81,10 @@ RegisteredPool::RegisteredPool(ibv_pd* pd, size_t max_bytes, std::string device,
       device_(std::move(device)),
       memory_windows_(memory_windows),
       quota_(std::move(quota)) {
+  if (quota_) {
+    MemoryQuota::SetReclaimer(
+        [](size_t bytes, const MemoryQuota* of) { return GiveBackIdleBlocks(bytes, nullptr, of); });
+  }
   Pools& pools = AllPools();
   std::lock_guard<std::mutex> lock(pools.mu);
   pools.all.push_back(this);
@@ -109,12 +113,6 @@ void RegisteredPool::Destroy(Block* block) {
   Uncount(&RdmaCounters::registered_bytes, block->capacity);
   if (quota_) quota_->Release(block->capacity);
   delete block;
-}
-
-bool RegisteredPool::ReserveOnQuota(size_t bytes) {
-  if (!quota_ || quota_->TryReserve(bytes)) return true;
-  GiveBackIdleBlocks(quota_->Shortfall(bytes), this, quota_.get());
-  return quota_->TryReserve(bytes);
 }
 
 size_t RegisteredPool::IdleBytesLocked() const {
@@ -187,7 +185,7 @@ absl::StatusOr<RegisteredPool::Block*> RegisteredPool::Get(size_t size, bool rem
     registered_ += capacity;  // reserved; undone below on failure
   }
   for (Block* b : evicted) Destroy(b);
-  if (!ReserveOnQuota(capacity)) {
+  if (quota_ && !quota_->Reserve(capacity)) {
     std::lock_guard<std::mutex> lock(mu_);
     registered_ -= capacity;
     return quota_->Exceeded(capacity, absl::StrCat("a payload block on ", device_));

@@ -27,9 +27,10 @@
 // server's after a burst of large requests) must not starve another's calls
 // (a channel's in the same process). A pool given a memory quota (shared
 // with other transports, transport/memory_quota.h) reserves each block's
-// bytes there too; a block the quota has no room for evicts idle blocks of
-// its own pool and then of the other pools that share the quota, largest
-// first, and fails RESOURCE_EXHAUSTED naming the quota only if that was not
+// bytes there too. Where the quota has no room, for a block or for another
+// transport's memory (a TCP message), idle blocks of the pools that share
+// it are evicted, largest first within each pool (the quota's reclaimer);
+// a block fails RESOURCE_EXHAUSTED naming the quota only if that was not
 // enough.
 //
 // What not to rely on: once put back a block may carry someone else's bytes,
@@ -116,9 +117,6 @@ class RegisteredPool {
   // Evicts as EvictLocked and destroys what it took; returns those bytes.
   size_t DestroyIdle(size_t bytes);
   void Destroy(Block* block);
-  // Reserves `bytes` on the quota (true when there is none), after idle
-  // blocks of the pools that share it made room where needed.
-  bool ReserveOnQuota(size_t bytes);
 
   friend size_t GiveBackIdleBlocks(size_t bytes, RegisteredPool* first, const MemoryQuota* of);
 };

@@ -70,7 +70,7 @@ bool ReceiveBudget::Incoming::Count(size_t bytes) {
     }
     if (bytes > budget_->bound_ || now - kOwner > budget_->bound_ - bytes) return false;
   } while (!value.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
-  if (budget_->quota_ && !budget_->quota_->TryReserve(bytes)) {
+  if (budget_->quota_ && !budget_->quota_->Reserve(bytes)) {
     value.fetch_sub(bytes, std::memory_order_relaxed);
     return false;
   }

@@ -92,9 +92,11 @@ class ReceiveBudget {
   // nullopt when the process has none to give.
   std::optional<Incoming> Allocate(size_t size);
 
-  // Whether `bytes` more fit under the bound, and the quota's, now.
-  bool Fits(size_t bytes) const {
-    return bytes <= bound_ && held() <= bound_ - bytes && (!quota_ || quota_->Fits(bytes));
+  // Whether `bytes` more fit under the bound, and the quota's, now: where
+  // only the quota has no room, idle memory reserved on it (another
+  // transport's) is given back first (MemoryQuota::MakeRoom).
+  bool Fits(size_t bytes) {
+    return bytes <= bound_ && held() <= bound_ - bytes && (!quota_ || quota_->MakeRoom(bytes));
   }
   // Bytes counted now: arrived, and not yet released.
   size_t held() const { return value_.load(std::memory_order_relaxed) - kOwner; }
