@@ -32,8 +32,8 @@
 //
 // What not to rely on: reservations are first come, first served, with no
 // fairness between transports. used() counts idle RDMA blocks: they stay
-// reserved until a block of a transport that shares the quota needs their
-// room, or their transport is destroyed.
+// reserved until a reservation on the quota needs their room, or their
+// transport is destroyed.
 #ifndef RDMARPC_TRANSPORT_MEMORY_QUOTA_H_
 #define RDMARPC_TRANSPORT_MEMORY_QUOTA_H_
 
