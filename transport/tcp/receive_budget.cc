@@ -27,7 +27,7 @@ std::optional<ReceiveBudget::Incoming> ReceiveBudget::Allocate(size_t size) {
 }
 
 absl::Status ReceiveBudget::Exceeded(size_t bytes, absl::string_view from) const {
-  if (quota_ && bytes <= bound_ && held() <= bound_ - bytes && !quota_->Fits(bytes)) {
+  if (quota_ && FitsOwnBound(bytes) && !quota_->Fits(bytes)) {
     return quota_->Exceeded(bytes, absl::StrCat("a message from ", from, " (it was skipped)"));
   }
   return absl::ResourceExhaustedError(

@@ -95,9 +95,7 @@ class ReceiveBudget {
   // Whether `bytes` more fit under the bound, and the quota's, now: where
   // only the quota has no room, idle memory reserved on it (another
   // transport's) is given back first (MemoryQuota::MakeRoom).
-  bool Fits(size_t bytes) {
-    return bytes <= bound_ && held() <= bound_ - bytes && (!quota_ || quota_->MakeRoom(bytes));
-  }
+  bool Fits(size_t bytes) { return FitsOwnBound(bytes) && (!quota_ || quota_->MakeRoom(bytes)); }
   // Bytes counted now: arrived, and not yet released.
   size_t held() const { return value_.load(std::memory_order_relaxed) - kOwner; }
   // RESOURCE_EXHAUSTED for a message of `bytes` from `from` ("tcp://...")
@@ -113,6 +111,7 @@ class ReceiveBudget {
 
   ReceiveBudget(size_t bound, std::shared_ptr<MemoryQuota> quota)
       : bound_(bound), quota_(std::move(quota)) {}
+  bool FitsOwnBound(size_t bytes) const { return bytes <= bound_ && held() <= bound_ - bytes; }
   // Gives back `bytes` (or the owner's share), freeing the budget on the
   // last.
   void Release(uint64_t bytes);
