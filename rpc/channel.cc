@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/base/optimization.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/stage_trace.h"
 #include "base/steady_clock.h"
@@ -518,11 +519,12 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   bool made_here = msg == nullptr;
   if (msg != nullptr && !msg->metadata.empty()) {  // most responses carry none
     auto md = transport::DecodeMetadata(msg->metadata);
-    if (md.ok()) {
+    Status taken = md.ok() ? transport::TakeStatusPayloads(&*md, &status) : md.status();
+    if (taken.ok()) {
       p.ctx->server_metadata_ = std::move(*md);
     } else {
-      status = Status(StatusCode::kInternal, absl::StrCat("bad response metadata from ", target_,
-                                                          ": ", md.status().message()));
+      status = Status(StatusCode::kInternal,
+                      absl::StrCat("bad response metadata from ", target_, ": ", taken.message()));
       made_here = true;
     }
   }
@@ -559,7 +561,11 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   }
   if (!status.ok() && (made_here || status.code() == StatusCode::kUnimplemented) &&
       status.message().find(p.method) == absl::string_view::npos) {
-    status = Status(status.code(), absl::StrCat(p.method, ": ", status.message()));
+    Status named(status.code(), absl::StrCat(p.method, ": ", status.message()));
+    status.ForEachPayload([&named](absl::string_view type_url, const absl::Cord& payload) {
+      named.SetPayload(type_url, payload);
+    });
+    status = std::move(named);
   }
   RDMARPC_STAGE(kResponseParsed);
   Deliver(std::move(p), std::move(status));

@@ -65,8 +65,9 @@ class ClientContext {
   void set_timeout(absl::Duration timeout) { deadline_ = SteadyNow() + timeout; }
   absl::Time deadline() const { return ToWallClock(deadline_); }  // InfiniteFuture() if unset
 
-  // Keys: 1..256 bytes of [a-z0-9-_.]; invalid metadata fails the call with
-  // INVALID_ARGUMENT. TCP carries up to 64 KiB of encoded metadata a call;
+  // Keys: 1..256 bytes of [a-z0-9-_.], not starting "rdmarpc-" (the
+  // runtime's own, transport/wire_format.h); invalid metadata fails the call
+  // with INVALID_ARGUMENT. TCP carries up to 64 KiB of encoded metadata a call;
   // over RDMA it goes with the header in one receive slot (8 KiB by default,
   // RdmaOptions::slot_size, the smaller of both ends'), and more fails the
   // call RESOURCE_EXHAUSTED naming the slot.

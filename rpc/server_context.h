@@ -75,7 +75,8 @@ class ServerContext {
   // Keys as ClientContext::AddMetadata takes them; metadata that is not
   // valid turns an OK answer into INTERNAL, naming what is wrong, and more
   // than the transport carries (ClientContext::AddMetadata) turns it into
-  // RESOURCE_EXHAUSTED. An error goes without such metadata.
+  // RESOURCE_EXHAUSTED. An error carries it too, beside its status payloads
+  // (rpc/status.h), and goes without either where it cannot.
   void AddResponseMetadata(std::string key, std::string value) {
     std::lock_guard<std::mutex> lock(mu_);
     response_metadata_.emplace_back(std::move(key), std::move(value));

@@ -27,7 +27,23 @@
 //                       server)
 //   kUnknown            the server answered with a code this client does not
 //                       know (a newer or broken peer; the message has it)
-// A handler's own status, code and message, reaches the client unchanged.
+// A handler's own status, code and message, reaches the client unchanged,
+// and so do its payloads: rich error details, as gRPC's google.rpc.Status
+// details carry them (a serialized message under its type URL):
+//
+//   // server, in a handler
+//   Status s(StatusCode::kResourceExhausted, "quota used up");
+//   s.SetPayload("type.googleapis.com/google.rpc.RetryInfo",
+//                absl::Cord(retry_info.SerializeAsString()));
+//   return s;
+//   // client
+//   if (auto info = s.GetPayload("type.googleapis.com/google.rpc.RetryInfo")) ...
+//
+// They travel as metadata entries with the response (transport/wire_format.h),
+// so they share its bound: over RDMA the error's metadata and payloads go
+// with the header in one receive slot (8 KiB by default), over TCP up to 64
+// KiB. An error whose payloads and metadata do not fit goes without either,
+// with its code and message.
 #ifndef RDMARPC_RPC_STATUS_H_
 #define RDMARPC_RPC_STATUS_H_
 

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -89,7 +90,11 @@ class EchoService : public Service {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (req.fail_code() != 0) {
-      return Status(static_cast<StatusCode>(req.fail_code()), req.fail_message());
+      Status failed(static_cast<StatusCode>(req.fail_code()), req.fail_message());
+      for (const test::StatusPayload& p : req.fail_payloads()) {
+        failed.SetPayload(p.type_url(), absl::Cord(p.value()));
+      }
+      return failed;
     }
     if (req.response_size() > 0) {
       resp->mutable_data()->assign(static_cast<size_t>(req.response_size()), 'r');

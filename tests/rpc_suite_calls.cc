@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -24,6 +25,7 @@
 #include "tests/proto/test_service.pb.h"
 #include "tests/rpc_suite.h"
 #include "tests/rpc_suite_util.h"
+#include "transport/wire_format.h"
 
 namespace rdmarpc::testing {
 namespace {
@@ -52,7 +54,8 @@ TEST_P(RpcSuite, InvalidResponseMetadataIsAnErrorNotDroppedQuietly) {
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
   auto ch = MakeChannel(ts.address);
-  for (const std::string& key : {std::string("Upper-Case"), std::string(), std::string(300, 'k')}) {
+  for (const std::string& key : {std::string("Upper-Case"), std::string(), std::string(300, 'k'),
+                                 std::string(transport::kStatusPayloadKey)}) {
     SCOPED_TRACE(key.substr(0, 20));
     ClientContext ctx;
     ctx.AddMetadata("respond-with-key", key);
@@ -280,6 +283,97 @@ TEST_P(RpcSuite, HandlerErrorReachesClientUnchanged) {
   EXPECT_EQ(s.message(), "no entry for you");
 }
 
+// A handler's status payloads (rich error details) reach the client with
+// its code, message and response metadata, in every client form; what the
+// transport cannot carry leaves the code and message as they were.
+TEST_P(RpcSuite, HandlerErrorDetailsReachTheClient) {
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto ch = MakeChannel(ts.address);
+  constexpr char kRetryInfo[] = "type.googleapis.com/google.rpc.RetryInfo";
+  constexpr char kOwn[] = "example.com/Own";
+  const std::string binary("\0\x01\xff\0details", 11);
+  std::string large(2000, 'p');
+  for (size_t i = 0; i < large.size(); ++i) large[i] = AttachmentByte(i);
+  auto failing = [&](StatusCode code, size_t own_size) {
+    EchoRequest req = Req("x");
+    req.set_fail_code(static_cast<int>(code));
+    req.set_fail_message("try later");
+    test::StatusPayload* retry = req.add_fail_payloads();
+    retry->set_type_url(kRetryInfo);
+    retry->set_value(binary);
+    test::StatusPayload* own = req.add_fail_payloads();
+    own->set_type_url(kOwn);
+    own->set_value(own_size == large.size() ? large : std::string(own_size, 'q'));
+    return req;
+  };
+  auto expect_details = [&](const Status& s, const ClientContext& ctx) {
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+    EXPECT_EQ(s.message(), "try later");
+    ASSERT_TRUE(s.GetPayload(kRetryInfo).has_value()) << s;
+    EXPECT_EQ(std::string(*s.GetPayload(kRetryInfo)), binary);
+    ASSERT_TRUE(s.GetPayload(kOwn).has_value()) << s;
+    EXPECT_EQ(std::string(*s.GetPayload(kOwn)), large);
+    EXPECT_EQ(ctx.server_metadata(), (transport::Metadata{{"echoed", "with the error"}}));
+  };
+  {
+    SCOPED_TRACE("blocking");
+    ClientContext ctx;
+    ctx.AddMetadata("echo-me", "with the error");
+    EchoResponse resp;
+    expect_details(
+        ch->Call(kEcho, &ctx, failing(StatusCode::kResourceExhausted, large.size()), &resp), ctx);
+  }
+  {
+    SCOPED_TRACE("callback, finished on the handler's own thread");
+    ClientContext ctx;
+    ctx.AddMetadata("echo-me", "with the error");
+    EchoResponse resp;
+    std::promise<Status> done;
+    ch->CallAsync(kEchoLater, &ctx, failing(StatusCode::kResourceExhausted, large.size()), &resp,
+                  [&done](Status s) { done.set_value(std::move(s)); });
+    auto f = done.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    expect_details(f.get(), ctx);
+  }
+  {
+    SCOPED_TRACE("UNIMPLEMENTED, which the client names the method in");
+    ClientContext ctx;
+    EchoResponse resp;
+    const Status s = ch->Call(kEcho, &ctx, failing(StatusCode::kUnimplemented, 10), &resp);
+    EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s;
+    EXPECT_EQ(s.message(), absl::StrCat(kEcho.full_name, ": try later"));
+    ASSERT_TRUE(s.GetPayload(kRetryInfo).has_value()) << s;
+    EXPECT_EQ(std::string(*s.GetPayload(kRetryInfo)), binary);
+  }
+  // 12 KiB fits TCP's 64 KiB of metadata but not an 8 KiB RDMA receive
+  // slot; 70 KiB fits neither.
+  const bool over_tcp = absl::StartsWith(GetParam().name, "tcp");
+  for (const size_t own_size : {size_t{12} << 10, size_t{70} << 10}) {
+    SCOPED_TRACE(own_size);
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(20));
+    ctx.AddMetadata("echo-me", "with the error");
+    EchoResponse resp;
+    const Status s = ch->Call(kEcho, &ctx, failing(StatusCode::kAborted, own_size), &resp);
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s;
+    EXPECT_EQ(s.message(), "try later");
+    if (over_tcp && own_size < transport::kMaxMetadataBytes) {
+      ASSERT_TRUE(s.GetPayload(kOwn).has_value()) << s;
+      EXPECT_EQ(s.GetPayload(kOwn)->size(), own_size);
+      EXPECT_EQ(ctx.server_metadata().size(), 1u);
+    } else {
+      EXPECT_FALSE(s.GetPayload(kOwn).has_value()) << s;
+      EXPECT_FALSE(s.GetPayload(kRetryInfo).has_value()) << s;
+      EXPECT_TRUE(ctx.server_metadata().empty());
+    }
+  }
+  ClientContext ctx;
+  EchoResponse resp;
+  ASSERT_TRUE(ch->Call(kEcho, &ctx, Req("after"), &resp).ok());
+  EXPECT_EQ(resp.data(), "after");
+}
+
 TEST_P(RpcSuite, UnknownMethodIsUnimplemented) {
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
@@ -333,6 +427,11 @@ TEST_P(RpcSuite, MetadataWithABadKeyFailsWithoutSending) {
   const Status s = ch->Call(kEcho, &bad, Req("never"), &resp);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("Request-Id"), absl::string_view::npos) << s;
+  ClientContext reserved;
+  reserved.AddMetadata("rdmarpc-status-payload", "forged");
+  const Status r = ch->Call(kEcho, &reserved, Req("never"), &resp);
+  EXPECT_EQ(r.code(), StatusCode::kInvalidArgument) << r;
+  EXPECT_NE(r.message().find("'rdmarpc-status-payload' is reserved"), absl::string_view::npos) << r;
   ClientContext ctx;
   ASSERT_TRUE(ch->Call(kEcho, &ctx, Req("after"), &resp).ok());
   EXPECT_EQ(ts.service.started.load(), 1);

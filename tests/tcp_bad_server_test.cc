@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -157,6 +158,36 @@ TEST_F(BadServerTest, BadResponseMetadataEndsTheCallInternalNamingThePeer) {
   EXPECT_NE(s.message().find("bad response metadata from " + server_.address()),
             absl::string_view::npos) << s;
   EXPECT_NE(s.message().find(kEcho.full_name), absl::string_view::npos) << s;
+  ExpectNextCallServed();
+}
+
+// Status payloads travel as reserved metadata entries: one whose type URL
+// length runs past its end is bad metadata; reserved keys this client does
+// not know (a newer server's) are dropped, not handed to the application.
+TEST_F(BadServerTest, BadStatusPayloadEndsTheCallInternalAndUnknownReservedKeysAreDropped) {
+  const std::string user = transport::EncodeMetadata({{"user-key", "v"}});
+  const std::string lying = transport::EncodeMetadata(
+      {{std::string(transport::kStatusPayloadKey), std::string("\x09\x00url", 5)}});
+  Status s =
+      CallAnsweredWith(static_cast<uint16_t>(StatusCode::kAborted), user + lying, "conflict");
+  EXPECT_EQ(s.code(), StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("bad response metadata from " + server_.address() +
+                             ": a status payload entry of 5 bytes"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_NE(s.message().find(kEcho.full_name), absl::string_view::npos) << s;
+
+  Header req;
+  auto call = StartCall(&req, "newer");
+  ASSERT_TRUE(peer_);
+  absl::Status sent(absl::StatusCode::kAborted, "conflict");
+  sent.SetPayload("example.com/Detail", absl::Cord("detail"));
+  peer_->SendFrame(Response(req.call_id, static_cast<uint16_t>(StatusCode::kAborted)),
+                   user + transport::EncodeMetadata({{"rdmarpc-newer", "x"}}) +
+                       transport::EncodeStatusPayloads(sent),
+                   "conflict");
+  EXPECT_EQ(call->Wait(), sent);
+  EXPECT_EQ(call->ctx.server_metadata(), (transport::Metadata{{"user-key", "v"}}));
   ExpectNextCallServed();
 }
 

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace rdmarpc::transport {
@@ -115,6 +117,11 @@ absl::Status ValidateMetadata(const Metadata& md) {
             absl::StrCat("metadata key '", key, "' may hold only [a-z0-9-_.]"));
       }
     }
+    if (absl::StartsWith(key, kReservedKeyPrefix)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metadata key '", key, "' is reserved: keys from '", kReservedKeyPrefix,
+          "' on are the runtime's own (status payloads go as absl::Status::SetPayload)"));
+    }
     total += 6 + key.size() + value.size();
   }
   if (total > kMaxMetadataBytes) {
@@ -125,17 +132,74 @@ absl::Status ValidateMetadata(const Metadata& md) {
   return absl::OkStatus();
 }
 
+namespace {
+
+void AppendEntryLengths(size_t key_len, size_t value_len, std::string* out) {
+  char lens[6];
+  Put<uint16_t>(lens, 0, static_cast<uint16_t>(key_len));
+  Put<uint32_t>(lens, 2, static_cast<uint32_t>(value_len));
+  out->append(lens, sizeof lens);
+}
+
+}  // namespace
+
 std::string EncodeMetadata(const Metadata& md) {
   std::string out;
   for (const auto& [key, value] : md) {
-    char lens[6];
-    Put<uint16_t>(lens, 0, static_cast<uint16_t>(key.size()));
-    Put<uint32_t>(lens, 2, static_cast<uint32_t>(value.size()));
-    out.append(lens, sizeof lens);
+    AppendEntryLengths(key.size(), value.size(), &out);
     out.append(key);
     out.append(value);
   }
   return out;
+}
+
+std::string EncodeStatusPayloads(const absl::Status& status) {
+  std::string out;
+  status.ForEachPayload([&out](absl::string_view type_url, const absl::Cord& payload) {
+    // A type URL too long for its u16 length could not be told apart from
+    // the payload; no real one comes near.
+    if (type_url.size() > UINT16_MAX) return;
+    AppendEntryLengths(kStatusPayloadKey.size(), 2 + type_url.size() + payload.size(), &out);
+    out.append(kStatusPayloadKey.data(), kStatusPayloadKey.size());
+    char len[2];
+    Put<uint16_t>(len, 0, static_cast<uint16_t>(type_url.size()));
+    out.append(len, sizeof len);
+    out.append(type_url.data(), type_url.size());
+    for (absl::string_view chunk : payload.Chunks()) out.append(chunk.data(), chunk.size());
+  });
+  return out;
+}
+
+absl::Status TakeStatusPayloads(Metadata* md, absl::Status* status) {
+  std::vector<std::pair<absl::string_view, absl::string_view>> payloads;
+  size_t kept = 0;
+  for (const auto& [key, value] : *md) {
+    if (!absl::StartsWith(key, kReservedKeyPrefix)) {
+      ++kept;
+      continue;
+    }
+    if (key != kStatusPayloadKey) continue;
+    const uint16_t url_len = value.size() < 2 ? 0 : Get<uint16_t>(value.data(), 0);
+    if (value.size() < 2 || value.size() - 2 < url_len) {
+      return absl::InvalidArgumentError(absl::StrCat("a status payload entry of ", value.size(),
+                                                     " bytes ends before its type URL does"));
+    }
+    payloads.emplace_back(absl::string_view(value).substr(2, url_len),
+                          absl::string_view(value).substr(2 + url_len));
+  }
+  if (!status->ok()) {
+    for (const auto& [type_url, payload] : payloads) {
+      status->SetPayload(type_url, absl::Cord(payload));
+    }
+  }
+  if (kept == md->size()) return absl::OkStatus();
+  Metadata rest;
+  rest.reserve(kept);
+  for (auto& entry : *md) {
+    if (!absl::StartsWith(entry.first, kReservedKeyPrefix)) rest.push_back(std::move(entry));
+  }
+  *md = std::move(rest);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes) {

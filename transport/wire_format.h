@@ -42,7 +42,14 @@
 //   u16 key_len | u32 value_len | key bytes | value bytes
 // Keys are 1..kMaxMetadataKey bytes of [a-z0-9-_.]; values are any bytes.
 //
-// A response with a non-OK status carries the error message as its payload.
+// A response with a non-OK status carries the error message as its payload,
+// and the status's payloads (absl::Status::SetPayload: rich error details, as
+// gRPC's google.rpc.Status details) as metadata entries, one per payload:
+//   key "rdmarpc-status-payload", value u16 type_url_len | type_url | bytes
+// Keys from "rdmarpc-" on are the runtime's own: ValidateMetadata refuses
+// them in what an application sends, and a client takes every one out of
+// the response metadata it hands on (those it does not know, a newer
+// server's, it drops). A client older than them hands them on as they are.
 //
 // Limits: kMaxMetadataBytes and kMaxPayloadBytes bound what any receiver will
 // accept at all (a header claiming more is malformed); a runtime may set a
@@ -155,10 +162,23 @@ inline absl::StatusOr<Header> DecodeHeader(const char* in, size_t len) {
 
 using Metadata = std::vector<std::pair<std::string, std::string>>;
 
-// Validates keys and sizes; the error names the offending key.
+inline constexpr absl::string_view kReservedKeyPrefix = "rdmarpc-";
+inline constexpr absl::string_view kStatusPayloadKey = "rdmarpc-status-payload";
+
+// Validates keys and sizes of an application's metadata; the error names the
+// offending key (a reserved one included).
 absl::Status ValidateMetadata(const Metadata& md);
 std::string EncodeMetadata(const Metadata& md);
 absl::StatusOr<Metadata> DecodeMetadata(absl::string_view bytes);
+
+// The encoded metadata entries that carry `status`'s payloads (none for a
+// status without any), to append to a response's encoded metadata.
+std::string EncodeStatusPayloads(const absl::Status& status);
+// Takes every reserved entry out of `md`, putting the status payloads on
+// `*status` unless it is OK. INVALID_ARGUMENT, saying what is wrong, for a
+// payload entry that does not parse; `*md` and `*status` are then as they
+// were.
+absl::Status TakeStatusPayloads(Metadata* md, absl::Status* status);
 
 }  // namespace rdmarpc::transport
 

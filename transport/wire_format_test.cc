@@ -3,6 +3,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/cord.h"
 #include "gtest/gtest.h"
 
 namespace rdmarpc::transport {
@@ -141,6 +142,53 @@ TEST(WireFormat, MetadataRoundTripsAndRejectsGarbage) {
   EXPECT_FALSE(ValidateMetadata({{"", "x"}}).ok());
   EXPECT_EQ(ValidateMetadata({{"big", std::string(kMaxMetadataBytes, 'x')}}).code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+TEST(WireFormat, StatusPayloadsTravelAsReservedMetadataEntries) {
+  absl::Status status(absl::StatusCode::kAborted, "conflict");
+  const std::string binary("\0\xff\x01", 3);
+  status.SetPayload("type.googleapis.com/google.rpc.ErrorInfo", absl::Cord(binary));
+  status.SetPayload("", absl::Cord("an empty type URL"));
+  EXPECT_EQ(EncodeStatusPayloads(absl::OkStatus()), "");
+  const std::string entries = EncodeStatusPayloads(status);
+  auto md = DecodeMetadata(EncodeMetadata({{"user-id", "42"}}) + entries +
+                           EncodeMetadata({{"rdmarpc-from-a-newer-peer", "x"}}));
+  ASSERT_TRUE(md.ok()) << md.status();
+  ASSERT_EQ(md->size(), 4u);
+  EXPECT_EQ((*md)[1].first, kStatusPayloadKey);
+
+  absl::Status received(absl::StatusCode::kAborted, "conflict");
+  ASSERT_TRUE(TakeStatusPayloads(&*md, &received).ok());
+  EXPECT_EQ(*md, (Metadata{{"user-id", "42"}}));
+  EXPECT_EQ(received, status);  // code, message and payloads
+
+  // An OK status takes no payloads, but loses the entries all the same.
+  auto ok_md = DecodeMetadata(entries);
+  ASSERT_TRUE(ok_md.ok());
+  absl::Status ok;
+  ASSERT_TRUE(TakeStatusPayloads(&*ok_md, &ok).ok());
+  EXPECT_TRUE(ok_md->empty());
+  EXPECT_TRUE(ok.ok());
+
+  // A type URL length past the entry's end, or no room for the length.
+  for (const std::string& value : {std::string("\x05\x00"
+                                               "abcd",
+                                               6),
+                                   std::string("\x01", 1), std::string()}) {
+    Metadata bad = {{"user-id", "42"}, {std::string(kStatusPayloadKey), value}};
+    const Metadata before = bad;
+    absl::Status target(absl::StatusCode::kAborted, "conflict");
+    const absl::Status taken = TakeStatusPayloads(&bad, &target);
+    EXPECT_EQ(taken.code(), absl::StatusCode::kInvalidArgument) << taken;
+    EXPECT_EQ(bad, before);
+    EXPECT_EQ(target, absl::Status(absl::StatusCode::kAborted, "conflict"));
+  }
+
+  // What an application sends may not use the runtime's keys.
+  const absl::Status reserved = ValidateMetadata({{"rdmarpc-status-payload", "forged"}});
+  EXPECT_EQ(reserved.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(reserved.message().find("'rdmarpc-status-payload' is reserved"), std::string::npos);
+  EXPECT_TRUE(ValidateMetadata({{"rdmarpc", "x"}, {"my-rdmarpc-key", "x"}}).ok());
 }
 
 // A receiver takes a frame's header and metadata from its peer's bytes, so
