@@ -5,6 +5,7 @@
 #include <cassert>
 #include <condition_variable>
 #include <cstdio>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "rpc/internal/own_thread.h"
 #include "rpc/internal/payload.h"
 #include "rpc/internal/user_code.h"
+#include "rpc/retry_info.h"
 
 namespace rdmarpc {
 
@@ -474,6 +476,15 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   Pending p;
   std::shared_ptr<transport::Connection> conn;
   std::shared_ptr<transport::Connection> idle;  // a draining connection this call was last on
+  // Decoded before the retry decision, which reads the status payloads
+  // (rpc/retry_info.h).
+  Metadata server_metadata;
+  Status bad_metadata;
+  if (msg != nullptr && !msg->metadata.empty()) {  // most responses carry none
+    auto md = transport::DecodeMetadata(msg->metadata);
+    bad_metadata = md.ok() ? transport::TakeStatusPayloads(&*md, &status) : md.status();
+    if (bad_metadata.ok()) server_metadata = std::move(*md);
+  }
   {
     std::unique_lock<InlineMutex> lock(mu_);
     // A cancel or the deadline (tell_server) ends a call for good.
@@ -517,16 +528,12 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   // the caller unchanged. UNIMPLEMENTED is the server runtime's, which knows
   // only the method id.
   bool made_here = msg == nullptr;
-  if (msg != nullptr && !msg->metadata.empty()) {  // most responses carry none
-    auto md = transport::DecodeMetadata(msg->metadata);
-    Status taken = md.ok() ? transport::TakeStatusPayloads(&*md, &status) : md.status();
-    if (taken.ok()) {
-      p.ctx->server_metadata_ = std::move(*md);
-    } else {
-      status = Status(StatusCode::kInternal,
-                      absl::StrCat("bad response metadata from ", target_, ": ", taken.message()));
-      made_here = true;
-    }
+  if (!bad_metadata.ok()) {
+    status = Status(StatusCode::kInternal, absl::StrCat("bad response metadata from ", target_,
+                                                        ": ", bad_metadata.message()));
+    made_here = true;
+  } else if (!server_metadata.empty()) {
+    p.ctx->server_metadata_ = std::move(server_metadata);
   }
   if (msg != nullptr && status.ok()) {
     // The payload is the attachment, then the message.
@@ -606,11 +613,14 @@ bool Channel::RetryLocked(uint64_t id, const Status& status,
           policy.retryable_codes.end()) {
     return false;
   }
+  const std::optional<absl::Duration> pushback = RetryDelay(status);
+  if (pushback && *pushback < absl::ZeroDuration()) return false;
   std::uniform_real_distribution<double> jitter(0.8, 1.2);
-  const absl::Time at = SteadyNow() + retry.backoff * jitter(jitter_);
+  const absl::Time at = SteadyNow() + (pushback ? *pushback : retry.backoff * jitter(jitter_));
   if (at >= p->ctx->steady_deadline()) return false;
   ++retry.attempts;
-  retry.backoff = std::min(retry.backoff * policy.multiplier, policy.max_backoff);
+  retry.backoff = pushback ? policy.initial_backoff
+                           : std::min(retry.backoff * policy.multiplier, policy.max_backoff);
   ++stats_.retries;
   if (!draining_.empty()) *idle = LeaveDrainingLocked(p->conn);
   p->conn = nullptr;  // a cancel meanwhile has no server to tell

@@ -89,7 +89,10 @@ namespace rdmarpc {
 // policy does. Each retry waits a backoff: initial_backoff, `multiplier`
 // times longer after each further one up to max_backoff, +-20%. The call's
 // deadline bounds them all: a retry whose backoff would end past it is not
-// made, and the call ends with the last attempt's status.
+// made, and the call ends with the last attempt's status. A server may say
+// when with the error it answers (rpc/retry_info.h, gRPC's retry pushback):
+// after its delay instead of the backoff, the backoffs after that starting
+// over from initial_backoff, or, for a negative one, no retry at all.
 //
 // What not to rely on: a call whose attempt ended UNAVAILABLE may have run on
 // the server (a connection lost after the request went out), so a retried

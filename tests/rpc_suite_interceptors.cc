@@ -1,9 +1,11 @@
 // Interceptors, user code that throws, and retry policies (see rpc_suite.h).
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -15,6 +17,7 @@
 #include "absl/time/time.h"
 #include "rpc/channel.h"
 #include "rpc/interceptor.h"
+#include "rpc/retry_info.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "tests/echo_service.h"
@@ -418,6 +421,21 @@ TEST_P(RpcSuite, AClientCallbackOrInterceptorThatThrowsEndsOnlyItsCall) {
   }
 }
 
+// Starts `*server` on the suite's transport, serving `echo` behind
+// `interceptor`; returns its address ("" when it did not start).
+std::string ServeBehind(std::shared_ptr<ServerInterceptor> interceptor, EchoService* echo,
+                        std::unique_ptr<Server>* server) {
+  auto started = ServerBuilder()
+                     .AddListeningPort(RpcSuite::GetParam().listen_addr())
+                     .RegisterService(echo)
+                     .AddInterceptor(std::move(interceptor))
+                     .BuildAndStart();
+  EXPECT_TRUE(started.ok()) << started.status();
+  if (!started.ok()) return "";
+  *server = std::move(*started);
+  return (*server)->addresses()[0];
+}
+
 // Refuses the first `failures` calls UNAVAILABLE, as a server that is
 // briefly unable to serve would, and counts the calls it saw.
 class FlakyInterceptor : public ServerInterceptor {
@@ -434,13 +452,9 @@ class FlakyInterceptor : public ServerInterceptor {
 TEST_P(RpcSuite, ARetryPolicySendsACallAgainWhileItsAttemptsAndDeadlineAllow) {
   auto flaky = std::make_shared<FlakyInterceptor>();
   EchoService echo;
-  auto server = ServerBuilder()
-                    .AddListeningPort(GetParam().listen_addr())
-                    .RegisterService(&echo)
-                    .AddInterceptor(flaky)
-                    .BuildAndStart();
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string address = (*server)->addresses()[0];
+  std::unique_ptr<Server> server;
+  const std::string address = ServeBehind(flaky, &echo, &server);
+  ASSERT_TRUE(server);
   ChannelOptions options;
   options.retry.max_attempts = 3;
   options.retry.initial_backoff = absl::Milliseconds(20);
@@ -526,6 +540,81 @@ TEST_P(RpcSuite, ARetryPolicySendsACallAgainWhileItsAttemptsAndDeadlineAllow) {
   absl::SleepFor(absl::Milliseconds(600));
   EXPECT_EQ(attempts(0), 1) << "sent again after its cancel";
   EXPECT_EQ(echo.started.load(), 2) << "the served call and the INTERNAL one";
+}
+
+// Refuses calls UNAVAILABLE as its script says, one entry a call, each with
+// the retry pushback it holds (none for nullopt); serves once it is empty.
+class PushbackInterceptor : public ServerInterceptor {
+ public:
+  Status OnRequest(ServerContext&) override {
+    std::lock_guard<std::mutex> lock(mu);
+    ++seen;
+    if (script.empty()) return Status();
+    Status refused(StatusCode::kUnavailable, "busy");
+    if (script.front()) SetRetryDelay(&refused, *script.front());
+    script.pop_front();
+    return refused;
+  }
+  std::mutex mu;
+  std::deque<std::optional<absl::Duration>> script;  // guarded by mu
+  int seen = 0;                                      // guarded by mu
+};
+
+// The server's retry pushback (rpc/retry_info.h) decides when a RetryPolicy
+// sends a call again: after its delay instead of the backoff, then backing
+// off from initial_backoff again; never, for a negative one, or for one past
+// the deadline.
+TEST_P(RpcSuite, AServersRetryPushbackDecidesWhenACallIsSentAgain) {
+  auto pushback = std::make_shared<PushbackInterceptor>();
+  EchoService echo;
+  std::unique_ptr<Server> server;
+  const std::string address = ServeBehind(pushback, &echo, &server);
+  ASSERT_TRUE(server);
+  // Its own second backoff, 5 s, would end past every deadline here.
+  ChannelOptions options;
+  options.retry.max_attempts = 4;
+  options.retry.initial_backoff = absl::Milliseconds(50);
+  options.retry.multiplier = 100;
+  options.retry.max_backoff = absl::Seconds(5);
+  auto ch = MakeChannel(address, options);
+  const auto run = [&](std::deque<std::optional<absl::Duration>> script, int* attempts,
+                       absl::Duration* took) {
+    {
+      std::lock_guard<std::mutex> lock(pushback->mu);
+      pushback->script = std::move(script);
+      pushback->seen = 0;
+    }
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(3));
+    EchoResponse resp;
+    const absl::Time began = absl::Now();
+    Status s = ch->Call(kEcho, &ctx, Req("pushed"), &resp);
+    *took = absl::Now() - began;
+    std::lock_guard<std::mutex> lock(pushback->mu);
+    *attempts = pushback->seen;
+    return s;
+  };
+  int attempts = 0;
+  absl::Duration took;
+
+  // Backoff 50 ms; pushback 300 ms, after which the backoff is 50 ms again,
+  // not the 5 s that came next.
+  Status s = run({std::nullopt, absl::Milliseconds(300), std::nullopt}, &attempts, &took);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(attempts, 4);
+  EXPECT_GE(took, absl::Milliseconds(300)) << "the pushback was not waited";
+
+  s = run({kDoNotRetry}, &attempts, &took);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_EQ(s.message(), "busy");
+  EXPECT_EQ(RetryDelay(s), kDoNotRetry) << s;
+  EXPECT_EQ(attempts, 1) << "sent again though the server said not to";
+
+  s = run({absl::Seconds(10)}, &attempts, &took);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_EQ(attempts, 1);
+  EXPECT_LT(took, absl::Seconds(3)) << "waited for a retry its deadline ruled out";
+  EXPECT_EQ(echo.started.load(), 1);
 }
 
 }  // namespace
