@@ -477,13 +477,13 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   std::shared_ptr<transport::Connection> conn;
   std::shared_ptr<transport::Connection> idle;  // a draining connection this call was last on
   // Decoded before the retry decision, which reads the status payloads
-  // (rpc/retry_info.h).
-  Metadata server_metadata;
-  Status bad_metadata;
-  if (msg != nullptr && !msg->metadata.empty()) {  // most responses carry none
-    auto md = transport::DecodeMetadata(msg->metadata);
-    bad_metadata = md.ok() ? transport::TakeStatusPayloads(&*md, &status) : md.status();
-    if (bad_metadata.ok()) server_metadata = std::move(*md);
+  // (rpc/retry_info.h). Most responses carry none.
+  std::optional<StatusOr<Metadata>> md;
+  if (msg != nullptr && !msg->metadata.empty()) {
+    md = transport::DecodeMetadata(msg->metadata);
+    if (md->ok()) {
+      if (Status taken = transport::TakeStatusPayloads(&**md, &status); !taken.ok()) *md = taken;
+    }
   }
   {
     std::unique_lock<InlineMutex> lock(mu_);
@@ -528,12 +528,12 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
   // the caller unchanged. UNIMPLEMENTED is the server runtime's, which knows
   // only the method id.
   bool made_here = msg == nullptr;
-  if (!bad_metadata.ok()) {
+  if (md && !md->ok()) {
     status = Status(StatusCode::kInternal, absl::StrCat("bad response metadata from ", target_,
-                                                        ": ", bad_metadata.message()));
+                                                        ": ", md->status().message()));
     made_here = true;
-  } else if (!server_metadata.empty()) {
-    p.ctx->server_metadata_ = std::move(server_metadata);
+  } else if (md) {
+    p.ctx->server_metadata_ = std::move(**md);
   }
   if (msg != nullptr && status.ok()) {
     // The payload is the attachment, then the message.
