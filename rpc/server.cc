@@ -491,40 +491,44 @@ void Server::Reply(Connection& conn, uint64_t call_id, const Status& status, con
     }
   }
   if (!status.ok() || message == nullptr) {
-    if (!status.ok()) {
-      const absl::string_view text = status.message().substr(0, kMaxErrorMessage);
-      out.payload = Buffer::CopyOf(text.data(), text.size());
-      out.metadata += transport::EncodeStatusPayloads(status);
-    }
-    // A Status made of the code and message alone has no payloads.
-    const auto bare = [&status] { return Status(status.code(), status.message()); };
-    if (out.metadata.size() > transport::kMaxMetadataBytes) {
-      return Reply(conn, call_id, bare());
-    }
-    const bool with_metadata = !out.metadata.empty();
-    const absl::Status sent = conn.Send(std::move(out));
-    // UNAVAILABLE: the connection is gone, and OnClosed deals with that.
-    if (sent.ok() || absl::IsUnavailable(sent)) return;
-    // The transport cannot take this answer: its metadata does not fit an
-    // RDMA receive slot, or a TCP peer has read nothing for so long that
-    // even errors have no room. Without the metadata and status payloads,
-    // the error goes as it is (as when the metadata cannot go on the wire);
-    // failing that, the call could wait for ever, so its connection ends,
-    // and with it the peer's calls, UNAVAILABLE.
-    if (with_metadata) return Reply(conn, call_id, bare());
-    fprintf(stderr,
-            "rdmarpc[server]: closing the connection to %s: the answer to call %llu could not be "
-            "sent: %s\n",
-            conn.peer().c_str(), static_cast<unsigned long long>(call_id),
-            std::string(sent.message()).c_str());
-    conn.Close();
-    return;
+    return SendWithoutMessage(conn, call_id, status, std::move(out));
   }
   const Status sent =
       internal::SendWithMessage(conn, std::move(out), std::move(attachment), *message, message_size);
   // Anything but a lost connection (memory for the payload, a frame the
   // transport refused) still gets the client an answer: the error.
   if (!sent.ok() && sent.code() != StatusCode::kUnavailable) Reply(conn, call_id, sent);
+}
+
+void Server::SendWithoutMessage(Connection& conn, uint64_t call_id, const Status& status,
+                                OutboundMessage&& out) {
+  if (!status.ok()) {
+    const absl::string_view text = status.message().substr(0, kMaxErrorMessage);
+    out.payload = Buffer::CopyOf(text.data(), text.size());
+    out.metadata += transport::EncodeStatusPayloads(status);
+  }
+  // A Status made of the code and message alone has no payloads.
+  const auto bare = [&status] { return Status(status.code(), status.message()); };
+  if (out.metadata.size() > transport::kMaxMetadataBytes) {
+    return Reply(conn, call_id, bare());
+  }
+  const bool with_metadata = !out.metadata.empty();
+  const absl::Status sent = conn.Send(std::move(out));
+  // UNAVAILABLE: the connection is gone, and OnClosed deals with that.
+  if (sent.ok() || absl::IsUnavailable(sent)) return;
+  // The transport cannot take this answer: its metadata does not fit an
+  // RDMA receive slot, or a TCP peer has read nothing for so long that
+  // even errors have no room. Without the metadata and status payloads,
+  // the error goes as it is (as when the metadata cannot go on the wire);
+  // failing that, the call could wait for ever, so its connection ends,
+  // and with it the peer's calls, UNAVAILABLE.
+  if (with_metadata) return Reply(conn, call_id, bare());
+  fprintf(stderr,
+          "rdmarpc[server]: closing the connection to %s: the answer to call %llu could not be "
+          "sent: %s\n",
+          conn.peer().c_str(), static_cast<unsigned long long>(call_id),
+          std::string(sent.message()).c_str());
+  conn.Close();
 }
 
 void Server::CallFinished(const CallKey& key) {

@@ -160,6 +160,10 @@ class Server : private transport::ConnectionObserver {
   void Reply(transport::Connection& conn, uint64_t call_id, const Status& status,
              const Metadata& md = {}, const google::protobuf::MessageLite* message = nullptr,
              Attachment attachment = Attachment(), size_t message_size = 0);
+  // Reply's path for an error (its text, metadata and status payloads) or an
+  // answer with no message; out of line, as it is off the path of most calls.
+  void SendWithoutMessage(transport::Connection& conn, uint64_t call_id, const Status& status,
+                          transport::OutboundMessage&& out);
   void CallFinished(const CallKey& key);
 
   const size_t max_message_size_;
