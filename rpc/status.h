@@ -32,18 +32,19 @@
 // details carry them (a serialized message under its type URL):
 //
 //   // server, in a handler
-//   Status s(StatusCode::kResourceExhausted, "quota used up");
-//   s.SetPayload("type.googleapis.com/google.rpc.RetryInfo",
-//                absl::Cord(retry_info.SerializeAsString()));
+//   Status s(StatusCode::kInvalidArgument, "bad page size");
+//   s.SetPayload("type.googleapis.com/google.rpc.BadRequest",
+//                absl::Cord(bad_request.SerializeAsString()));
 //   return s;
 //   // client
-//   if (auto info = s.GetPayload("type.googleapis.com/google.rpc.RetryInfo")) ...
+//   if (auto details = s.GetPayload("type.googleapis.com/google.rpc.BadRequest")) ...
 //
 // They travel as metadata entries with the response (transport/wire_format.h),
 // so they share its bound: over RDMA the error's metadata and payloads go
 // with the header in one receive slot (8 KiB by default), over TCP up to 64
 // KiB. An error whose payloads and metadata do not fit goes without either,
-// with its code and message.
+// with its code and message. For when to retry, rpc/retry_info.h writes and
+// reads a google.rpc.RetryInfo, which a RetryPolicy honours.
 #ifndef RDMARPC_RPC_STATUS_H_
 #define RDMARPC_RPC_STATUS_H_
 
