@@ -290,7 +290,7 @@ TEST_P(RpcSuite, HandlerErrorDetailsReachTheClient) {
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
   auto ch = MakeChannel(ts.address);
-  constexpr char kRetryInfo[] = "type.googleapis.com/google.rpc.RetryInfo";
+  constexpr char kErrorInfo[] = "type.googleapis.com/google.rpc.ErrorInfo";
   constexpr char kOwn[] = "example.com/Own";
   const std::string binary("\0\x01\xff\0details", 11);
   std::string large(2000, 'p');
@@ -299,9 +299,9 @@ TEST_P(RpcSuite, HandlerErrorDetailsReachTheClient) {
     EchoRequest req = Req("x");
     req.set_fail_code(static_cast<int>(code));
     req.set_fail_message("try later");
-    test::StatusPayload* retry = req.add_fail_payloads();
-    retry->set_type_url(kRetryInfo);
-    retry->set_value(binary);
+    test::StatusPayload* info = req.add_fail_payloads();
+    info->set_type_url(kErrorInfo);
+    info->set_value(binary);
     test::StatusPayload* own = req.add_fail_payloads();
     own->set_type_url(kOwn);
     own->set_value(own_size == large.size() ? large : std::string(own_size, 'q'));
@@ -310,8 +310,8 @@ TEST_P(RpcSuite, HandlerErrorDetailsReachTheClient) {
   auto expect_details = [&](const Status& s, const ClientContext& ctx) {
     EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
     EXPECT_EQ(s.message(), "try later");
-    ASSERT_TRUE(s.GetPayload(kRetryInfo).has_value()) << s;
-    EXPECT_EQ(std::string(*s.GetPayload(kRetryInfo)), binary);
+    ASSERT_TRUE(s.GetPayload(kErrorInfo).has_value()) << s;
+    EXPECT_EQ(std::string(*s.GetPayload(kErrorInfo)), binary);
     ASSERT_TRUE(s.GetPayload(kOwn).has_value()) << s;
     EXPECT_EQ(std::string(*s.GetPayload(kOwn)), large);
     EXPECT_EQ(ctx.server_metadata(), (transport::Metadata{{"echoed", "with the error"}}));
@@ -343,8 +343,8 @@ TEST_P(RpcSuite, HandlerErrorDetailsReachTheClient) {
     const Status s = ch->Call(kEcho, &ctx, failing(StatusCode::kUnimplemented, 10), &resp);
     EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s;
     EXPECT_EQ(s.message(), absl::StrCat(kEcho.full_name, ": try later"));
-    ASSERT_TRUE(s.GetPayload(kRetryInfo).has_value()) << s;
-    EXPECT_EQ(std::string(*s.GetPayload(kRetryInfo)), binary);
+    ASSERT_TRUE(s.GetPayload(kErrorInfo).has_value()) << s;
+    EXPECT_EQ(std::string(*s.GetPayload(kErrorInfo)), binary);
   }
   // 12 KiB fits TCP's 64 KiB of metadata but not an 8 KiB RDMA receive
   // slot; 70 KiB fits neither.
@@ -364,7 +364,7 @@ TEST_P(RpcSuite, HandlerErrorDetailsReachTheClient) {
       EXPECT_EQ(ctx.server_metadata().size(), 1u);
     } else {
       EXPECT_FALSE(s.GetPayload(kOwn).has_value()) << s;
-      EXPECT_FALSE(s.GetPayload(kRetryInfo).has_value()) << s;
+      EXPECT_FALSE(s.GetPayload(kErrorInfo).has_value()) << s;
       EXPECT_TRUE(ctx.server_metadata().empty());
     }
   }
