@@ -9,9 +9,9 @@
 // server's calls per method, the memory quota of a server given one, a
 // server without the stats service, and bad arguments.
 // rdmarpc_call: the methods it lists, calls made from text and their
-// answers, metadata both ways, a call that fails, a method the server does
-// not have, a request that does not parse, a server without the reflection
-// service, and bad arguments.
+// answers, metadata both ways, a call that fails (and its error details), a
+// method the server does not have, a request that does not parse, a server
+// without the reflection service, and bad arguments.
 //
 //   tools_test PATH_OF_rdmarpc_health_probe PATH_OF_rdmarpc_stats PATH_OF_rdmarpc_call tcp|rdma
 #include <sys/wait.h>
@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -238,13 +239,19 @@ TEST(Stats, PrintsTheProcessCountersAndTheServersCallsPerMethod) {
   EXPECT_NE(o.err.find("usage:"), std::string::npos) << o.err;
 }
 
-// Echoes the payload and the metadata, and numbers the calls.
+// Echoes the payload and the metadata, and numbers the calls; fails with
+// error details when asked to.
 class NumberingEcho : public examples::Echo::Service {
  public:
   Status Say(ServerContext* ctx, const examples::EchoRequest* req,
              examples::EchoResponse* resp) override {
     for (const auto& [key, value] : ctx->client_metadata()) {
       ctx->AddResponseMetadata("echo-" + key, value);
+    }
+    if (req->payload() == "fail") {
+      Status busy(StatusCode::kUnavailable, "busy");
+      busy.SetPayload("example.com/Detail", absl::Cord("try the other region"));
+      return busy;
     }
     resp->set_payload(req->payload());
     resp->set_server_calls(++calls_);
@@ -340,6 +347,13 @@ TEST(Call, ListsTheServersMethodsAndCallsThemFromText) {
   EXPECT_NE(o.err.find("INVALID_ARGUMENT"), std::string::npos) << o.err;
   EXPECT_EQ(server->MethodCallCounts().at("/rdmarpc.examples.Echo/Say"), 3u)
       << "a refused request was sent";
+
+  // An error's details (status payloads) are printed with it.
+  o = RunTool(call_path, at + "--method /rdmarpc.examples.Echo/Say --request 'payload: \"fail\"'");
+  EXPECT_EQ(o.exit_status, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("UNAVAILABLE: busy [example.com/Detail='try the other region']"),
+            std::string::npos)
+      << o.err;
 
   std::unique_ptr<Server> plain = StartServer(&echo, false);
   ASSERT_NE(plain, nullptr);
