@@ -1,5 +1,6 @@
 #include "transport/wire_format.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/cord.h"
@@ -172,12 +173,7 @@ std::string EncodeStatusPayloads(const absl::Status& status) {
 
 absl::Status TakeStatusPayloads(Metadata* md, absl::Status* status) {
   std::vector<std::pair<absl::string_view, absl::string_view>> payloads;
-  size_t kept = 0;
   for (const auto& [key, value] : *md) {
-    if (!absl::StartsWith(key, kReservedKeyPrefix)) {
-      ++kept;
-      continue;
-    }
     if (key != kStatusPayloadKey) continue;
     const uint16_t url_len = value.size() < 2 ? 0 : Get<uint16_t>(value.data(), 0);
     if (value.size() < 2 || value.size() - 2 < url_len) {
@@ -192,13 +188,11 @@ absl::Status TakeStatusPayloads(Metadata* md, absl::Status* status) {
       status->SetPayload(type_url, absl::Cord(payload));
     }
   }
-  if (kept == md->size()) return absl::OkStatus();
-  Metadata rest;
-  rest.reserve(kept);
-  for (auto& entry : *md) {
-    if (!absl::StartsWith(entry.first, kReservedKeyPrefix)) rest.push_back(std::move(entry));
-  }
-  *md = std::move(rest);
+  md->erase(std::remove_if(md->begin(), md->end(),
+                           [](const auto& entry) {
+                             return absl::StartsWith(entry.first, kReservedKeyPrefix);
+                           }),
+            md->end());
   return absl::OkStatus();
 }
 
