@@ -516,6 +516,9 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
       }
     }
   }
+  if (status.ok() && options_.retry.max_attempts > 1 && options_.retry.throttle) {
+    options_.retry.throttle->RecordSuccess();
+  }
   if (p.timer != 0) timers_->Cancel(p.timer);
   if (conn) {
     OutboundMessage cancel;
@@ -605,19 +608,26 @@ std::unique_ptr<Channel::Retry> Channel::MakeRetry(const MethodInfo& method,
 bool Channel::RetryLocked(uint64_t id, const Status& status,
                           std::shared_ptr<transport::Connection>* idle) {
   Pending* p = pending_.Get(id);
-  if (p == nullptr || p->retry == nullptr) return false;
   const RetryPolicy& policy = options_.retry;
-  Retry& retry = *p->retry;
-  if (retry.attempts >= policy.max_attempts ||
-      std::find(policy.retryable_codes.begin(), policy.retryable_codes.end(), status.code()) ==
-          policy.retryable_codes.end()) {
+  if (p == nullptr || std::find(policy.retryable_codes.begin(), policy.retryable_codes.end(),
+                                status.code()) == policy.retryable_codes.end()) {
     return false;
   }
+  // Every call's failure counts, the ones that are never retried included:
+  // they say as much about the server.
+  const bool throttled = policy.throttle != nullptr && !policy.throttle->RecordFailure();
+  if (p->retry == nullptr) return false;
+  Retry& retry = *p->retry;
+  if (retry.attempts >= policy.max_attempts) return false;
   const std::optional<absl::Duration> pushback = RetryDelay(status);
   if (pushback && *pushback < absl::ZeroDuration()) return false;
   std::uniform_real_distribution<double> jitter(0.8, 1.2);
   const absl::Time at = SteadyNow() + (pushback ? *pushback : retry.backoff * jitter(jitter_));
   if (at >= p->ctx->steady_deadline()) return false;
+  if (throttled) {
+    ++stats_.retries_throttled;
+    return false;
+  }
   ++retry.attempts;
   retry.backoff = pushback ? policy.initial_backoff
                            : std::min(retry.backoff * policy.multiplier, policy.max_backoff);

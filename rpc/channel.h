@@ -77,6 +77,7 @@
 #include "rpc/interceptor.h"
 #include "rpc/internal/thread_pool.h"
 #include "rpc/internal/timer_queue.h"
+#include "rpc/retry_throttle.h"
 #include "rpc/status.h"
 #include "transport/factory.h"
 #include "transport/transport.h"
@@ -92,7 +93,9 @@ namespace rdmarpc {
 // made, and the call ends with the last attempt's status. A server may say
 // when with the error it answers (rpc/retry_info.h, gRPC's retry pushback):
 // after its delay instead of the backoff, the backoffs after that starting
-// over from initial_backoff, or, for a negative one, no retry at all.
+// over from initial_backoff, or, for a negative one, no retry at all. A
+// throttle (rpc/retry_throttle.h, gRPC's retryThrottling) stops the retries
+// while most calls fail.
 //
 // What not to rely on: a call whose attempt ended UNAVAILABLE may have run on
 // the server (a connection lost after the request went out), so a retried
@@ -107,6 +110,8 @@ struct RetryPolicy {
   absl::Duration max_backoff = absl::Seconds(1);
   double multiplier = 2.0;
   std::vector<StatusCode> retryable_codes = {StatusCode::kUnavailable};
+  // Null: no throttling. May be shared with other channels to the server.
+  std::shared_ptr<RetryThrottle> throttle;
 };
 
 struct ChannelOptions {
@@ -182,6 +187,8 @@ struct ChannelStats {
   // GOAWAY comes: on the connection in use, or on one not yet taken.
   uint64_t go_aways = 0;
   uint64_t retries = 0;           // attempts sent again by the RetryPolicy
+  // Attempts the RetryPolicy would have sent again but for its throttle.
+  uint64_t retries_throttled = 0;
   // Calls sent again, on a new connection, because the server never saw
   // them: the connection they were to go on was drained, lost, or closed as
   // the request was sent (apart from the RetryPolicy, and with or without it).

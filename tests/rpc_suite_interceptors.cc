@@ -18,6 +18,7 @@
 #include "rpc/channel.h"
 #include "rpc/interceptor.h"
 #include "rpc/retry_info.h"
+#include "rpc/retry_throttle.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "tests/echo_service.h"
@@ -540,6 +541,70 @@ TEST_P(RpcSuite, ARetryPolicySendsACallAgainWhileItsAttemptsAndDeadlineAllow) {
   absl::SleepFor(absl::Milliseconds(600));
   EXPECT_EQ(attempts(0), 1) << "sent again after its cancel";
   EXPECT_EQ(echo.started.load(), 2) << "the served call and the INTERNAL one";
+}
+
+// A throttle shared by two channels stops their retries while most calls
+// fail, counting every call's retryable failure (the non-retryable calls'
+// too) and every success, and lets them go again once successes have
+// brought its tokens back; other codes, and a channel without retries, leave
+// it as it is.
+TEST_P(RpcSuite, ARetryThrottleStopsRetriesWhileMostCallsFail) {
+  auto flaky = std::make_shared<FlakyInterceptor>();
+  EchoService echo;
+  std::unique_ptr<Server> server;
+  const std::string address = ServeBehind(flaky, &echo, &server);
+  ASSERT_TRUE(server);
+  // 4 tokens: retries stop at 2 or fewer; a success gives back 1.
+  auto throttle = RetryThrottle::Create(4, 1.0);
+  ASSERT_TRUE(throttle.ok()) << throttle.status();
+  ChannelOptions options;
+  options.retry.max_attempts = 3;
+  options.retry.initial_backoff = absl::Milliseconds(10);
+  options.retry.throttle = *throttle;
+  auto a = MakeChannel(address, options);
+  auto b = MakeChannel(address, options);
+  ChannelOptions no_retries;
+  no_retries.retry.throttle = *throttle;
+  auto c = MakeChannel(address, no_retries);
+  const auto call = [&](std::shared_ptr<Channel>& channel, int failures, bool retryable = true,
+                        StatusCode fail_code = StatusCode::kOk) {
+    flaky->failures = failures;
+    flaky->seen = 0;
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(20));
+    ctx.set_retryable(retryable);
+    EchoRequest req = Req("throttled");
+    req.set_fail_code(static_cast<int>(fail_code));
+    EchoResponse resp;
+    const StatusCode code = channel->Call(kEcho, &ctx, req, &resp).code();
+    return std::make_pair(code, flaky->seen.load());
+  };
+  using Result = std::pair<StatusCode, int>;
+  constexpr int kAlways = 1000;
+
+  EXPECT_EQ(call(a, kAlways), Result(StatusCode::kUnavailable, 2)) << "4 -> 3, then 3 -> 2";
+  EXPECT_EQ((*throttle)->tokens(), 2);
+  EXPECT_EQ(call(b, kAlways), Result(StatusCode::kUnavailable, 1)) << "shared: 2 -> 1";
+  EXPECT_EQ((*throttle)->tokens(), 1);
+  EXPECT_EQ(a->stats().retries, 1u);
+  EXPECT_EQ(a->stats().retries_throttled, 1u);
+  EXPECT_EQ(b->stats().retries, 0u);
+  EXPECT_EQ(b->stats().retries_throttled, 1u);
+
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(call(b, 0), Result(StatusCode::kOk, 1));
+  EXPECT_EQ((*throttle)->tokens(), 4);
+  EXPECT_EQ(call(c, kAlways), Result(StatusCode::kUnavailable, 1));
+  EXPECT_EQ(call(a, 0, true, StatusCode::kInternal), Result(StatusCode::kInternal, 1));
+  EXPECT_EQ((*throttle)->tokens(), 4) << "counted what it should not";
+  EXPECT_EQ(call(a, 1), Result(StatusCode::kOk, 2)) << "4 -> 3, then served: 4";
+  EXPECT_EQ((*throttle)->tokens(), 4);
+  EXPECT_EQ(call(a, 1, /*retryable=*/false), Result(StatusCode::kUnavailable, 1));
+  EXPECT_EQ((*throttle)->tokens(), 3);
+  EXPECT_EQ(call(a, kAlways), Result(StatusCode::kUnavailable, 1)) << "3 -> 2: throttled";
+  EXPECT_EQ((*throttle)->tokens(), 2);
+  EXPECT_EQ(a->stats().retries, 2u);
+  EXPECT_EQ(a->stats().retries_throttled, 2u);
+  EXPECT_EQ(c->stats().retries_throttled, 0u);
 }
 
 // Refuses calls UNAVAILABLE as its script says, one entry a call, each with
