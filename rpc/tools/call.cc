@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
@@ -37,16 +36,14 @@
 #include "proto/reflection.rdmarpc.pb.h"
 #include "rpc/method_id.h"
 #include "rpc/tools/call_once.h"
+#include "rpc/tools/server_flags.h"
 
-ABSL_FLAG(std::string, address, "",
-          "the server: rdma://host:port, tcp://host:port or auto://host:port");
 ABSL_FLAG(std::string, method, "",
           "the method to call, /package.Service/Method; without it, lists the server's methods");
 ABSL_FLAG(std::string, request, "", "the request, in protobuf's text format (empty: all defaults)");
 ABSL_FLAG(std::vector<std::string>, metadata, {},
           "metadata for the call, key=value[,key=value...]; what the server sends back is printed "
           "on stderr");
-ABSL_FLAG(int, timeout_ms, 1000, "how long to wait for each answer, connecting included");
 
 namespace {
 
@@ -186,16 +183,12 @@ int Run(const std::string& address, const std::string& method, const std::string
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  const std::string address = absl::GetFlag(FLAGS_address);
-  const int timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
-  if (address.empty() || timeout_ms <= 0) {
-    fprintf(stderr,
-            "usage: %s --address rdma://host:port [--method /package.Service/Method "
-            "[--request TEXT] [--metadata key=value,...]] [--timeout_ms N > 0]\n",
-            kTool);
-    return kBadArguments;
-  }
-  return Run(address, absl::GetFlag(FLAGS_method), absl::GetFlag(FLAGS_request),
-             absl::GetFlag(FLAGS_metadata), timeout_ms);
+  const auto flags = rdmarpc::tools::ParseServerFlags(
+      argc, argv,
+      absl::StrCat(kTool,
+                   " --address rdma://host:port [--method /package.Service/Method "
+                   "[--request TEXT] [--metadata key=value,...]] [--timeout_ms N > 0]"));
+  if (!flags) return kBadArguments;
+  return Run(flags->address, absl::GetFlag(FLAGS_method), absl::GetFlag(FLAGS_request),
+             absl::GetFlag(FLAGS_metadata), flags->timeout_ms);
 }

@@ -1,6 +1,6 @@
-// CallOnce: what the command-line tools (rdmarpc_health_probe,
-// rdmarpc_stats) share: one call to a server's built-in service, its
-// failures reported on stderr and mapped to the tools' exit statuses.
+// CallOnce: what the command-line tools (rdmarpc_health_probe, rdmarpc_stats,
+// rdmarpc_call) share: one call to a server's built-in service, its failures
+// reported on stderr and mapped to the tools' exit statuses.
 //
 //   HealthCheckResponse response;
 //   const int rc = rdmarpc::tools::CallOnce(

@@ -12,15 +12,12 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "proto/health.rdmarpc.pb.h"
 #include "rpc/tools/call_once.h"
+#include "rpc/tools/server_flags.h"
 
-ABSL_FLAG(std::string, address, "",
-          "the server: rdma://host:port, tcp://host:port or auto://host:port");
 ABSL_FLAG(std::string, service, "",
           "a service's full name (e.g. demo.Greeter); empty asks about the whole server");
-ABSL_FLAG(int, timeout_ms, 1000, "how long to wait for the answer, connecting included");
 
 namespace {
 
@@ -46,14 +43,9 @@ int Probe(const std::string& address, const std::string& service, int timeout_ms
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  const std::string address = absl::GetFlag(FLAGS_address);
-  const int timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
-  if (address.empty() || timeout_ms <= 0) {
-    fprintf(stderr,
-            "usage: rdmarpc_health_probe --address rdma://host:port [--service NAME] "
-            "[--timeout_ms N > 0]\n");
-    return rdmarpc::tools::kBadArguments;
-  }
-  return Probe(address, absl::GetFlag(FLAGS_service), timeout_ms);
+  const auto flags = rdmarpc::tools::ParseServerFlags(
+      argc, argv,
+      "rdmarpc_health_probe --address rdma://host:port [--service NAME] [--timeout_ms N > 0]");
+  if (!flags) return rdmarpc::tools::kBadArguments;
+  return Probe(flags->address, absl::GetFlag(FLAGS_service), flags->timeout_ms);
 }

@@ -29,14 +29,9 @@
 #include <map>
 #include <string>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "proto/stats.rdmarpc.pb.h"
 #include "rpc/tools/call_once.h"
-
-ABSL_FLAG(std::string, address, "",
-          "the server: rdma://host:port, tcp://host:port or auto://host:port");
-ABSL_FLAG(int, timeout_ms, 1000, "how long to wait for the answer, connecting included");
+#include "rpc/tools/server_flags.h"
 
 namespace {
 
@@ -88,12 +83,8 @@ int Ask(const std::string& address, int timeout_ms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  const std::string address = absl::GetFlag(FLAGS_address);
-  const int timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
-  if (address.empty() || timeout_ms <= 0) {
-    fprintf(stderr, "usage: rdmarpc_stats --address rdma://host:port [--timeout_ms N > 0]\n");
-    return rdmarpc::tools::kBadArguments;
-  }
-  return Ask(address, timeout_ms);
+  const auto flags = rdmarpc::tools::ParseServerFlags(
+      argc, argv, "rdmarpc_stats --address rdma://host:port [--timeout_ms N > 0]");
+  if (!flags) return rdmarpc::tools::kBadArguments;
+  return Ask(flags->address, flags->timeout_ms);
 }
