@@ -1,5 +1,7 @@
 #include "rpc/retry_throttle.h"
 
+#include <cmath>
+#include <string>
 #include <thread>
 #include <vector>
 

@@ -1,6 +1,6 @@
 // The flags that every rdmarpc command-line tool takes, defined once:
-// --address (the server) and --timeout_ms (for all of the tool's work,
-// connecting included).
+// --address (the server) and --timeout_ms (how long the tool waits for each
+// answer, connecting included).
 //
 //   int main(int argc, char** argv) {
 //     const auto flags = rdmarpc::tools::ParseServerFlags(
