@@ -15,6 +15,13 @@
 // "demo.Greeter.Hello". --metadata request-id=42,tenant=a sends metadata
 // with the call (values cannot hold commas here); the metadata the server
 // answers with goes to stderr, "rdmarpc_call: server metadata: key: value".
+// A failed call's status goes there too, with its details (status
+// payloads) as bytes, and then a line for each one it can read: a message
+// type the server describes, in text format, and a google.rpc.RetryInfo as
+// its delay:
+//
+//   rdmarpc_call: /demo.Greeter/Hello: UNAVAILABLE: overloaded [...]
+//   rdmarpc_call: detail google.rpc.RetryInfo: retry after 200ms
 //
 // Exit status: 0 answered (the call OK); 1 the call ended with an error (its
 // status on stderr); 2 no answer from the reflection service (unreachable,
@@ -23,11 +30,15 @@
 // parse as its message.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/dynamic_message.h"
@@ -35,6 +46,7 @@
 #include "google/protobuf/text_format.h"
 #include "proto/reflection.rdmarpc.pb.h"
 #include "rpc/method_id.h"
+#include "rpc/retry_info.h"
 #include "rpc/tools/call_once.h"
 #include "rpc/tools/server_flags.h"
 
@@ -97,6 +109,39 @@ const MethodDescriptor* FindMethod(const DescriptorPool& pool, std::string name)
   return service == nullptr ? nullptr : service->FindMethodByName(name.substr(split + 1));
 }
 
+// One line on stderr for each of the error's details that can be read: a
+// message type the server describes, in text format, and a RetryInfo (which
+// servers send without describing it) as its delay. Status::ToString, printed
+// before, has them all as bytes.
+void PrintDetails(const rdmarpc::Status& status, const DescriptorPool& pool,
+                  google::protobuf::DynamicMessageFactory& factory) {
+  status.ForEachPayload([&](absl::string_view type_url, const absl::Cord& value) {
+    const absl::string_view type = type_url.substr(type_url.rfind('/') + 1);
+    const google::protobuf::Descriptor* descriptor = pool.FindMessageTypeByName(std::string(type));
+    std::string text;
+    if (descriptor != nullptr) {
+      std::unique_ptr<google::protobuf::Message> detail(factory.GetPrototype(descriptor)->New());
+      if (!detail->ParseFromString(std::string(value))) {
+        text = absl::StrCat(value.size(), " bytes that do not parse as it");
+      } else {
+        google::protobuf::TextFormat::Printer printer;
+        printer.SetSingleLineMode(true);
+        printer.PrintToString(*detail, &text);
+        if (!text.empty() && text.back() == ' ') text.pop_back();
+      }
+    } else if (type_url == rdmarpc::kRetryInfoTypeUrl) {
+      const std::optional<absl::Duration> delay = rdmarpc::RetryDelay(status);
+      if (!delay) return;
+      text = *delay < absl::ZeroDuration()
+                 ? "do not retry"
+                 : absl::StrCat("retry after ", absl::FormatDuration(*delay));
+    } else {
+      return;
+    }
+    fprintf(stderr, "%s: detail %s: %s\n", kTool, std::string(type).c_str(), text.c_str());
+  });
+}
+
 int Call(const std::string& address, const DescriptorPool& pool, const std::string& method_name,
          const std::string& request_text, const std::vector<std::string>& metadata,
          int timeout_ms) {
@@ -146,6 +191,7 @@ int Call(const std::string& address, const DescriptorPool& pool, const std::stri
   }
   if (!s.ok()) {
     fprintf(stderr, "%s: %s: %s\n", kTool, full_name.c_str(), s.ToString().c_str());
+    PrintDetails(s, pool, factory);
     return 1;
   }
   std::string text;

@@ -26,9 +26,11 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "rpc/channel.h"
+#include "rpc/retry_info.h"
 #include "rpc/server.h"
 #include "transport/factory.h"
 #include "transport/memory_quota.h"
@@ -225,7 +227,9 @@ TEST(Stats, PrintsTheProcessCountersAndTheServersCallsPerMethod) {
   EXPECT_EQ(with_quota.at("memory_quota name"), "tools");
   EXPECT_EQ(with_quota.at("memory_quota bound"), std::to_string(64u << 20));
   EXPECT_EQ(with_quota.at("memory_quota used"), std::to_string(quota->used()));
-  if (listen_at.rfind("rdma://", 0) == 0) EXPECT_GT(quota->used(), 1u << 20);
+  if (listen_at.rfind("rdma://", 0) == 0) {
+    EXPECT_GT(quota->used(), 1u << 20);
+  }
   bounded.reset();
   EXPECT_EQ(quota->used(), 0u) << "the server's transport left memory reserved";
 
@@ -251,6 +255,14 @@ class NumberingEcho : public examples::Echo::Service {
     if (req->payload() == "fail") {
       Status busy(StatusCode::kUnavailable, "busy");
       busy.SetPayload("example.com/Detail", absl::Cord("try the other region"));
+      examples::EchoResponse elsewhere;
+      elsewhere.set_payload("elsewhere");
+      elsewhere.set_server_calls(7);
+      busy.SetPayload("type.googleapis.com/rdmarpc.examples.EchoResponse",
+                      absl::Cord(elsewhere.SerializeAsString()));
+      busy.SetPayload("type.googleapis.com/rdmarpc.examples.EchoRequest",
+                      absl::Cord("\xff\xff\xff"));
+      SetRetryDelay(&busy, absl::Milliseconds(200));
       return busy;
     }
     resp->set_payload(req->payload());
@@ -354,6 +366,20 @@ TEST(Call, ListsTheServersMethodsAndCallsThemFromText) {
   EXPECT_NE(o.err.find("UNAVAILABLE: busy [example.com/Detail='try the other region']"),
             std::string::npos)
       << o.err;
+  // Then those it can read, a line each: a type the server describes, in
+  // text format, and the retry pushback.
+  EXPECT_NE(o.err.find("\nrdmarpc_call: detail rdmarpc.examples.EchoResponse: payload: "
+                       "\"elsewhere\" server_calls: 7\n"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("\nrdmarpc_call: detail rdmarpc.examples.EchoRequest: 3 bytes that do "
+                       "not parse as it\n"),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("\nrdmarpc_call: detail google.rpc.RetryInfo: retry after 200ms\n"),
+            std::string::npos)
+      << o.err;
+  EXPECT_EQ(o.err.find("detail Detail"), std::string::npos) << "an unknown type decoded: " << o.err;
 
   std::unique_ptr<Server> plain = StartServer(&echo, false);
   ASSERT_NE(plain, nullptr);
