@@ -145,7 +145,10 @@ void PrintHeader(Printer& p, const FileDescriptor* file, const std::vector<Servi
       "#ifndef $guard$\n#define $guard$\n\n"
       "#include <future>\n#include <memory>\n\n"
       "#include \"$base$.pb.h\"\n"
-      "#include \"rpc/channel.h\"\n#include \"rpc/method_id.h\"\n#include \"rpc/service.h\"\n\n",
+      "#include \"rpc/channel.h\"\n"
+      "#include \"rpc/channel_interface.h\"\n"
+      "#include \"rpc/method_id.h\"\n"
+      "#include \"rpc/service.h\"\n\n",
       "file", file->name(), "guard", HeaderGuard(file->name()), "base", base);
   OpenNamespace(p, file);
   for (const ServiceNames& s : services) {
@@ -173,7 +176,7 @@ void PrintHeader(Printer& p, const FileDescriptor* file, const std::vector<Servi
             "  // Client side. Thread-safe; one Stub may serve any number of threads.\n"
             "  class Stub final {\n"
             "   public:\n"
-            "    explicit Stub(std::shared_ptr<::rdmarpc::Channel> channel)\n"
+            "    explicit Stub(std::shared_ptr<::rdmarpc::ChannelInterface> channel)\n"
             "        : channel_(std::move(channel)) {}\n\n");
     for (const MethodNames& m : s.methods) {
       std::map<std::string, std::string> mv = {
@@ -194,9 +197,10 @@ void PrintHeader(Printer& p, const FileDescriptor* file, const std::vector<Servi
     }
     p.Print(
         "   private:\n"
-        "    std::shared_ptr<::rdmarpc::Channel> channel_;\n"
+        "    std::shared_ptr<::rdmarpc::ChannelInterface> channel_;\n"
         "  };\n\n"
-        "  static std::unique_ptr<Stub> NewStub(std::shared_ptr<::rdmarpc::Channel> channel) {\n"
+        "  static std::unique_ptr<Stub> NewStub(\n"
+        "      std::shared_ptr<::rdmarpc::ChannelInterface> channel) {\n"
         "    return std::make_unique<Stub>(std::move(channel));\n"
         "  }\n\n"
         "  // Server side: derive, override the handlers you serve, register with\n"

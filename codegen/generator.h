@@ -5,7 +5,9 @@
 // `pkg::Echo` with
 //   - Echo::Methods   the method table: one rdmarpc::MethodInfo per rpc
 //                     ("/pkg.Echo/Say", MethodId of it; see rpc/method_id.h);
-//   - Echo::Stub      the client: per rpc a blocking `Say(ctx, req, &resp)`,
+//   - Echo::Stub      the client, over an rdmarpc::ChannelInterface (a Channel
+//                     or a BalancedChannel, rpc/channel_interface.h): per rpc
+//                     a blocking `Say(ctx, req, &resp)`,
 //                     a callback form `AsyncSay(ctx, req, &resp, done)` and a
 //                     future form `SayFuture(ctx, req)`;
 //   - Echo::Service   the server base class: per rpc an overridable

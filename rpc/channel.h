@@ -52,7 +52,8 @@
 //
 // Each Channel::Create makes a transport, a timer thread and callback
 // threads of its own; channels made by one ChannelGroup (rpc/channel_group.h)
-// share them, for a client of many servers.
+// share them, for a client of many servers; a BalancedChannel
+// (rpc/balanced_channel.h) spreads calls over replicas of one service.
 #ifndef RDMARPC_RPC_CHANNEL_H_
 #define RDMARPC_RPC_CHANNEL_H_
 
@@ -73,6 +74,7 @@
 #include "base/slot_map.h"
 #include "google/protobuf/message_lite.h"
 #include "rpc/attachment.h"
+#include "rpc/channel_interface.h"
 #include "rpc/client_context.h"
 #include "rpc/interceptor.h"
 #include "rpc/internal/thread_pool.h"
@@ -160,15 +162,6 @@ struct ChannelOptions {
   transport::TransportTunables transport;
 };
 
-// What a stub passes per method; generated code has one per rpc (constexpr).
-// The name must outlive every call made with it: calls keep the pointer.
-struct MethodInfo {
-  const char* full_name;  // "/package.Service/Method"
-  uint32_t id;            // MethodId(full_name)
-};
-
-using CallCallback = absl::AnyInvocable<void(Status) &&>;
-
 // Where a channel stands with its server, as gRPC's connectivity states.
 enum class ChannelState {
   kIdle,              // no connection and no attempt: none yet, or the connection was lost
@@ -204,19 +197,19 @@ struct ChannelStats {
 
 class ChannelGroup;
 
-class Channel {
+class Channel final : public ChannelInterface {
  public:
   // INVALID_ARGUMENT for an address that does not parse or options that
   // cannot work, naming the option; RESOURCE_EXHAUSTED where the process
   // may start no more threads, naming the limit. Connects on the first call.
   static StatusOr<std::shared_ptr<Channel>> Create(const std::string& address,
                                                    ChannelOptions options = {});
-  ~Channel();
+  ~Channel() override;
 
   // Blocking unary call.
   Status Call(const MethodInfo& method, ClientContext* ctx,
               const google::protobuf::MessageLite& request,
-              google::protobuf::MessageLite* response);
+              google::protobuf::MessageLite* response) override;
 
   // Asynchronous unary call: `done` runs exactly once, on a callback thread.
   // The request is serialized before this returns; `ctx` and `response` must
@@ -226,15 +219,15 @@ class Channel {
   // thread it ran on (maybe the transport's) carries on.
   void CallAsync(const MethodInfo& method, ClientContext* ctx,
                  const google::protobuf::MessageLite& request,
-                 google::protobuf::MessageLite* response, CallCallback done);
+                 google::protobuf::MessageLite* response, CallCallback done) override;
 
   // Memory for a request attachment (rpc/attachment.h) that the transport
   // sends as it is (registered memory over RDMA), with room after it for a
   // request message of up to `message_room` bytes. Connects if need be.
   // RESOURCE_EXHAUSTED beyond max_message_size or the transport's memory
   // bound; UNAVAILABLE when the server cannot be reached.
-  StatusOr<Attachment> AllocateAttachment(size_t size,
-                                          size_t message_room = kDefaultAttachmentMessageRoom);
+  StatusOr<Attachment> AllocateAttachment(
+      size_t size, size_t message_room = kDefaultAttachmentMessageRoom) override;
 
   // The channel's state. With try_to_connect, a channel that has no
   // connection makes an attempt even though no call waits for one (after the

@@ -6,8 +6,8 @@
 //
 // The tests live in one file per concern, tests/rpc_suite_<concern>.cc:
 // calls, payloads, cancellation, connecting, server, interceptors,
-// channel_groups and mixed_load; helpers more than one of them uses are in
-// tests/rpc_suite_util.h.
+// channel_groups, balancing and mixed_load; helpers more than one of them
+// uses are in tests/rpc_suite_util.h.
 #ifndef RDMARPC_TESTS_RPC_SUITE_H_
 #define RDMARPC_TESTS_RPC_SUITE_H_
 

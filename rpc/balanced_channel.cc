@@ -1,0 +1,79 @@
+#include "rpc/balanced_channel.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace rdmarpc {
+
+StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
+    const std::vector<std::string>& addresses, ChannelOptions options) {
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError("a BalancedChannel needs at least one address");
+  }
+  auto group = ChannelGroup::Create(std::move(options));
+  if (!group.ok()) return group.status();
+  return Create(*group, addresses);
+}
+
+StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
+    const std::shared_ptr<ChannelGroup>& group, const std::vector<std::string>& addresses) {
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError("a BalancedChannel needs at least one address");
+  }
+  std::vector<std::shared_ptr<Channel>> backends;
+  backends.reserve(addresses.size());
+  for (const std::string& address : addresses) {
+    auto channel = group->NewChannel(address);
+    if (!channel.ok()) {
+      return Status(channel.status().code(),
+                    absl::StrCat("BalancedChannel backend ", backends.size() + 1, " of ",
+                                 addresses.size(), ": ", channel.status().message()));
+    }
+    backends.push_back(*std::move(channel));
+  }
+  // Connecting ahead, as gRPC's round_robin does: the first calls find
+  // every server that is up READY, not just the first one asked.
+  for (const auto& backend : backends) backend->GetState(/*try_to_connect=*/true);
+  return std::shared_ptr<BalancedChannel>(new BalancedChannel(std::move(backends)));
+}
+
+Channel& BalancedChannel::Pick(bool take_turn) {
+  const size_t n = backends_.size();
+  const uint64_t turn = take_turn ? next_.fetch_add(1, std::memory_order_relaxed)
+                                  : next_.load(std::memory_order_relaxed);
+  const size_t first = static_cast<size_t>(turn % n);
+  Channel* not_failed = nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    Channel& backend = *backends_[(first + i) % n];
+    // try_to_connect: a backend passed over gets its next attempt (after its
+    // backoff) without waiting for a call of its own.
+    const ChannelState state = backend.GetState(/*try_to_connect=*/true);
+    if (state == ChannelState::kReady) {
+      if (take_turn && i > 0) next_.fetch_add(i, std::memory_order_relaxed);
+      return backend;
+    }
+    if (not_failed == nullptr && state != ChannelState::kTransientFailure) not_failed = &backend;
+  }
+  return not_failed != nullptr ? *not_failed : *backends_[first];
+}
+
+Status BalancedChannel::Call(const MethodInfo& method, ClientContext* ctx,
+                             const google::protobuf::MessageLite& request,
+                             google::protobuf::MessageLite* response) {
+  return Pick(/*take_turn=*/true).Call(method, ctx, request, response);
+}
+
+void BalancedChannel::CallAsync(const MethodInfo& method, ClientContext* ctx,
+                                const google::protobuf::MessageLite& request,
+                                google::protobuf::MessageLite* response, CallCallback done) {
+  Pick(/*take_turn=*/true).CallAsync(method, ctx, request, response, std::move(done));
+}
+
+StatusOr<Attachment> BalancedChannel::AllocateAttachment(size_t size, size_t message_room) {
+  // The turn is left to the call that sends it, which in one thread's
+  // calls goes to the same backend.
+  return Pick(/*take_turn=*/false).AllocateAttachment(size, message_room);
+}
+
+}  // namespace rdmarpc

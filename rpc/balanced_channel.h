@@ -1,0 +1,97 @@
+// BalancedChannel: calls spread over several servers of one service, in
+// turn over those that are connected (gRPC's round_robin policy).
+//
+//   auto channel = rdmarpc::BalancedChannel::Create(
+//       {"rdma://10.0.0.7:7471", "rdma://10.0.0.8:7471", "rdma://10.0.0.9:7471"});
+//   if (!channel.ok()) ...;
+//   demo::Echo::Stub stub(*channel);   // generated stubs take any ChannelInterface
+//
+// Why: replicas of a service share its load only if their clients spread
+// their calls over them, and a Channel reaches one address. A
+// BalancedChannel holds one Channel per address (its backends), made by one
+// ChannelGroup (rpc/channel_group.h), so they share a transport per kind, a
+// timer thread and the callback threads, and starts connecting all of them
+// at once. Each call goes to the next backend in turn that is READY; one
+// that is not is passed over, and asked to connect again (after its
+// reconnect backoff), so a server that went away gets its share again once
+// it is back. When none is READY, a call goes to the next backend that is
+// connecting or idle and waits there for the connection, as on a Channel;
+// when every backend's last attempt failed, to the next in turn, where it
+// ends UNAVAILABLE (or waits, if wait-for-ready).
+//
+// What not to rely on:
+// - The turn counts calls, not load: a slow server gets as many as a fast
+//   one. Calls made at once from several threads may bunch on one backend
+//   while another is passed over.
+// - A call stays on the backend it was given: its retries under a
+//   RetryPolicy, and a transparent retry, go to the same server.
+// - A backend's state is read as the call is given out: a server that
+//   shuts down at that moment may still get it, which the channel then
+//   handles as any Channel does (the GOAWAY, a transparent retry).
+// - AllocateAttachment takes memory from the backend whose turn is next
+//   without taking the turn, so a thread's next call goes there too. A call
+//   of another thread may take that turn first: the attachment then goes to
+//   another backend, which sends it as it is where the two share a transport
+//   and device (over RDMA, the device's registered memory) and copies it
+//   once where they do not (rpc/attachment.h).
+#ifndef RDMARPC_RPC_BALANCED_CHANNEL_H_
+#define RDMARPC_RPC_BALANCED_CHANNEL_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rpc/channel.h"
+#include "rpc/channel_group.h"
+#include "rpc/channel_interface.h"
+#include "rpc/status.h"
+
+namespace rdmarpc {
+
+class BalancedChannel final : public ChannelInterface {
+ public:
+  // A backend per address, made with `options` by a group of its own.
+  // INVALID_ARGUMENT for no address, or an address that does not parse
+  // (naming it); the errors of ChannelGroup::Create and NewChannel.
+  static StatusOr<std::shared_ptr<BalancedChannel>> Create(
+      const std::vector<std::string>& addresses, ChannelOptions options = {});
+  // The same, the backends made by `group` (with its options), beside its
+  // other channels.
+  static StatusOr<std::shared_ptr<BalancedChannel>> Create(
+      const std::shared_ptr<ChannelGroup>& group, const std::vector<std::string>& addresses);
+
+  Status Call(const MethodInfo& method, ClientContext* ctx,
+              const google::protobuf::MessageLite& request,
+              google::protobuf::MessageLite* response) override;
+  void CallAsync(const MethodInfo& method, ClientContext* ctx,
+                 const google::protobuf::MessageLite& request,
+                 google::protobuf::MessageLite* response, CallCallback done) override;
+  StatusOr<Attachment> AllocateAttachment(
+      size_t size, size_t message_room = kDefaultAttachmentMessageRoom) override;
+
+  // One Channel per address, in the order given: their states and stats().
+  // Destroying the BalancedChannel destroys them, which ends their pending
+  // calls UNAVAILABLE (Channel's destructor).
+  const std::vector<std::shared_ptr<Channel>>& backends() const { return backends_; }
+
+ private:
+  explicit BalancedChannel(std::vector<std::shared_ptr<Channel>> backends)
+      : backends_(std::move(backends)) {}
+
+  // The backend for the next call (see above); without `take_turn`, the
+  // one the next call would get, the turn left to it.
+  Channel& Pick(bool take_turn);
+
+  const std::vector<std::shared_ptr<Channel>> backends_;
+  // Where the next call's turn starts; moved on past the backends a call
+  // passed over, so that the others share evenly while one is down.
+  std::atomic<uint64_t> next_{0};
+};
+
+}  // namespace rdmarpc
+
+#endif  // RDMARPC_RPC_BALANCED_CHANNEL_H_

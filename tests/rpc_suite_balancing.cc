@@ -1,0 +1,205 @@
+// BalancedChannel: calls spread over several servers, in turn over those
+// that are up (see rpc_suite.h).
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "proto/echo.rdmarpc.pb.h"
+#include "rpc/balanced_channel.h"
+#include "rpc/server.h"
+#include "tests/echo_service.h"
+#include "tests/rpc_suite.h"
+#include "tests/rpc_suite_util.h"
+
+namespace rdmarpc::testing {
+namespace {
+
+std::vector<std::unique_ptr<TestServer>> StartServers(int n, const std::string& listen) {
+  std::vector<std::unique_ptr<TestServer>> servers;
+  for (int i = 0; i < n; ++i) servers.push_back(std::make_unique<TestServer>(listen));
+  return servers;
+}
+
+// Empty for a server that did not start, which MakeBalanced then refuses.
+std::vector<std::string> AddressesOf(const std::vector<std::unique_ptr<TestServer>>& servers) {
+  std::vector<std::string> addresses;
+  for (const auto& ts : servers) {
+    EXPECT_TRUE(ts->server);
+    addresses.push_back(ts->address);
+  }
+  return addresses;
+}
+
+std::shared_ptr<BalancedChannel> MakeBalanced(const std::vector<std::string>& addresses) {
+  auto ch = BalancedChannel::Create(addresses);
+  EXPECT_TRUE(ch.ok()) << ch.status();
+  return ch.ok() ? *ch : nullptr;
+}
+
+bool AllConnected(BalancedChannel& ch) {
+  for (const auto& backend : ch.backends()) {
+    if (!backend->WaitForConnected(absl::Now() + absl::Seconds(20))) return false;
+  }
+  return true;
+}
+
+// The calls each server has started.
+std::vector<int> Served(const std::vector<std::unique_ptr<TestServer>>& servers) {
+  std::vector<int> n;
+  for (const auto& ts : servers) n.push_back(ts->service.started.load());
+  return n;
+}
+
+// `n` blocking Echo calls, each answered with its own data.
+void CallEach(BalancedChannel& ch, int n, absl::string_view tag) {
+  for (int i = 0; i < n; ++i) {
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(20));
+    EchoResponse resp;
+    const std::string data = absl::StrCat(tag, " ", i);
+    const Status s = ch.Call(kEcho, &ctx, Req(data), &resp);
+    ASSERT_TRUE(s.ok()) << data << ": " << s;
+    EXPECT_EQ(resp.data(), data);
+  }
+}
+
+// With every server up, calls go to each in turn: blocking, asynchronous and
+// with an attachment alike, each answered by the server it went to.
+TEST_P(RpcSuite, ABalancedChannelGivesItsServersTheirCallsInTurn) {
+  constexpr int kServers = 3;
+  auto servers = StartServers(kServers, GetParam().listen_addr());
+  const std::vector<std::string> addresses = AddressesOf(servers);
+  auto ch = MakeBalanced(addresses);
+  ASSERT_TRUE(ch);
+  ASSERT_EQ(ch->backends().size(), static_cast<size_t>(kServers));
+  for (int i = 0; i < kServers; ++i) EXPECT_EQ(ch->backends()[i]->target(), addresses[i]);
+  ASSERT_TRUE(AllConnected(*ch));
+
+  CallEach(*ch, 4 * kServers, "blocking");
+  EXPECT_EQ(Served(servers), std::vector<int>(kServers, 4));
+
+  std::vector<std::unique_ptr<AsyncCall>> calls;
+  for (int i = 0; i < 2 * kServers; ++i) {
+    calls.push_back(std::make_unique<AsyncCall>());
+    AsyncCall* c = calls.back().get();
+    ch->CallAsync(kEcho, &c->ctx, Req(absl::StrCat("async ", i)), &c->resp,
+                  [c](Status s) { c->result.set_value(s); });
+  }
+  for (int i = 0; i < 2 * kServers; ++i) {
+    const Status s = calls[i]->result.get_future().get();
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(calls[i]->resp.data(), absl::StrCat("async ", i));
+  }
+  EXPECT_EQ(Served(servers), std::vector<int>(kServers, 6));
+
+  // An attachment allocated through the channel goes out with the next call,
+  // to the backend it came from, and comes back whole; the turn goes on.
+  for (int i = 0; i < kServers; ++i) {
+    auto att = ch->AllocateAttachment(20000);
+    ASSERT_TRUE(att.ok()) << att.status();
+    FillAttachment(att->data(), att->size());
+    const uint64_t sum = AttachmentChecksum(att->view());
+    ClientContext ctx;
+    ctx.set_request_attachment(*std::move(att));
+    EchoResponse resp;
+    const Status s = ch->Call(kEcho, &ctx, Req("attached"), &resp);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(ctx.response_attachment().size(), 20000u);
+    EXPECT_EQ(AttachmentChecksum(ctx.response_attachment().view()), sum);
+    EXPECT_EQ(servers[i]->service.started.load(), 7) << "not where its turn was";
+  }
+  EXPECT_EQ(Served(servers), std::vector<int>(kServers, 7));
+}
+
+// A server that goes away is passed over, and its calls go to the others
+// without one failing; once it is back on its address, it gets its turn
+// again.
+TEST_P(RpcSuite, ABalancedChannelPassesOverADownServerUntilItIsBack) {
+  constexpr int kServers = 3;
+  auto servers = StartServers(kServers, GetParam().listen_addr());
+  const std::vector<std::string> addresses = AddressesOf(servers);
+  auto ch = MakeBalanced(addresses);
+  ASSERT_TRUE(ch);
+  ASSERT_TRUE(AllConnected(*ch));
+  CallEach(*ch, kServers, "all up");
+  EXPECT_EQ(Served(servers), std::vector<int>(kServers, 1));
+
+  servers[1]->server->Shutdown(absl::ZeroDuration());
+  servers[1] = nullptr;
+  Channel& down = *ch->backends()[1];
+  ASSERT_TRUE(down.WaitForStateChange(ChannelState::kReady, absl::Now() + absl::Seconds(20)));
+
+  CallEach(*ch, 6, "one down");
+  EXPECT_EQ(servers[0]->service.started.load(), 1 + 3);
+  EXPECT_EQ(servers[2]->service.started.load(), 1 + 3);
+
+  // Back on its address: the channel does not connect a backend on its own,
+  // so it is the calls passing it over that have it connect again.
+  servers[1] = std::make_unique<TestServer>(addresses[1]);
+  ASSERT_TRUE(servers[1]->server);
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (down.GetState(/*try_to_connect=*/false) != ChannelState::kReady && absl::Now() < until) {
+    CallEach(*ch, 1, "while it comes back");
+    down.WaitForStateChange(down.GetState(false), absl::Now() + absl::Milliseconds(20));
+  }
+  ASSERT_STREQ(ChannelStateName(down.GetState(false)), "READY") << down.stats().last_connect_error;
+  std::vector<int> before = Served(servers);
+  CallEach(*ch, 2 * kServers, "back");
+  for (int& n : before) n += 2;
+  EXPECT_EQ(Served(servers), before);
+}
+
+// Generated stubs take a BalancedChannel as they take a Channel.
+TEST_P(RpcSuite, AGeneratedStubCallsThroughABalancedChannel) {
+  GeneratedEcho a, b;
+  std::vector<std::unique_ptr<Server>> servers;
+  std::vector<std::string> addresses;
+  for (GeneratedEcho* service : {&a, &b}) {
+    auto built = ServerBuilder()
+                     .AddListeningPort(GetParam().listen_addr())
+                     .RegisterService(service)
+                     .BuildAndStart();
+    ASSERT_TRUE(built.ok()) << built.status();
+    addresses.push_back((*built)->addresses()[0]);
+    servers.push_back(*std::move(built));
+  }
+  auto ch = MakeBalanced(addresses);
+  ASSERT_TRUE(ch);
+  ASSERT_TRUE(AllConnected(*ch));
+  auto stub = examples::Echo::NewStub(ch);
+  // Each server counts its own calls: in turn, the two counts rise together.
+  for (uint64_t expected : {1u, 1u, 2u, 2u, 3u, 3u}) {
+    ClientContext ctx;
+    examples::EchoRequest req;
+    req.set_payload("balanced");
+    examples::EchoResponse resp;
+    const Status s = stub->Say(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(resp.payload(), "balanced");
+    EXPECT_EQ(resp.server_calls(), expected);
+  }
+}
+
+// No address, or one that does not parse, is refused, naming which.
+TEST_P(RpcSuite, ABalancedChannelRefusesNoAddressOrABadOneByName) {
+  auto none = BalancedChannel::Create({});
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(none.status().message(), "a BalancedChannel needs at least one address");
+  TestServer ts(GetParam().listen_addr());
+  ASSERT_TRUE(ts.server);
+  auto bad = BalancedChannel::Create({ts.address, "rdma://nowhere"});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(bad.status().message(),
+                               "BalancedChannel backend 2 of 2: bad address 'rdma://nowhere': "))
+      << bad.status();
+}
+
+}  // namespace
+}  // namespace rdmarpc::testing
