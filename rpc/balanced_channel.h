@@ -17,14 +17,17 @@
 // it is back. When none is READY, a call goes to the next backend that is
 // connecting or idle and waits there for the connection, as on a Channel;
 // when every backend's last attempt failed, to the next in turn, where it
-// ends UNAVAILABLE (or waits, if wait-for-ready).
+// waits for that backend's next attempt and ends UNAVAILABLE if that fails
+// too (a wait-for-ready call waits on).
 //
 // What not to rely on:
 // - The turn counts calls, not load: a slow server gets as many as a fast
 //   one. Calls made at once from several threads may bunch on one backend
 //   while another is passed over.
 // - A call stays on the backend it was given: its retries under a
-//   RetryPolicy, and a transparent retry, go to the same server.
+//   RetryPolicy, and a transparent retry, go to the same server, and a
+//   wait-for-ready call given to a backend while none was READY waits for
+//   that one, even if another is up first.
 // - A backend's state is read as the call is given out: a server that
 //   shuts down at that moment may still get it, which the channel then
 //   handles as any Channel does (the GOAWAY, a transparent retry).

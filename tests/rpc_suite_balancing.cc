@@ -187,6 +187,26 @@ TEST_P(RpcSuite, AGeneratedStubCallsThroughABalancedChannel) {
   }
 }
 
+// With every server down, a call still goes somewhere and ends UNAVAILABLE,
+// naming that server, well before its deadline.
+TEST_P(RpcSuite, ABalancedChannelWithEveryServerDownEndsACallUnavailable) {
+  auto servers = StartServers(2, GetParam().listen_addr());
+  const std::vector<std::string> addresses = AddressesOf(servers);
+  servers.clear();
+  auto ch = MakeBalanced(addresses);
+  ASSERT_TRUE(ch);
+  for (int i = 0; i < 4; ++i) {
+    ClientContext ctx;
+    ctx.set_timeout(absl::Seconds(30));
+    EchoResponse resp;
+    const Status s = ch->Call(kEcho, &ctx, Req("nobody"), &resp);
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), addresses[0]) ||
+                absl::StrContains(s.message(), addresses[1]))
+        << s;
+  }
+}
+
 // No address, or one that does not parse, is refused, naming which.
 TEST_P(RpcSuite, ABalancedChannelRefusesNoAddressOrABadOneByName) {
   auto none = BalancedChannel::Create({});

@@ -265,6 +265,11 @@ class NumberingEcho : public examples::Echo::Service {
       SetRetryDelay(&busy, absl::Milliseconds(200));
       return busy;
     }
+    if (req->payload() == "refuse") {
+      Status full(StatusCode::kResourceExhausted, "full");
+      SetRetryDelay(&full, kDoNotRetry);
+      return full;
+    }
     resp->set_payload(req->payload());
     resp->set_server_calls(++calls_);
     return Status();
@@ -383,6 +388,16 @@ TEST(Call, ListsTheServersMethodsAndCallsThemFromText) {
             std::string::npos)
       << o.err;
   EXPECT_EQ(o.err.find("detail Detail"), std::string::npos) << "an unknown type decoded: " << o.err;
+  // A negative delay: the server says not to send the call again.
+  o = RunTool(call_path,
+              at + "--method /rdmarpc.examples.Echo/Say --request 'payload: \"refuse\"'");
+  EXPECT_EQ(o.exit_status, 1) << o.out << o.err;
+  EXPECT_NE(o.err.find("rdmarpc_call: /rdmarpc.examples.Echo/Say: RESOURCE_EXHAUSTED: full ["),
+            std::string::npos)
+      << o.err;
+  EXPECT_NE(o.err.find("\nrdmarpc_call: detail google.rpc.RetryInfo: do not retry\n"),
+            std::string::npos)
+      << o.err;
 
   std::unique_ptr<Server> plain = StartServer(&echo, false);
   ASSERT_NE(plain, nullptr);
