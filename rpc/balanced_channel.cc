@@ -5,12 +5,18 @@
 #include "absl/strings/str_cat.h"
 
 namespace rdmarpc {
+namespace {
+
+Status NoAddress() {
+  return absl::InvalidArgumentError("a BalancedChannel needs at least one address");
+}
+
+}  // namespace
 
 StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
     const std::vector<std::string>& addresses, ChannelOptions options) {
-  if (addresses.empty()) {
-    return absl::InvalidArgumentError("a BalancedChannel needs at least one address");
-  }
+  // Before the group, whose threads would be started for nothing.
+  if (addresses.empty()) return NoAddress();
   auto group = ChannelGroup::Create(std::move(options));
   if (!group.ok()) return group.status();
   return Create(*group, addresses);
@@ -18,9 +24,7 @@ StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
 
 StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
     const std::shared_ptr<ChannelGroup>& group, const std::vector<std::string>& addresses) {
-  if (addresses.empty()) {
-    return absl::InvalidArgumentError("a BalancedChannel needs at least one address");
-  }
+  if (addresses.empty()) return NoAddress();
   std::vector<std::shared_ptr<Channel>> backends;
   backends.reserve(addresses.size());
   for (const std::string& address : addresses) {

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "proto/echo.rdmarpc.pb.h"
 #include "rpc/balanced_channel.h"
+#include "rpc/channel_group.h"
 #include "rpc/server.h"
 #include "tests/echo_service.h"
 #include "tests/rpc_suite.h"
@@ -212,6 +213,9 @@ TEST_P(RpcSuite, ABalancedChannelRefusesNoAddressOrABadOneByName) {
   auto none = BalancedChannel::Create({});
   EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(none.status().message(), "a BalancedChannel needs at least one address");
+  auto group = ChannelGroup::Create();
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(BalancedChannel::Create(*group, {}).status().code(), StatusCode::kInvalidArgument);
   TestServer ts(GetParam().listen_addr());
   ASSERT_TRUE(ts.server);
   auto bad = BalancedChannel::Create({ts.address, "rdma://nowhere"});
