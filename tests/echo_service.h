@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "rpc/attachment.h"
 #include "rpc/channel.h"
+#include "rpc/channel_interface.h"
 #include "rpc/server.h"
 #include "rpc/service.h"
 #include "tests/proto/test_service.pb.h"
@@ -169,7 +170,7 @@ inline std::string EchoResponseBytes(const std::string& data) {
 
 // One Echo call of `data` on `channel`: its status, or INTERNAL when what
 // came back is not `data`.
-inline Status EchoOn(Channel& channel, const std::string& data,
+inline Status EchoOn(ChannelInterface& channel, const std::string& data,
                      absl::Duration timeout = absl::Seconds(20)) {
   EchoRequest req;
   req.set_data(data);
