@@ -14,16 +14,17 @@ Status NoAddress() {
 }  // namespace
 
 StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
-    const std::vector<std::string>& addresses, ChannelOptions options) {
+    const std::vector<std::string>& addresses, ChannelOptions options, BalancingPolicy policy) {
   // Before the group, whose threads would be started for nothing.
   if (addresses.empty()) return NoAddress();
   auto group = ChannelGroup::Create(std::move(options));
   if (!group.ok()) return group.status();
-  return Create(*group, addresses);
+  return Create(*group, addresses, policy);
 }
 
 StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
-    const std::shared_ptr<ChannelGroup>& group, const std::vector<std::string>& addresses) {
+    const std::shared_ptr<ChannelGroup>& group, const std::vector<std::string>& addresses,
+    BalancingPolicy policy) {
   if (addresses.empty()) return NoAddress();
   std::vector<std::shared_ptr<Channel>> backends;
   backends.reserve(addresses.size());
@@ -39,7 +40,7 @@ StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
   // Connecting ahead, as gRPC's round_robin does: the first calls find
   // every server that is up READY, not just the first one asked.
   for (const auto& backend : backends) backend->GetState(/*try_to_connect=*/true);
-  return std::shared_ptr<BalancedChannel>(new BalancedChannel(std::move(backends)));
+  return std::shared_ptr<BalancedChannel>(new BalancedChannel(std::move(backends), policy));
 }
 
 Channel& BalancedChannel::Pick(bool take_turn) {
@@ -47,6 +48,9 @@ Channel& BalancedChannel::Pick(bool take_turn) {
   const uint64_t turn = take_turn ? next_.fetch_add(1, std::memory_order_relaxed)
                                   : next_.load(std::memory_order_relaxed);
   const size_t first = static_cast<size_t>(turn % n);
+  Channel* ready = nullptr;
+  size_t ready_at = 0;  // its distance from the turn
+  size_t fewest_calls = 0;
   Channel* not_failed = nullptr;
   for (size_t i = 0; i < n; ++i) {
     Channel& backend = *backends_[(first + i) % n];
@@ -54,10 +58,25 @@ Channel& BalancedChannel::Pick(bool take_turn) {
     // backoff) without waiting for a call of its own.
     const ChannelState state = backend.GetState(/*try_to_connect=*/true);
     if (state == ChannelState::kReady) {
-      if (take_turn && i > 0) next_.fetch_add(i, std::memory_order_relaxed);
-      return backend;
+      if (policy_ == BalancingPolicy::kRoundRobin) {
+        ready = &backend;
+        ready_at = i;
+        break;
+      }
+      const size_t calls = backend.calls_in_flight();
+      if (ready == nullptr || calls < fewest_calls) {
+        ready = &backend;
+        ready_at = i;
+        fewest_calls = calls;
+        if (calls == 0) break;  // none has fewer
+      }
+    } else if (not_failed == nullptr && state != ChannelState::kTransientFailure) {
+      not_failed = &backend;
     }
-    if (not_failed == nullptr && state != ChannelState::kTransientFailure) not_failed = &backend;
+  }
+  if (ready != nullptr) {
+    if (take_turn && ready_at > 0) next_.fetch_add(ready_at, std::memory_order_relaxed);
+    return *ready;
   }
   return not_failed != nullptr ? *not_failed : *backends_[first];
 }

@@ -1,5 +1,6 @@
 // BalancedChannel: calls spread over several servers of one service, in
-// turn over those that are connected (gRPC's round_robin policy).
+// turn over those that are connected (gRPC's round_robin policy), or to the
+// one with the fewest calls in flight (gRPC's least_request).
 //
 //   auto channel = rdmarpc::BalancedChannel::Create(
 //       {"rdma://10.0.0.7:7471", "rdma://10.0.0.8:7471", "rdma://10.0.0.9:7471"});
@@ -11,19 +12,22 @@
 // BalancedChannel holds one Channel per address (its backends), made by one
 // ChannelGroup (rpc/channel_group.h), so they share a transport per kind, a
 // timer thread and the callback threads, and starts connecting all of them
-// at once. Each call goes to the next backend in turn that is READY; one
-// that is not is passed over, and asked to connect again (after its
-// reconnect backoff), so a server that went away gets its share again once
-// it is back. When none is READY, a call goes to the next backend that is
-// connecting or idle and waits there for the connection, as on a Channel;
-// when every backend's last attempt failed, to the next in turn, where it
-// waits for that backend's next attempt and ends UNAVAILABLE if that fails
-// too (a wait-for-ready call waits on).
+// at once. Each call goes to a backend that is READY, as the
+// BalancingPolicy picks it; one that is not is passed over, and asked to
+// connect again (after its reconnect backoff), so a server that went away
+// gets its share again once it is back. When none is READY, a call goes to
+// the next backend that is connecting or idle and waits there for the
+// connection, as on a Channel; when every backend's last attempt failed, to
+// the next in turn, where it waits for that backend's next attempt and ends
+// UNAVAILABLE if that fails too (a wait-for-ready call waits on).
 //
 // What not to rely on:
-// - The turn counts calls, not load: a slow server gets as many as a fast
-//   one. Calls made at once from several threads may bunch on one backend
-//   while another is passed over.
+// - Round robin counts calls, not load: a slow server gets as many as a
+//   fast one. Least requests counts the calls this client has in flight on
+//   each backend (Channel::calls_in_flight), not the server's load from
+//   other clients, and reads them as the call is given out: calls made at
+//   once from several threads may see the same counts and bunch on one
+//   backend.
 // - A call stays on the backend it was given: its retries under a
 //   RetryPolicy, and a transparent retry, go to the same server, and a
 //   wait-for-ready call given to a backend while none was READY waits for
@@ -31,12 +35,12 @@
 // - A backend's state is read as the call is given out: a server that
 //   shuts down at that moment may still get it, which the channel then
 //   handles as any Channel does (the GOAWAY, a transparent retry).
-// - AllocateAttachment takes memory from the backend whose turn is next
-//   without taking the turn, so a thread's next call goes there too. A call
-//   of another thread may take that turn first: the attachment then goes to
-//   another backend, which sends it as it is where the two share a transport
-//   and device (over RDMA, the device's registered memory) and copies it
-//   once where they do not (rpc/attachment.h).
+// - AllocateAttachment takes memory from the backend the next call would
+//   get, without taking its turn, so a thread's next call goes there too. A
+//   call of another thread may change that first: the attachment then goes
+//   to another backend, which sends it as it is where the two share a
+//   transport and device (over RDMA, the device's registered memory) and
+//   copies it once where they do not (rpc/attachment.h).
 #ifndef RDMARPC_RPC_BALANCED_CHANNEL_H_
 #define RDMARPC_RPC_BALANCED_CHANNEL_H_
 
@@ -55,17 +59,34 @@
 
 namespace rdmarpc {
 
+// Which READY backend a call goes to. Both pass over the backends that are
+// not READY the same way (above).
+enum class BalancingPolicy {
+  // The next in turn; the turn moves past the backends passed over, so that
+  // the others share evenly while one is down.
+  kRoundRobin,
+  // The one with the fewest calls in flight from this channel, the first
+  // from the turn among equals, the turn moving past it: a slow server,
+  // whose calls last, gets fewer new ones, and backends with equal counts
+  // get their calls in turn. Scans every backend per call (a lock-free
+  // read each), so it suits the tens of replicas of one service, not
+  // thousands.
+  kLeastRequests,
+};
+
 class BalancedChannel final : public ChannelInterface {
  public:
   // A backend per address, made with `options` by a group of its own.
   // INVALID_ARGUMENT for no address, or an address that does not parse
   // (naming it); the errors of ChannelGroup::Create and NewChannel.
   static StatusOr<std::shared_ptr<BalancedChannel>> Create(
-      const std::vector<std::string>& addresses, ChannelOptions options = {});
+      const std::vector<std::string>& addresses, ChannelOptions options = {},
+      BalancingPolicy policy = BalancingPolicy::kRoundRobin);
   // The same, the backends made by `group` (with its options), beside its
   // other channels.
   static StatusOr<std::shared_ptr<BalancedChannel>> Create(
-      const std::shared_ptr<ChannelGroup>& group, const std::vector<std::string>& addresses);
+      const std::shared_ptr<ChannelGroup>& group, const std::vector<std::string>& addresses,
+      BalancingPolicy policy = BalancingPolicy::kRoundRobin);
 
   Status Call(const MethodInfo& method, ClientContext* ctx,
               const google::protobuf::MessageLite& request,
@@ -80,18 +101,20 @@ class BalancedChannel final : public ChannelInterface {
   // Destroying the BalancedChannel destroys them, which ends their pending
   // calls UNAVAILABLE (Channel's destructor).
   const std::vector<std::shared_ptr<Channel>>& backends() const { return backends_; }
+  BalancingPolicy policy() const { return policy_; }
 
  private:
-  explicit BalancedChannel(std::vector<std::shared_ptr<Channel>> backends)
-      : backends_(std::move(backends)) {}
+  BalancedChannel(std::vector<std::shared_ptr<Channel>> backends, BalancingPolicy policy)
+      : backends_(std::move(backends)), policy_(policy) {}
 
   // The backend for the next call (see above); without `take_turn`, the
   // one the next call would get, the turn left to it.
   Channel& Pick(bool take_turn);
 
   const std::vector<std::shared_ptr<Channel>> backends_;
-  // Where the next call's turn starts; moved on past the backends a call
-  // passed over, so that the others share evenly while one is down.
+  const BalancingPolicy policy_;
+  // Where the next call's turn starts; moved on past the backend a call
+  // went to, so that the others share evenly while one is down or busy.
   std::atomic<uint64_t> next_{0};
 };
 

@@ -449,6 +449,7 @@ uint64_t Channel::TrackLocked(Pending&& p, transport::Connection* conn, bool* ca
   ClientContext* const ctx = p.ctx;
   const absl::Time deadline = ctx->steady_deadline();
   const uint64_t id = pending_.Insert(std::move(p));
+  calls_in_flight_.store(pending_.size(), std::memory_order_relaxed);
   *cancelled = ctx->SetCancelHook(&Channel::CancelHook, this, id);
   if (*cancelled) {
     // It ends unsent, so its cancel has no server to tell: a kCancel would
@@ -495,6 +496,7 @@ void Channel::Complete(uint64_t id, Status status, InboundMessage* msg, bool tel
       return;
     }
     if (!pending_.Take(id, &p)) return;  // already ended (late response, timer, cancel)
+    calls_in_flight_.store(pending_.size(), std::memory_order_relaxed);
     if (!draining_.empty()) idle = LeaveDrainingLocked(p.conn);
     if (p.conn == nullptr && status.code() == StatusCode::kDeadlineExceeded) {
       status =

@@ -246,6 +246,11 @@ class Channel final : public ChannelInterface {
   // does not wait: the attempt may need the thread the callback runs on.
   bool WaitForConnected(absl::Time deadline);
   ChannelStats stats() const;
+  // Calls started and not yet ended: sent, waiting for a connection, or
+  // between attempts. Read without a lock, so a moment's count that may be
+  // behind a call ending on another thread; what BalancingPolicy::
+  // kLeastRequests compares.
+  size_t calls_in_flight() const { return calls_in_flight_.load(std::memory_order_relaxed); }
 
   const std::string& target() const { return target_; }
 
@@ -501,6 +506,8 @@ class Channel final : public ChannelInterface {
   // Pending calls; a call's id is its key here (base/slot_map.h), so a
   // response finds its call without a hash, and no allocation per call.
   SlotMap<Pending> pending_;                                    // guarded by mu_
+  // pending_.size(), stored under mu_ as it changes, for calls_in_flight().
+  std::atomic<size_t> calls_in_flight_{0};
 
   // The observers of this channel's connections; those done are dropped at
   // the next connect. Guarded by watch_mu_, their `done` flags too.

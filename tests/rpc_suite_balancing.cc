@@ -1,5 +1,5 @@
 // BalancedChannel: calls spread over several servers, in turn over those
-// that are up (see rpc_suite.h).
+// that are up or to the least busy (see rpc_suite.h).
 
 #include <future>
 #include <memory>
@@ -38,8 +38,10 @@ std::vector<std::string> AddressesOf(const std::vector<std::unique_ptr<TestServe
   return addresses;
 }
 
-std::shared_ptr<BalancedChannel> MakeBalanced(const std::vector<std::string>& addresses) {
-  auto ch = BalancedChannel::Create(addresses);
+std::shared_ptr<BalancedChannel> MakeBalanced(
+    const std::vector<std::string>& addresses,
+    BalancingPolicy policy = BalancingPolicy::kRoundRobin) {
+  auto ch = BalancedChannel::Create(addresses, ChannelOptions(), policy);
   EXPECT_TRUE(ch.ok()) << ch.status();
   return ch.ok() ? *ch : nullptr;
 }
@@ -151,6 +153,40 @@ TEST_P(RpcSuite, ABalancedChannelPassesOverADownServerUntilItIsBack) {
   CallEach(*ch, 2 * kServers, "back");
   for (int& n : before) n += 2;
   EXPECT_EQ(Served(servers), before);
+}
+
+// Under least requests, a server busy with a call gets no new one while the
+// others have none in flight; with the counts equal again, the calls go in
+// turn.
+TEST_P(RpcSuite, ALeastRequestsBalancedChannelPassesOverABusyServer) {
+  constexpr int kServers = 3;
+  auto servers = StartServers(kServers, GetParam().listen_addr());
+  auto ch = MakeBalanced(AddressesOf(servers), BalancingPolicy::kLeastRequests);
+  ASSERT_TRUE(ch);
+  EXPECT_EQ(ch->policy(), BalancingPolicy::kLeastRequests);
+  ASSERT_TRUE(AllConnected(*ch));
+
+  // Held by its handler until cancelled: the first call, which goes to the
+  // first backend, all counts being 0.
+  AsyncCall busy;
+  ch->CallAsync(kEcho, &busy.ctx, Req("busy", 60000), &busy.resp,
+                [&busy](Status s) { busy.result.set_value(s); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (servers[0]->service.started.load() == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(Served(servers), (std::vector<int>{1, 0, 0}));
+  EXPECT_EQ(ch->backends()[0]->calls_in_flight(), 1u);
+
+  CallEach(*ch, 8, "while one is busy");
+  EXPECT_EQ(Served(servers), (std::vector<int>{1, 4, 4}));
+  for (int i = 1; i < kServers; ++i) EXPECT_EQ(ch->backends()[i]->calls_in_flight(), 0u);
+
+  busy.ctx.TryCancel();
+  EXPECT_EQ(busy.result.get_future().get().code(), StatusCode::kCancelled);
+  EXPECT_EQ(ch->backends()[0]->calls_in_flight(), 0u);
+  CallEach(*ch, 2 * kServers, "none busy");
+  EXPECT_EQ(Served(servers), (std::vector<int>{3, 6, 6}));
 }
 
 // Generated stubs take a BalancedChannel as they take a Channel.

@@ -507,6 +507,7 @@ TEST_P(RpcSuite, WaitForReadyCallsWaitThroughFailedAttempts) {
   auto ready_f = ready.result.get_future();
   EXPECT_EQ(ready_f.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
       << "the wait-for-ready call ended with a failed attempt";
+  EXPECT_EQ(ch->calls_in_flight(), 1u) << "a call waiting for a connection is in flight";
   TestServer again(address);
   ASSERT_TRUE(again.server);
   ASSERT_EQ(ready_f.wait_for(std::chrono::seconds(30)), std::future_status::ready);
@@ -515,6 +516,7 @@ TEST_P(RpcSuite, WaitForReadyCallsWaitThroughFailedAttempts) {
   EXPECT_EQ(ready.resp.data(), "ready");
   EXPECT_EQ(ch->GetState(false), ChannelState::kReady);
   EXPECT_EQ(again.service.started.load(), 1) << "only the wait-for-ready call was left to send";
+  EXPECT_EQ(ch->calls_in_flight(), 0u);
   const ChannelStats stats = ch->stats();
   EXPECT_EQ(stats.connect_attempts, stats.connect_failures + 1);
   EXPECT_TRUE(stats.last_connect_error.ok()) << "connected, yet " << stats.last_connect_error;
