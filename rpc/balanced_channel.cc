@@ -43,7 +43,26 @@ StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
   return std::shared_ptr<BalancedChannel>(new BalancedChannel(std::move(backends), policy));
 }
 
-Channel& BalancedChannel::Pick(bool take_turn) {
+BalancedChannel::BalancedChannel(std::vector<std::shared_ptr<Channel>> backends,
+                                 BalancingPolicy policy)
+    : backends_(std::move(backends)), policy_(policy) {
+  link_->owner = this;
+  for (const auto& backend : backends_) backend->balancer_ = link_;
+}
+
+BalancedChannel::~BalancedChannel() {
+  // A retry being moved holds the link: it ends before the backends go.
+  std::lock_guard<std::mutex> lock(link_->mu);
+  link_->owner = nullptr;
+}
+
+Channel& BalancedChannel::Pick(bool take_turn) { return *PickFrom(take_turn, nullptr); }
+
+Channel* BalancedChannel::PickForRetry(const Channel& failed) {
+  return backends_.size() > 1 ? PickFrom(/*take_turn=*/true, &failed) : nullptr;
+}
+
+Channel* BalancedChannel::PickFrom(bool take_turn, const Channel* instead_of) {
   const size_t n = backends_.size();
   const uint64_t turn = take_turn ? next_.fetch_add(1, std::memory_order_relaxed)
                                   : next_.load(std::memory_order_relaxed);
@@ -54,6 +73,7 @@ Channel& BalancedChannel::Pick(bool take_turn) {
   Channel* not_failed = nullptr;
   for (size_t i = 0; i < n; ++i) {
     Channel& backend = *backends_[(first + i) % n];
+    if (&backend == instead_of) continue;
     // try_to_connect: a backend passed over gets its next attempt (after its
     // backoff) without waiting for a call of its own.
     const ChannelState state = backend.GetState(/*try_to_connect=*/true);
@@ -76,9 +96,10 @@ Channel& BalancedChannel::Pick(bool take_turn) {
   }
   if (ready != nullptr) {
     if (take_turn && ready_at > 0) next_.fetch_add(ready_at, std::memory_order_relaxed);
-    return *ready;
+    return ready;
   }
-  return not_failed != nullptr ? *not_failed : *backends_[first];
+  if (instead_of != nullptr) return nullptr;
+  return not_failed != nullptr ? not_failed : backends_[first].get();
 }
 
 Status BalancedChannel::Call(const MethodInfo& method, ClientContext* ctx,

@@ -28,8 +28,11 @@
 //   other clients, and reads them as the call is given out: calls made at
 //   once from several threads may see the same counts and bunch on one
 //   backend.
-// - A call stays on the backend it was given: its retries under a
-//   RetryPolicy, and a transparent retry, go to the same server, and a
+// - A retry under a RetryPolicy goes to another backend that is READY when
+//   there is one, picked as a call is (gRPC picks again for each attempt),
+//   and to the same one when there is none (ChannelStats::
+//   retries_elsewhere counts the moves, on the backend left). Only those: a
+//   transparent retry stays with the backend it was given, and a
 //   wait-for-ready call given to a backend while none was READY waits for
 //   that one, even if another is up first.
 // - A backend's state is read as the call is given out: a server that
@@ -48,6 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,6 +77,18 @@ enum class BalancingPolicy {
   // thousands.
   kLeastRequests,
 };
+
+namespace internal {
+
+// What a backend knows of its BalancedChannel, to give a retry to another
+// backend (Channel::ResendElsewhere): nothing, once it is destroyed. Held by
+// the backends too, which may outlive it (backends()).
+struct BalancerLink {
+  std::mutex mu;
+  BalancedChannel* owner = nullptr;  // guarded by mu
+};
+
+}  // namespace internal
 
 class BalancedChannel final : public ChannelInterface {
  public:
@@ -103,19 +119,30 @@ class BalancedChannel final : public ChannelInterface {
   const std::vector<std::shared_ptr<Channel>>& backends() const { return backends_; }
   BalancingPolicy policy() const { return policy_; }
 
+  ~BalancedChannel() override;
+
  private:
-  BalancedChannel(std::vector<std::shared_ptr<Channel>> backends, BalancingPolicy policy)
-      : backends_(std::move(backends)), policy_(policy) {}
+  friend class Channel;
+
+  BalancedChannel(std::vector<std::shared_ptr<Channel>> backends, BalancingPolicy policy);
 
   // The backend for the next call (see above); without `take_turn`, the
   // one the next call would get, the turn left to it.
   Channel& Pick(bool take_turn);
+  // For a retry leaving `failed`: the backend a call would get, but only
+  // one that is READY and not `failed`; null when there is none. Under
+  // link_->mu.
+  Channel* PickForRetry(const Channel& failed);
+  // What both pick with: `instead_of`, when given, is passed over, and
+  // then null is returned where no other backend is READY.
+  Channel* PickFrom(bool take_turn, const Channel* instead_of);
 
   const std::vector<std::shared_ptr<Channel>> backends_;
   const BalancingPolicy policy_;
   // Where the next call's turn starts; moved on past the backend a call
   // went to, so that the others share evenly while one is down or busy.
   std::atomic<uint64_t> next_{0};
+  const std::shared_ptr<internal::BalancerLink> link_ = std::make_shared<internal::BalancerLink>();
 };
 
 }  // namespace rdmarpc

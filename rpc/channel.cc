@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/stage_trace.h"
 #include "base/steady_clock.h"
+#include "rpc/balanced_channel.h"
 #include "rpc/internal/channel_watch.h"
 #include "rpc/internal/inline_scope.h"
 #include "rpc/internal/own_thread.h"
@@ -644,6 +645,7 @@ bool Channel::RetryLocked(uint64_t id, const Status& status,
 }
 
 void Channel::Resend(uint64_t id) {
+  if (balancer_ != nullptr && ResendElsewhere(id)) return;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     Pending* p = pending_.Get(id);
@@ -658,6 +660,53 @@ void Channel::Resend(uint64_t id) {
     queueing_ = true;
   }
   WakeConnector();
+}
+
+bool Channel::ResendElsewhere(uint64_t id) {
+  Pending p;
+  {
+    // Held throughout, so that the BalancedChannel, and with it `other`,
+    // outlives the move: its destructor waits for the link.
+    std::lock_guard<std::mutex> link(balancer_->mu);
+    if (balancer_->owner == nullptr) return false;
+    Channel* other = balancer_->owner->PickForRetry(*this);
+    if (other == nullptr) return false;
+    {
+      std::lock_guard<InlineMutex> lock(mu_);
+      if (!pending_.Take(id, &p)) return true;  // ended while it backed off
+      calls_in_flight_.store(pending_.size(), std::memory_order_relaxed);
+      ++stats_.retries_elsewhere;
+    }
+    if (p.timer != 0) timers_->Cancel(p.timer);
+    // A TryCancel from here on finds nothing here, and one after
+    // ClearCancelHook no hook: the first is seen now, the second by Adopt.
+    if (!p.ctx->ClearCancelHook() && other->Adopt(p)) return true;
+  }
+  // Out of the link: the callback may destroy the BalancedChannel.
+  Deliver(std::move(p), Status(StatusCode::kCancelled, "cancelled by the client"));
+  return true;
+}
+
+bool Channel::Adopt(Pending& p) {
+  Waiting w;
+  w.method_id = p.retry->method_id;
+  w.request = p.retry->request;
+  w.metadata = p.retry->metadata;
+  w.wait_for_ready = p.retry->wait_for_ready;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    bool cancelled = false;
+    w.id = TrackLocked(std::move(p), nullptr, &cancelled);
+    if (cancelled) {
+      pending_.Take(w.id, &p);
+      calls_in_flight_.store(pending_.size(), std::memory_order_relaxed);
+      return false;
+    }
+    waiting_.push_back(std::move(w));
+    queueing_ = true;
+  }
+  WakeConnector();
+  return true;
 }
 
 void Channel::InterceptEnd(const Pending& p, const Status& status) {

@@ -97,7 +97,8 @@ namespace rdmarpc {
 // after its delay instead of the backoff, the backoffs after that starting
 // over from initial_backoff, or, for a negative one, no retry at all. A
 // throttle (rpc/retry_throttle.h, gRPC's retryThrottling) stops the retries
-// while most calls fail.
+// while most calls fail. On a backend of a BalancedChannel, a retry goes to
+// another backend that is READY, if there is one (rpc/balanced_channel.h).
 //
 // What not to rely on: a call whose attempt ended UNAVAILABLE may have run on
 // the server (a connection lost after the request went out), so a retried
@@ -180,6 +181,8 @@ struct ChannelStats {
   // GOAWAY comes: on the connection in use, or on one not yet taken.
   uint64_t go_aways = 0;
   uint64_t retries = 0;           // attempts sent again by the RetryPolicy
+  // Of those, the ones a BalancedChannel gave to another of its backends.
+  uint64_t retries_elsewhere = 0;
   // Attempts the RetryPolicy would have sent again but for its throttle.
   uint64_t retries_throttled = 0;
   // Calls sent again, on a new connection, because the server never saw
@@ -196,6 +199,10 @@ struct ChannelStats {
 };
 
 class ChannelGroup;
+class BalancedChannel;
+namespace internal {
+struct BalancerLink;
+}  // namespace internal
 
 class Channel final : public ChannelInterface {
  public:
@@ -277,6 +284,7 @@ class Channel final : public ChannelInterface {
   };
 
   friend class ChannelGroup;
+  friend class BalancedChannel;
 
   // What a channel may share with others: a lone channel has its own.
   struct Resources {
@@ -405,6 +413,14 @@ class Channel final : public ChannelInterface {
   std::unique_ptr<Retry> MakeRetry(const MethodInfo& method, const ClientContext& ctx,
                                    const google::protobuf::MessageLite& request, size_t size);
   void Resend(uint64_t id);
+  // Under a BalancedChannel (balancer_), the retry of call `id` goes to
+  // another backend that is READY, as gRPC picks again for each attempt;
+  // false where there is none, and it stays here.
+  bool ResendElsewhere(uint64_t id);
+  // Takes on a call that another backend gives up after a failed attempt
+  // (ResendElsewhere): tracked here, and queued for the connector. False
+  // when its context was cancelled meanwhile: `p` is left to the caller.
+  bool Adopt(Pending& p);
   // A call whose request `conn` did not take, ending with `why` or sent
   // again (SendAgainUnsent); then the send's EndSend.
   void NotSent(const MethodInfo& method, uint64_t id, transport::Connection& conn, Watch* watch,
@@ -561,6 +577,8 @@ class Channel final : public ChannelInterface {
   const std::shared_ptr<Connector> connector_ = std::make_shared<Connector>();
 
   const bool grouped_;  // the resources are shared with the group's channels
+  // Set by the BalancedChannel this is a backend of before its first call.
+  std::shared_ptr<internal::BalancerLink> balancer_;
   std::shared_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline
   std::shared_ptr<internal::TimerQueue> timers_;
   std::shared_ptr<transport::Transport> transport_;  // last: its threads stop first

@@ -124,6 +124,12 @@ class ClientContext {
   bool SetCancelHook(CancelHook hook, void* owner, uint64_t call_id);
   // As the call ends: clears the hook and frees the context for BeginCall.
   void EndCall();
+  // As the call moves to another channel (a BalancedChannel's retry), which
+  // sets a hook of its own: clears this one. True when the context was
+  // cancelled already: a TryCancel runs, or ran, the old hook, and the
+  // caller ends the call instead of moving it (a hook set now could be read
+  // half old, half new).
+  bool ClearCancelHook() { return (state_.fetch_and(~kHookSet) & kCancelled) != 0; }
 
   absl::Time steady_deadline() const { return deadline_; }
 

@@ -189,6 +189,71 @@ TEST_P(RpcSuite, ALeastRequestsBalancedChannelPassesOverABusyServer) {
   EXPECT_EQ(Served(servers), (std::vector<int>{3, 6, 6}));
 }
 
+// Under a RetryPolicy a failed attempt is retried on another server that is
+// up: the first server here lacks the method, which the policy counts as
+// retryable, so each call that starts there ends OK on the second, where
+// its context's cancel and deadline follow it. With the second server down,
+// the retry stays on the first.
+TEST_P(RpcSuite, ABalancedChannelRetriesACallOnAnotherServer) {
+  ParkService park;  // no Echo method: UNIMPLEMENTED
+  auto lacking = ServerBuilder()
+                     .AddListeningPort(GetParam().listen_addr())
+                     .RegisterService(&park)
+                     .BuildAndStart();
+  ASSERT_TRUE(lacking.ok()) << lacking.status();
+  TestServer echo(GetParam().listen_addr());
+  ASSERT_TRUE(echo.server);
+  ChannelOptions o;
+  o.retry.max_attempts = 2;
+  o.retry.initial_backoff = absl::Milliseconds(1);
+  o.retry.retryable_codes = {StatusCode::kUnimplemented};
+  auto ch = BalancedChannel::Create({(*lacking)->addresses()[0], echo.address}, o);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  ASSERT_TRUE(AllConnected(**ch));
+  Channel& first = *(*ch)->backends()[0];
+  Channel& second = *(*ch)->backends()[1];
+
+  CallEach(**ch, 4, "retried elsewhere");
+  EXPECT_EQ(echo.service.started.load(), 4);
+  EXPECT_GE(first.stats().retries_elsewhere, 1u);
+  EXPECT_EQ(first.stats().retries_elsewhere, first.stats().retries);
+  EXPECT_EQ(second.stats().retries, 0u);
+  EXPECT_EQ(first.calls_in_flight() + second.calls_in_flight(), 0u);
+
+  // Each call starts on the first server (the retry took the second's
+  // turn), and its retry, held by the second's handler, ends there by the
+  // context's cancel, then by its deadline.
+  AsyncCall cancelled;
+  cancelled.ctx.set_timeout(absl::Seconds(30));
+  (*ch)->CallAsync(kEcho, &cancelled.ctx, Req("cancelled", 60000), &cancelled.resp,
+                   [&cancelled](Status s) { cancelled.result.set_value(s); });
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (echo.service.started.load() == 4 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(echo.service.started.load(), 5);
+  EXPECT_EQ(second.calls_in_flight(), 1u);
+  cancelled.ctx.TryCancel();
+  auto cancelled_f = cancelled.result.get_future();
+  ASSERT_EQ(cancelled_f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(cancelled_f.get().code(), StatusCode::kCancelled);
+
+  ClientContext timed;
+  timed.set_timeout(absl::Seconds(2));
+  EchoResponse resp;
+  const Status late = (*ch)->Call(kEcho, &timed, Req("late", 60000), &resp);
+  EXPECT_EQ(late.code(), StatusCode::kDeadlineExceeded) << late;
+  EXPECT_EQ(echo.service.started.load(), 6);
+
+  echo.server->Shutdown(absl::ZeroDuration());
+  ASSERT_TRUE(second.WaitForStateChange(ChannelState::kReady, absl::Now() + absl::Seconds(20)));
+  const uint64_t moved = first.stats().retries_elsewhere;
+  const Status stayed = EchoOn(**ch, "stayed");
+  EXPECT_EQ(stayed.code(), StatusCode::kUnimplemented) << stayed;
+  EXPECT_EQ(first.stats().retries_elsewhere, moved);
+  EXPECT_EQ(first.stats().retries, moved + 1);
+}
+
 // Generated stubs take a BalancedChannel as they take a Channel.
 TEST_P(RpcSuite, AGeneratedStubCallsThroughABalancedChannel) {
   GeneratedEcho a, b;
