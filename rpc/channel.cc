@@ -650,13 +650,7 @@ void Channel::Resend(uint64_t id) {
     std::lock_guard<InlineMutex> lock(mu_);
     Pending* p = pending_.Get(id);
     if (p == nullptr) return;  // ended while it backed off
-    Waiting w;
-    w.id = id;
-    w.method_id = p->retry->method_id;
-    w.request = p->retry->request;
-    w.metadata = p->retry->metadata;
-    w.wait_for_ready = p->retry->wait_for_ready;
-    waiting_.push_back(std::move(w));
+    waiting_.push_back(Waiting::ForRetry(id, *p->retry));
     queueing_ = true;
   }
   WakeConnector();
@@ -688,11 +682,8 @@ bool Channel::ResendElsewhere(uint64_t id) {
 }
 
 bool Channel::Adopt(Pending& p) {
-  Waiting w;
-  w.method_id = p.retry->method_id;
-  w.request = p.retry->request;
-  w.metadata = p.retry->metadata;
-  w.wait_for_ready = p.retry->wait_for_ready;
+  // Copied before p goes into pending_; its id comes from TrackLocked.
+  Waiting w = Waiting::ForRetry(0, *p.retry);
   {
     std::lock_guard<InlineMutex> lock(mu_);
     bool cancelled = false;

@@ -555,6 +555,17 @@ class Channel final : public ChannelInterface {
     // closed under the send): it got its one more attempt, and the next
     // failure ends it.
     bool sent_again = false;
+
+    // The next attempt of a call under a RetryPolicy, from what it kept.
+    static Waiting ForRetry(uint64_t id, const Retry& retry) {
+      Waiting w;
+      w.id = id;
+      w.method_id = retry.method_id;
+      w.request = retry.request;
+      w.metadata = retry.metadata;
+      w.wait_for_ready = retry.wait_for_ready;
+      return w;
+    }
   };
   std::vector<Waiting> waiting_;
   // Calls wait for the connector or are being sent by it: a new call, even
