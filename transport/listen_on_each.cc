@@ -6,8 +6,10 @@
 #include <string.h>
 
 #include <cstdio>
+#include <memory>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "transport/attempt_errors.h"
 
 namespace rdmarpc::transport {
@@ -25,36 +27,63 @@ class ListenerGroup : public Listener {
   std::vector<std::unique_ptr<Listener>> each_;
 };
 
+// What one pass over a name's addresses bound, and why the others were not.
+struct BindPass {
+  std::vector<std::unique_ptr<Listener>> bound;
+  FailedAttempts left_out;
+  // An address after the first found the port that the first picked taken.
+  bool picked_port_taken = false;
+};
+
+uint16_t PortOf(const SocketAddress& a) {
+  return ntohs(a.storage.ss_family == AF_INET
+                   ? reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_port
+                   : reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_port);
+}
+
+BindPass BindEach(const std::vector<SocketAddress>& addresses, ListenOne listen_one) {
+  BindPass pass;
+  for (SocketAddress a : addresses) {
+    const bool asks_picked = !pass.bound.empty();
+    if (asks_picked) a = WithPort(a.storage, pass.bound.front()->address().port);
+    absl::StatusOr<std::unique_ptr<Listener>> one = listen_one(a);
+    if (one.ok()) {
+      pass.bound.push_back(std::move(*one));
+      continue;
+    }
+    if (asks_picked && PortTaken(one.status())) pass.picked_port_taken = true;
+    pass.left_out.Add(
+        addresses.size() > 1 ? SockaddrString(reinterpret_cast<const sockaddr*>(&a.storage)) : "",
+        one.status());
+  }
+  return pass;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
     const std::vector<SocketAddress>& addresses, const std::string& log_name,
     ListenOne listen_one) {
-  std::vector<std::unique_ptr<Listener>> bound;
-  FailedAttempts left_out;
-  for (SocketAddress a : addresses) {
-    if (!bound.empty()) a = WithPort(a.storage, bound.front()->address().port);
-    absl::StatusOr<std::unique_ptr<Listener>> one = listen_one(a);
-    if (one.ok()) {
-      bound.push_back(std::move(*one));
-      continue;
-    }
-    left_out.Add(
-        addresses.size() > 1 ? SockaddrString(reinterpret_cast<const sockaddr*>(&a.storage)) : "",
-        one.status());
+  const bool picks_port = addresses.size() > 1 && PortOf(addresses.front()) == 0;
+  auto pass = std::make_unique<BindPass>(BindEach(addresses, listen_one));
+  for (int tries = 1; picks_port && pass->picked_port_taken && tries < kFreshPortTries; ++tries) {
+    // The pass before still holds the port it picked while this one binds,
+    // so the port picked now is another.
+    pass = std::make_unique<BindPass>(BindEach(addresses, listen_one));
   }
-  if (bound.empty()) return left_out.Error();
-  if (!left_out.empty()) {
+  if (pass->bound.empty()) return pass->left_out.Error();
+  if (!pass->left_out.empty()) {
     fprintf(stderr, "rdmarpc[%s]: listening on %s, but not at %s\n", log_name.c_str(),
-            bound.front()->address().ToString().c_str(), left_out.Message().c_str());
+            pass->bound.front()->address().ToString().c_str(), pass->left_out.Message().c_str());
   }
-  if (bound.size() == 1) return std::move(bound.front());
-  return std::unique_ptr<Listener>(std::make_unique<ListenerGroup>(std::move(bound)));
+  if (pass->bound.size() == 1) return std::move(pass->bound.front());
+  return std::unique_ptr<Listener>(std::make_unique<ListenerGroup>(std::move(pass->bound)));
 }
 
 absl::Status BindError(int err) {
   absl::Status error = absl::UnavailableError(strerror(err));
   if (err == EADDRINUSE) {
+    error.SetPayload(kPortTaken, absl::Cord());
     return WithWhatToDo(std::move(error),
                         "Another server has this port there: stop it, or listen on another port "
                         "(port 0 picks a free one).");
@@ -71,5 +100,7 @@ absl::Status BindError(int err) {
   }
   return error;
 }
+
+bool PortTaken(const absl::Status& error) { return error.GetPayload(kPortTaken).has_value(); }
 
 }  // namespace rdmarpc::transport

@@ -11,8 +11,11 @@
 //
 // What not to rely on:
 // - With port 0 the first address's bind picks the port and the others ask
-//   for that one, so the server has one port to report; the others can
-//   find it taken.
+//   for that one, so the server has one port to report. Another program's
+//   socket can hold that port on another address (a client's ephemeral
+//   port on 127.0.0.1, where [::1] had it free): then every address is
+//   bound again on a port picked afresh, up to kFreshPortTries times, and
+//   only after those is an address left out.
 // - An address that cannot be bound (IPv6 turned off, its port taken, an
 //   address of another machine) is left out with one log line on stderr.
 //   Only when none can be is it an error, as in gRPC.
@@ -26,10 +29,16 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "transport/address.h"
 #include "transport/transport.h"
 
 namespace rdmarpc::transport {
+
+// How many ports a listen on port 0 picks before it leaves out an address
+// that has each of them taken. A pick that collides is rare (the ephemeral
+// range has ~28,000 ports), so 8 in a row means the address is not the cause.
+inline constexpr int kFreshPortTries = 8;
 
 using ListenOne =
     absl::FunctionRef<absl::StatusOr<std::unique_ptr<Listener>>(const SocketAddress&)>;
@@ -47,8 +56,14 @@ absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
 // UNAVAILABLE with the system's words and, for the failures a user can
 // mend (the port taken, or below 1024 without the privilege; an address
 // that no interface of this host has), what to do (WithWhatToDo: said once
-// for all the addresses that failed so).
+// for all the addresses that failed so). The port taken is marked with the
+// payload kPortTaken, which PortTaken reads.
 absl::Status BindError(int err);
+
+inline constexpr absl::string_view kPortTaken = "type.rdmarpc.dev/transport.PortTaken";
+
+// Whether `error` is a bind that found its port taken (BindError(EADDRINUSE)).
+bool PortTaken(const absl::Status& error);
 
 }  // namespace rdmarpc::transport
 

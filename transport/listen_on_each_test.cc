@@ -5,6 +5,8 @@
 #include <netinet/in.h>
 #include <string.h>
 
+#include <map>
+#include <set>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -44,23 +46,30 @@ class FakeListener : public Listener {
   int* const alive_;
 };
 
-// Binds what it is asked for, taking `picked` for port 0, and refuses the
-// addresses in `refuse`.
+// Binds what it is asked for, picking first_pick, first_pick + 1, ... for
+// port 0, and refuses the addresses in `refuse` (with `refuse_with`) and the
+// ports in `taken` on their address (with EADDRINUSE).
 struct FakeTransport {
   Address asked{"tcp", "name", 0};
-  uint16_t picked = 4242;
+  uint16_t first_pick = 4242;
+  int picks = 0;
   std::vector<std::string> refuse;
+  int refuse_with = EADDRINUSE;
+  std::map<std::string, std::set<uint16_t>> taken;
   std::vector<SocketAddress> tried;
+  std::vector<int> alive_at_try;  // listeners alive when each bind was tried
   int alive = 0;
 
   absl::StatusOr<std::unique_ptr<Listener>> ListenOne(const SocketAddress& a) {
     tried.push_back(a);
+    alive_at_try.push_back(alive);
     const std::string host = SockaddrHost(reinterpret_cast<const sockaddr*>(&a.storage));
     for (const std::string& r : refuse) {
-      if (r == host) return BindError(EADDRINUSE);
+      if (r == host) return BindError(refuse_with);
     }
+    if (taken[host].count(PortOf(a)) != 0) return BindError(EADDRINUSE);
     Address bound = asked;
-    bound.port = PortOf(a) == 0 ? picked : PortOf(a);
+    bound.port = PortOf(a) == 0 ? first_pick + picks++ : PortOf(a);
     return std::unique_ptr<Listener>(std::make_unique<FakeListener>(bound, &alive));
   }
   absl::StatusOr<std::unique_ptr<Listener>> Listen(const std::vector<SocketAddress>& all) {
@@ -75,9 +84,9 @@ TEST(ListenOnEachAddress, PortZeroIsPickedByTheFirstAndAskedOfTheRest) {
   ASSERT_TRUE(listener.ok()) << listener.status();
   ASSERT_EQ(t.tried.size(), 3u);
   EXPECT_EQ(PortOf(t.tried[0]), 0);
-  EXPECT_EQ(PortOf(t.tried[1]), t.picked);
-  EXPECT_EQ(PortOf(t.tried[2]), t.picked);
-  EXPECT_EQ((*listener)->address().port, t.picked);
+  EXPECT_EQ(PortOf(t.tried[1]), t.first_pick);
+  EXPECT_EQ(PortOf(t.tried[2]), t.first_pick);
+  EXPECT_EQ((*listener)->address().port, t.first_pick);
   EXPECT_EQ(t.alive, 3);
   listener->reset();
   EXPECT_EQ(t.alive, 0) << "the group stops every listener it holds";
@@ -89,8 +98,55 @@ TEST(ListenOnEachAddress, AnAddressThatFailsIsLeftOut) {
   auto listener = t.Listen({Ipv4("10.0.0.1", 0), Ipv4("10.0.0.2", 0)});
   ASSERT_TRUE(listener.ok()) << listener.status();
   EXPECT_EQ(PortOf(t.tried[1]), 0) << "no port was picked yet";
-  EXPECT_EQ((*listener)->address().port, t.picked);
+  EXPECT_EQ((*listener)->address().port, t.first_pick);
   EXPECT_EQ(t.alive, 1);
+}
+
+// The port that [::1] picked was a client's on 127.0.0.1 (seen in CI):
+// both are bound again on a port picked afresh, while the first pick is
+// still held, so the kernel cannot hand the same one back.
+TEST(ListenOnEachAddress, APickedPortTakenOnALaterAddressIsPickedAgain) {
+  FakeTransport t;
+  t.taken["10.0.0.2"] = {t.first_pick};
+  auto listener = t.Listen({Ipv4("10.0.0.1", 0), Ipv4("10.0.0.2", 0)});
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  ASSERT_EQ(t.tried.size(), 4u);
+  EXPECT_EQ(PortOf(t.tried[1]), t.first_pick);
+  EXPECT_EQ(PortOf(t.tried[2]), 0) << "picked afresh";
+  EXPECT_EQ(t.alive_at_try[2], 1) << "the first pick still held";
+  EXPECT_EQ(PortOf(t.tried[3]), t.first_pick + 1);
+  EXPECT_EQ((*listener)->address().port, t.first_pick + 1);
+  EXPECT_EQ(t.alive, 2) << "both addresses, and the first pick let go";
+}
+
+// Past kFreshPortTries picks the address is left out as any other would be.
+TEST(ListenOnEachAddress, AnAddressWithEveryPickTakenIsLeftOutAfterTheTries) {
+  FakeTransport t;
+  for (int i = 0; i <= kFreshPortTries; ++i) t.taken["10.0.0.2"].insert(t.first_pick + i);
+  auto listener = t.Listen({Ipv4("10.0.0.1", 0), Ipv4("10.0.0.2", 0)});
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  EXPECT_EQ(t.tried.size(), 2u * kFreshPortTries);
+  EXPECT_EQ((*listener)->address().port, t.first_pick + kFreshPortTries - 1);
+  EXPECT_EQ(t.alive, 1);
+}
+
+// A port asked for is the only one that will do, and an address that fails
+// otherwise than by its port fails on any port: neither is tried again.
+TEST(ListenOnEachAddress, OnlyAPickedPortTakenIsPickedAgain) {
+  FakeTransport asked;
+  asked.taken["10.0.0.2"] = {7};
+  auto listener = asked.Listen({Ipv4("10.0.0.1", 7), Ipv4("10.0.0.2", 7)});
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  EXPECT_EQ(asked.tried.size(), 2u);
+  EXPECT_EQ(asked.alive, 1);
+
+  FakeTransport elsewhere;
+  elsewhere.refuse = {"10.0.0.2"};
+  elsewhere.refuse_with = EADDRNOTAVAIL;
+  listener = elsewhere.Listen({Ipv4("10.0.0.1", 0), Ipv4("10.0.0.2", 0)});
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  EXPECT_EQ(elsewhere.tried.size(), 2u);
+  EXPECT_EQ(elsewhere.alive, 1);
 }
 
 // Each address, then once what to do: the same advice after each would
@@ -133,6 +189,9 @@ TEST(BindError, SaysWhatToDoAboutThePortAndTheAddress) {
   EXPECT_TRUE(absl::StrContains(elsewhere.message(), "`ip -br addr`")) << elsewhere;
   EXPECT_TRUE(elsewhere.GetPayload(kWhatToDo).has_value()) << "said once for many addresses";
   EXPECT_EQ(BindError(EIO).message(), strerror(EIO));
+  EXPECT_TRUE(PortTaken(taken));
+  EXPECT_FALSE(PortTaken(privileged));
+  EXPECT_FALSE(PortTaken(elsewhere));
 }
 
 }  // namespace
