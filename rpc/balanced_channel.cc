@@ -37,10 +37,12 @@ StatusOr<std::shared_ptr<BalancedChannel>> BalancedChannel::Create(
     }
     backends.push_back(*std::move(channel));
   }
+  std::shared_ptr<BalancedChannel> balanced(new BalancedChannel(std::move(backends), policy));
   // Connecting ahead, as gRPC's round_robin does: the first calls find
-  // every server that is up READY, not just the first one asked.
-  for (const auto& backend : backends) backend->GetState(/*try_to_connect=*/true);
-  return std::shared_ptr<BalancedChannel>(new BalancedChannel(std::move(backends), policy));
+  // every server that is up READY, not just the first one asked. After the
+  // backends know their BalancedChannel, which their connectors read.
+  for (const auto& backend : balanced->backends()) backend->GetState(/*try_to_connect=*/true);
+  return balanced;
 }
 
 BalancedChannel::BalancedChannel(std::vector<std::shared_ptr<Channel>> backends,

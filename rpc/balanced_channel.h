@@ -18,8 +18,16 @@
 // gets its share again once it is back. When none is READY, a call goes to
 // the next backend that is connecting or idle and waits there for the
 // connection, as on a Channel; when every backend's last attempt failed, to
-// the next in turn, where it waits for that backend's next attempt and ends
-// UNAVAILABLE if that fails too (a wait-for-ready call waits on).
+// the next in turn, where it waits for that backend's next attempt. A call
+// waiting so does not stay with its backend once another is READY, as gRPC
+// picks a queued call again: when another backend connects, the calls
+// waiting on those that are not READY go to it (or to another READY one,
+// as the policy picks); when the attempt a call waits for fails, or its
+// connection goes before it is sent, it goes to a READY backend if there is
+// one (ChannelStats::waits_elsewhere counts the moves, on the backend
+// left). Only with none READY does such a call end UNAVAILABLE (a
+// wait-for-ready call waits on, and a call whose connection went before it
+// was sent has its one transparent retry).
 //
 // What not to rely on:
 // - Round robin counts calls, not load: a slow server gets as many as a
@@ -31,10 +39,12 @@
 // - A retry under a RetryPolicy goes to another backend that is READY when
 //   there is one, picked as a call is (gRPC picks again for each attempt),
 //   and to the same one when there is none (ChannelStats::
-//   retries_elsewhere counts the moves, on the backend left). Only those: a
-//   transparent retry stays with the backend it was given, and a
-//   wait-for-ready call given to a backend while none was READY waits for
-//   that one, even if another is up first.
+//   retries_elsewhere counts the moves, on the backend left).
+// - A waiting call with an attachment stays with its backend, whose
+//   transport's memory holds it. The others move when a backend connects
+//   through its connector (for calls, GetState(true), WaitForConnected), not
+//   when AllocateAttachment connects it: until its connector next runs,
+//   calls may wait on another backend while it is READY.
 // - A backend's state is read as the call is given out: a server that
 //   shuts down at that moment may still get it, which the channel then
 //   handles as any Channel does (the GOAWAY, a transparent retry).

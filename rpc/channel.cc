@@ -657,7 +657,7 @@ void Channel::Resend(uint64_t id) {
 }
 
 bool Channel::ResendElsewhere(uint64_t id) {
-  Pending p;
+  std::vector<Pending> cancelled;
   {
     // Held throughout, so that the BalancedChannel, and with it `other`,
     // outlives the move: its destructor waits for the link.
@@ -665,25 +665,101 @@ bool Channel::ResendElsewhere(uint64_t id) {
     if (balancer_->owner == nullptr) return false;
     Channel* other = balancer_->owner->PickForRetry(*this);
     if (other == nullptr) return false;
-    {
-      std::lock_guard<InlineMutex> lock(mu_);
-      if (!pending_.Take(id, &p)) return true;  // ended while it backed off
-      calls_in_flight_.store(pending_.size(), std::memory_order_relaxed);
-      ++stats_.retries_elsewhere;
-    }
-    if (p.timer != 0) timers_->Cancel(p.timer);
-    // A TryCancel from here on finds nothing here, and one after
-    // ClearCancelHook no hook: the first is seen now, the second by Adopt.
-    if (!p.ctx->ClearCancelHook() && other->Adopt(p)) return true;
+    MoveToLocked(id, nullptr, *other, &ChannelStats::retries_elsewhere, &cancelled);
   }
   // Out of the link: the callback may destroy the BalancedChannel.
-  Deliver(std::move(p), Status(StatusCode::kCancelled, "cancelled by the client"));
+  EndCancelled(cancelled);
   return true;
 }
 
-bool Channel::Adopt(Pending& p) {
-  // Copied before p goes into pending_; its id comes from TrackLocked.
-  Waiting w = Waiting::ForRetry(0, *p.retry);
+void Channel::GiveWaitingElsewhere(std::vector<Waiting>& calls) {
+  std::vector<Pending> cancelled;
+  {
+    std::lock_guard<std::mutex> link(balancer_->mu);
+    if (balancer_->owner == nullptr) return;
+    GiveWaitingLocked(*balancer_->owner, calls, &cancelled);
+  }
+  EndCancelled(cancelled);
+}
+
+void Channel::TakeWaitingOfOthers() {
+  std::vector<Pending> cancelled;
+  {
+    std::lock_guard<std::mutex> link(balancer_->mu);
+    BalancedChannel* owner = balancer_->owner;
+    if (owner == nullptr) return;
+    for (const auto& backend : owner->backends()) {
+      if (backend.get() != this) backend->OfferWaitingLocked(*owner, &cancelled);
+    }
+  }
+  // Here, not on the backends they waited on, which may go once the link is
+  // let go of; the backends share their group's options and threads.
+  EndCancelled(cancelled);
+}
+
+void Channel::OfferWaitingLocked(BalancedChannel& owner, std::vector<Pending>* cancelled) {
+  std::vector<Waiting> movable;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (conn_) return;  // its connector sends them
+    auto stays = std::stable_partition(waiting_.begin(), waiting_.end(),
+                                       [](const Waiting& w) { return !w.attachment.empty(); });
+    movable.assign(std::make_move_iterator(stays), std::make_move_iterator(waiting_.end()));
+    waiting_.erase(stays, waiting_.end());
+  }
+  if (movable.empty()) return;
+  GiveWaitingLocked(owner, movable, cancelled);
+  if (movable.empty()) return;
+  {
+    // None was READY after all (the new connection lost already): they wait
+    // here again, ahead of the calls that came meanwhile.
+    std::lock_guard<InlineMutex> lock(mu_);
+    waiting_.insert(waiting_.begin(), std::make_move_iterator(movable.begin()),
+                    std::make_move_iterator(movable.end()));
+    queueing_ = true;
+  }
+  WakeConnector();
+}
+
+void Channel::GiveWaitingLocked(BalancedChannel& owner, std::vector<Waiting>& calls,
+                                std::vector<Pending>* cancelled) {
+  std::vector<Waiting> stay;
+  for (Waiting& w : calls) {
+    Channel* other = w.attachment.empty() ? owner.PickForRetry(*this) : nullptr;
+    if (other == nullptr) {
+      stay.push_back(std::move(w));
+      continue;
+    }
+    MoveToLocked(w.id, &w, *other, &ChannelStats::waits_elsewhere, cancelled);
+  }
+  calls.swap(stay);
+}
+
+void Channel::MoveToLocked(uint64_t id, Waiting* w, Channel& other, uint64_t ChannelStats::*moves,
+                           std::vector<Pending>* cancelled) {
+  Pending p;
+  {
+    std::lock_guard<InlineMutex> lock(mu_);
+    if (!pending_.Take(id, &p)) return;  // ended while it waited or backed off
+    calls_in_flight_.store(pending_.size(), std::memory_order_relaxed);
+    ++(stats_.*moves);
+  }
+  if (p.timer != 0) timers_->Cancel(p.timer);
+  Waiting moved = w != nullptr ? std::move(*w) : Waiting::ForRetry(0, *p.retry);
+  // A TryCancel from here on finds nothing here, and one after
+  // ClearCancelHook no hook: the first is seen now, the second by Adopt.
+  if (p.ctx->ClearCancelHook() || !other.Adopt(p, std::move(moved))) {
+    cancelled->push_back(std::move(p));
+  }
+}
+
+void Channel::EndCancelled(std::vector<Pending>& cancelled) {
+  for (Pending& p : cancelled) {
+    Deliver(std::move(p), Status(StatusCode::kCancelled, "cancelled by the client"));
+  }
+}
+
+bool Channel::Adopt(Pending& p, Waiting w) {
   {
     std::lock_guard<InlineMutex> lock(mu_);
     bool cancelled = false;

@@ -183,6 +183,11 @@ struct ChannelStats {
   uint64_t retries = 0;           // attempts sent again by the RetryPolicy
   // Of those, the ones a BalancedChannel gave to another of its backends.
   uint64_t retries_elsewhere = 0;
+  // Calls that waited here for a connection and that a BalancedChannel gave
+  // to another of its backends, one that was READY: this one's attempt
+  // failed, its connection went before they were sent, or the other
+  // connected first.
+  uint64_t waits_elsewhere = 0;
   // Attempts the RetryPolicy would have sent again but for its throttle.
   uint64_t retries_throttled = 0;
   // Calls sent again, on a new connection, because the server never saw
@@ -282,6 +287,9 @@ class Channel final : public ChannelInterface {
     std::unique_ptr<Retry> retry;           // only under a RetryPolicy
     size_t intercepted = 0;                 // interceptors whose OnEnd runs
   };
+
+  // A call waiting for a connection (waiting_, below).
+  struct Waiting;
 
   friend class ChannelGroup;
   friend class BalancedChannel;
@@ -417,10 +425,36 @@ class Channel final : public ChannelInterface {
   // another backend that is READY, as gRPC picks again for each attempt;
   // false where there is none, and it stays here.
   bool ResendElsewhere(uint64_t id);
-  // Takes on a call that another backend gives up after a failed attempt
-  // (ResendElsewhere): tracked here, and queued for the connector. False
-  // when its context was cancelled meanwhile: `p` is left to the caller.
-  bool Adopt(Pending& p);
+  // Under a BalancedChannel, each of `calls`, which wait here for a
+  // connection, goes to another backend that is READY, picked as a call is
+  // (gRPC picks a queued call again when a backend becomes READY). What
+  // stays in `calls`: those with an attachment, whose memory is this
+  // backend's to send, and all when none is READY. Those that ended
+  // meanwhile are dropped. Neither mu_ nor the link held.
+  void GiveWaitingElsewhere(std::vector<Waiting>& calls);
+  // This backend has just connected: the calls waiting on the others that
+  // are not READY come here, or to another READY one (GiveWaitingElsewhere).
+  void TakeWaitingOfOthers();
+  // Under the link, whose owner is `owner`: GiveWaitingElsewhere, the
+  // calls whose context was cancelled meanwhile put in *cancelled, for the
+  // caller to end once it lets go of the link.
+  void GiveWaitingLocked(BalancedChannel& owner, std::vector<Waiting>& calls,
+                         std::vector<Pending>* cancelled);
+  // Under the link: when this backend is not READY, its waiting calls that
+  // another can take go there (GiveWaitingLocked); the others stay, in order.
+  void OfferWaitingLocked(BalancedChannel& owner, std::vector<Pending>* cancelled);
+  // Under the link: call `id` goes to `other` with `w` (for a retry in its
+  // backoff, null: built from what the retry kept), counted in stats_.*moves.
+  // Nothing happens to a call that ended meanwhile; one whose context was
+  // cancelled goes into *cancelled.
+  void MoveToLocked(uint64_t id, Waiting* w, Channel& other, uint64_t ChannelStats::*moves,
+                    std::vector<Pending>* cancelled);
+  // Ends each of `cancelled` CANCELLED, as TryCancel would have.
+  void EndCancelled(std::vector<Pending>& cancelled);
+  // Takes on a call that another backend gives up (MoveToLocked): tracked
+  // here, and `w` queued for the connector. False when its context was
+  // cancelled meanwhile: `p` is left to the caller.
+  bool Adopt(Pending& p, Waiting w);
   // A call whose request `conn` did not take, ending with `why` or sent
   // again (SendAgainUnsent); then the send's EndSend.
   void NotSent(const MethodInfo& method, uint64_t id, transport::Connection& conn, Watch* watch,
@@ -543,7 +577,8 @@ class Channel final : public ChannelInterface {
   // Calls started with no connection (or behind calls waiting) wait here,
   // tracked in pending_ (so their deadline and TryCancel end them as usual)
   // and serialized, until the connector's attempt ends: sent on success,
-  // ended with its status on failure. Guarded by mu_.
+  // ended with its status on failure (under a BalancedChannel, given to a
+  // backend that is READY first, GiveWaitingElsewhere). Guarded by mu_.
   struct Waiting {
     uint64_t id;
     uint32_t method_id;
@@ -588,7 +623,8 @@ class Channel final : public ChannelInterface {
   const std::shared_ptr<Connector> connector_ = std::make_shared<Connector>();
 
   const bool grouped_;  // the resources are shared with the group's channels
-  // Set by the BalancedChannel this is a backend of before its first call.
+  // Set by the BalancedChannel this is a backend of before its connector
+  // first runs, which reads it.
   std::shared_ptr<internal::BalancerLink> balancer_;
   std::shared_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline
   std::shared_ptr<internal::TimerQueue> timers_;

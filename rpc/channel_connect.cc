@@ -247,11 +247,13 @@ void Channel::ConnectForWaiting() {
     return !conn_ && (connect_waiters_ > 0 || once);
   };
   absl::Time retry_after;
+  bool was_ready;
   {
     std::lock_guard<InlineMutex> lock(mu_);
     once = std::exchange(connect_once_, false);
     if (!wanted_locked()) return;
     retry_after = retry_after_;
+    was_ready = conn_ != nullptr;
   }
   if (retry_after != absl::InfinitePast()) {
     // Not before the backoff after a failed attempt ends; calls wait for it.
@@ -271,6 +273,7 @@ void Channel::ConnectForWaiting() {
     if (connector_->stop) return;
   }
   SendWaiting(connected, refused_by_go_away);
+  if (connected.ok() && !was_ready && balancer_ != nullptr) TakeWaitingOfOthers();
 }
 
 void Channel::SendWaiting(const StatusOr<std::shared_ptr<transport::Connection>>& connected,
@@ -285,6 +288,9 @@ void Channel::SendWaiting(const StatusOr<std::shared_ptr<transport::Connection>>
   // new call, dropping it) finds the batch done.
   InlineScope scope{this, inline_scopes, {}};
   inline_scopes = &scope;
+  // Under a BalancedChannel, the calls that this attempt failed go to a
+  // backend that is READY, if one is, rather than fail or wait here.
+  if (!connected.ok() && balancer_ != nullptr) GiveWaitingElsewhere(batch);
   // A call that found no connection ends with `why`, unless it is
   // wait-for-ready: then it waits for the next attempt (unless nothing ever
   // could connect). One kept from being sent by a connection that it was
@@ -369,6 +375,12 @@ void Channel::SendWaiting(const StatusOr<std::shared_ptr<transport::Connection>>
     if (idle) idle->Close();
     if (pending) not_sent(w, sent, /*unseen=*/true);
   }
+  // A connection lost (or drained) before it carried a call is no success,
+  // whether its calls wait here again or go elsewhere: without a backoff, a
+  // server that accepts and drops would be tried again at once. (The calls
+  // of an attempt that failed went elsewhere above, if they could.)
+  const bool lost_unused = connected.ok() && !again.empty();
+  if (lost_unused && balancer_ != nullptr) GiveWaitingElsewhere(again);
   bool another_round;
   absl::Time retry_after;
   {
@@ -379,10 +391,7 @@ void Channel::SendWaiting(const StatusOr<std::shared_ptr<transport::Connection>>
                     std::make_move_iterator(again.end()));
     stats_.transparent_retries += unseen_again;
     queueing_ = !waiting_.empty();
-    // A connection lost (or drained) before it carried a call is no
-    // success: without a backoff, a server that accepts and drops would be
-    // retried at once.
-    if (connected.ok() && !again.empty() && backoff_ == absl::ZeroDuration()) {
+    if (lost_unused && backoff_ == absl::ZeroDuration()) {
       StartBackoffLocked(SteadyNow(), last_not_sent);
     }
     another_round = !again.empty() || (!conn_ && connect_waiters_ > 0);

@@ -255,6 +255,133 @@ TEST_P(RpcSuite, ABalancedChannelRetriesACallOnAnotherServer) {
   EXPECT_EQ(first.stats().retries, 7u);
 }
 
+ChannelOptions QuickReconnects() {
+  ChannelOptions o;
+  o.reconnect_backoff = absl::Milliseconds(20);
+  o.reconnect_backoff_max = absl::Milliseconds(200);
+  return o;
+}
+
+// Starts an Echo call on `on` that is answered with its own data, after
+// `sleep_ms` in the handler.
+void StartEcho(ChannelInterface& on, AsyncCall* c, const std::string& data, int sleep_ms = 0) {
+  on.CallAsync(kEcho, &c->ctx, Req(data, sleep_ms), &c->resp,
+               [c](Status s) { c->result.set_value(s); });
+}
+
+// Calls made while no server is up wait on the backends they were given.
+// Once one server is up, the calls waiting on the other, whose connect
+// stalls, go to it too, rather than wait out that connect (gRPC picks
+// queued calls again when a backend becomes READY). Some calls are made on
+// each backend itself, so that both surely have calls waiting, and some
+// through the channel.
+TEST_P(RpcSuite, AWaitingCallGoesToTheFirstServerThatIsUp) {
+  StalledAddress stalled = GetParam().stalled();
+  ASSERT_FALSE(stalled.address.empty());
+  const std::string later = AddressesOf(StartServers(1, GetParam().listen_addr()))[0];
+  // Past the calls' deadlines, which they would meet waiting on it; short
+  // enough that the channel's end, which waits for the attempt (a grouped
+  // channel cannot shut its transport down to end it), comes soon.
+  ChannelOptions o = QuickReconnects();
+  o.connect_timeout = absl::Seconds(10);
+  auto ch = BalancedChannel::Create({stalled.address, later}, o);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  Channel& connecting = *(*ch)->backends()[0];
+  Channel& up_first = *(*ch)->backends()[1];
+  constexpr int kCalls = 8;
+  std::vector<std::unique_ptr<AsyncCall>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::make_unique<AsyncCall>());
+    // Not wait-for-ready, a call waits out a connect in progress all the
+    // same, but ends with an attempt that fails, as up_first's do until its
+    // server is up.
+    calls[i]->ctx.set_wait_for_ready(i % 4 != 1);
+    calls[i]->ctx.set_timeout(absl::Seconds(8));
+    ChannelInterface* on = ch->get();
+    if (i % 4 < 2) on = &connecting;
+    if (i % 4 == 2) on = &up_first;
+    StartEcho(*on, calls[i].get(), absl::StrCat("waits ", i));
+  }
+  // Steady while no server is up: the one attempt stalls, and the other's
+  // fail, its calls waiting on.
+  const size_t on_connecting = connecting.calls_in_flight();
+  EXPECT_GE(on_connecting, static_cast<size_t>(kCalls / 2));
+  EXPECT_EQ(on_connecting + up_first.calls_in_flight(), static_cast<size_t>(kCalls));
+
+  TestServer up(later);
+  ASSERT_TRUE(up.server);
+  for (int i = 0; i < kCalls; ++i) {
+    const Status s = calls[i]->result.get_future().get();
+    ASSERT_TRUE(s.ok()) << "call " << i << ": " << s;
+    EXPECT_EQ(calls[i]->resp.data(), absl::StrCat("waits ", i));
+  }
+  EXPECT_EQ(up.service.started.load(), kCalls);
+  EXPECT_EQ(connecting.stats().waits_elsewhere, on_connecting);
+  EXPECT_EQ(up_first.stats().waits_elsewhere, 0u);
+  EXPECT_EQ(connecting.calls_in_flight() + up_first.calls_in_flight(), 0u);
+  EXPECT_STREQ(ChannelStateName(connecting.GetState(false)), "CONNECTING")
+      << "its calls went before its attempt ended";
+  // Over TCP this ends the attempt at once (the connection is reset), so
+  // the channel's end need not wait for it.
+  stalled.keep.reset();
+}
+
+// A call waiting on a backend whose connect then fails goes to one that is
+// up, instead of ending UNAVAILABLE (or, wait-for-ready, waiting for a
+// server that is gone); its deadline and cancel follow it there.
+TEST_P(RpcSuite, ACallWhoseConnectFailsGoesToAServerThatIsUp) {
+  const std::string gone = AddressesOf(StartServers(1, GetParam().listen_addr()))[0];
+  TestServer up(GetParam().listen_addr());
+  ASSERT_TRUE(up.server);
+  auto ch = BalancedChannel::Create({gone, up.address}, QuickReconnects());
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  Channel& failing = *(*ch)->backends()[0];
+  Channel& ready = *(*ch)->backends()[1];
+  ASSERT_TRUE(ready.WaitForConnected(absl::Now() + absl::Seconds(20)));
+
+  constexpr int kCalls = 4;
+  std::vector<std::unique_ptr<AsyncCall>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::make_unique<AsyncCall>());
+    calls[i]->ctx.set_wait_for_ready(i % 2 == 0);
+    calls[i]->ctx.set_timeout(absl::Seconds(15));
+    StartEcho(failing, calls[i].get(), absl::StrCat("moved ", i));
+  }
+  for (int i = 0; i < kCalls; ++i) {
+    const Status s = calls[i]->result.get_future().get();
+    ASSERT_TRUE(s.ok()) << "call " << i << ": " << s;
+    EXPECT_EQ(calls[i]->resp.data(), absl::StrCat("moved ", i));
+  }
+  EXPECT_EQ(up.service.started.load(), kCalls);
+  EXPECT_EQ(failing.stats().waits_elsewhere, static_cast<uint64_t>(kCalls));
+  EXPECT_GE(failing.stats().connect_failures, 1u);
+
+  // Held by the handler there, a moved call ends by its context's cancel,
+  // and another by its deadline.
+  AsyncCall cancelled;
+  cancelled.ctx.set_timeout(absl::Seconds(30));
+  StartEcho(failing, &cancelled, "cancelled", 60000);
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (up.service.started.load() == kCalls && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(up.service.started.load(), kCalls + 1);
+  EXPECT_EQ(ready.calls_in_flight(), 1u);
+  cancelled.ctx.TryCancel();
+  auto cancelled_f = cancelled.result.get_future();
+  ASSERT_EQ(cancelled_f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(cancelled_f.get().code(), StatusCode::kCancelled);
+
+  AsyncCall late;
+  late.ctx.set_timeout(absl::Seconds(2));
+  StartEcho(failing, &late, "late", 60000);
+  const Status late_s = late.result.get_future().get();
+  EXPECT_EQ(late_s.code(), StatusCode::kDeadlineExceeded) << late_s;
+  EXPECT_EQ(up.service.started.load(), kCalls + 2);
+  EXPECT_EQ(failing.stats().waits_elsewhere, static_cast<uint64_t>(kCalls + 2));
+  EXPECT_EQ(failing.calls_in_flight() + ready.calls_in_flight(), 0u);
+}
+
 // Generated stubs take a BalancedChannel as they take a Channel.
 TEST_P(RpcSuite, AGeneratedStubCallsThroughABalancedChannel) {
   GeneratedEcho a, b;
