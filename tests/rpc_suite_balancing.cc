@@ -292,9 +292,9 @@ TEST_P(RpcSuite, AWaitingCallGoesToTheFirstServerThatIsUp) {
   std::vector<std::unique_ptr<AsyncCall>> calls;
   for (int i = 0; i < kCalls; ++i) {
     calls.push_back(std::make_unique<AsyncCall>());
-    // Not wait-for-ready, a call waits out a connect in progress all the
-    // same, but ends with an attempt that fails, as up_first's do until its
-    // server is up.
+    // Calls 1 and 5 are not wait-for-ready: an attempt that failed would
+    // end them, so they go where the attempt stalls instead, and wait it
+    // out as the others do.
     calls[i]->ctx.set_wait_for_ready(i % 4 != 1);
     calls[i]->ctx.set_timeout(absl::Seconds(8));
     ChannelInterface* on = ch->get();
