@@ -37,7 +37,8 @@ namespace rdmarpc::transport {
 
 // How many ports a listen on port 0 picks before it leaves out an address
 // that has each of them taken. A pick that collides is rare (the ephemeral
-// range has ~28,000 ports), so 8 in a row means the address is not the cause.
+// range has ~28,000 ports), so 8 in a row are no chance: that address takes
+// no port, and trying more would only delay the listen.
 inline constexpr int kFreshPortTries = 8;
 
 using ListenOne =
