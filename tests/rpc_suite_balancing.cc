@@ -171,10 +171,7 @@ TEST_P(RpcSuite, ALeastRequestsBalancedChannelPassesOverABusyServer) {
   AsyncCall busy;
   ch->CallAsync(kEcho, &busy.ctx, Req("busy", 60000), &busy.resp,
                 [&busy](Status s) { busy.result.set_value(s); });
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (servers[0]->service.started.load() == 0 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitHandlersStarted(servers[0]->service, 1);
   ASSERT_EQ(Served(servers), (std::vector<int>{1, 0, 0}));
   EXPECT_EQ(ch->backends()[0]->calls_in_flight(), 1u);
 
@@ -227,10 +224,7 @@ TEST_P(RpcSuite, ABalancedChannelRetriesACallOnAnotherServer) {
   cancelled.ctx.set_timeout(absl::Seconds(30));
   (*ch)->CallAsync(kEcho, &cancelled.ctx, Req("cancelled", 60000), &cancelled.resp,
                    [&cancelled](Status s) { cancelled.result.set_value(s); });
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (echo.service.started.load() == 4 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitHandlersStarted(echo.service, 5);
   ASSERT_EQ(echo.service.started.load(), 5);
   EXPECT_EQ(first.stats().retries_elsewhere, 5u);
   EXPECT_EQ(second.calls_in_flight(), 1u);
@@ -361,10 +355,7 @@ TEST_P(RpcSuite, ACallWhoseConnectFailsGoesToAServerThatIsUp) {
   AsyncCall cancelled;
   cancelled.ctx.set_timeout(absl::Seconds(30));
   StartEcho(failing, &cancelled, "cancelled", 60000);
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (up.service.started.load() == kCalls && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitHandlersStarted(up.service, kCalls + 1);
   ASSERT_EQ(up.service.started.load(), kCalls + 1);
   EXPECT_EQ(ready.calls_in_flight(), 1u);
   cancelled.ctx.TryCancel();

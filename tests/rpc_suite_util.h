@@ -45,6 +45,12 @@ inline ChannelOptions InlineCallbacks() {
   return o;
 }
 
+// Waits (up to 20 s) until `service` has started `n` handlers in all.
+inline void AwaitHandlersStarted(const EchoService& service, int n) {
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (service.started.load() < n && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+}
+
 // Starts a 30 s call to `method`, cancels it once its handler is running
 // (`started` past `started_before`), and expects the call to end CANCELLED
 // and the handler to see the cancel. `while_running`, if any, runs with the
@@ -56,15 +62,13 @@ inline void ExpectCancelReachesRunningHandler(
   test::EchoResponse resp;
   std::promise<Status> result;
   ch.CallAsync(method, &ctx, Req("slow", 30000), &resp, [&](Status s) { result.set_value(s); });
-  const absl::Time until = absl::Now() + absl::Seconds(20);
-  while (service.started.load() <= started_before && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitHandlersStarted(service, started_before + 1);
   if (while_running) while_running(ctx);
   ctx.TryCancel();
   auto f = result.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(f.get().code(), StatusCode::kCancelled);
+  const absl::Time until = absl::Now() + absl::Seconds(20);
   while (service.saw_cancel.load() == 0 && absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(5));
   }
