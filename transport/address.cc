@@ -167,4 +167,9 @@ SocketAddress WithPort(const sockaddr_storage& ss, uint16_t port) {
   return a;
 }
 
+uint16_t PortOf(const sockaddr_storage& ss) {
+  return ntohs(ss.ss_family == AF_INET ? reinterpret_cast<const sockaddr_in*>(&ss)->sin_port
+                                       : reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+}
+
 }  // namespace rdmarpc::transport

@@ -45,6 +45,8 @@ bool IsLinkLocal(const sockaddr* sa);
 
 // `ss`, an IPv4 or IPv6 address, with `port` for its port.
 SocketAddress WithPort(const sockaddr_storage& ss, uint16_t port);
+// The port of `ss`, an IPv4 or IPv6 address.
+uint16_t PortOf(const sockaddr_storage& ss);
 
 // Every socket address of host:port, in getaddrinfo's order of preference
 // (on a stock Debian "localhost" is [::1] first, then 127.0.0.1), each once.

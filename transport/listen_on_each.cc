@@ -35,12 +35,6 @@ struct BindPass {
   bool picked_port_taken = false;
 };
 
-uint16_t PortOf(const SocketAddress& a) {
-  return ntohs(a.storage.ss_family == AF_INET
-                   ? reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_port
-                   : reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_port);
-}
-
 BindPass BindEach(const std::vector<SocketAddress>& addresses, ListenOne listen_one) {
   BindPass pass;
   for (SocketAddress a : addresses) {
@@ -64,7 +58,7 @@ BindPass BindEach(const std::vector<SocketAddress>& addresses, ListenOne listen_
 absl::StatusOr<std::unique_ptr<Listener>> ListenOnEachAddress(
     const std::vector<SocketAddress>& addresses, const std::string& log_name,
     ListenOne listen_one) {
-  const bool picks_port = addresses.size() > 1 && PortOf(addresses.front()) == 0;
+  const bool picks_port = addresses.size() > 1 && PortOf(addresses.front().storage) == 0;
   auto pass = std::make_unique<BindPass>(BindEach(addresses, listen_one));
   for (int tries = 1; picks_port && pass->picked_port_taken && tries < kFreshPortTries; ++tries) {
     // The pass before still holds the port it picked while this one binds,

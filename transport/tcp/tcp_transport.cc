@@ -1055,9 +1055,7 @@ absl::StatusOr<std::unique_ptr<Listener>> TcpTransport::ListenSocket(const Socke
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &blen);
   Address bound_addr = asked;
   bound_addr.scheme = "tcp";  // also when asked for auto://
-  bound_addr.port = ntohs(bound.ss_family == AF_INET
-                              ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
-                              : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  bound_addr.port = PortOf(bound);
   auto listener = std::make_unique<TcpListener>(this, fd, bound_addr, std::move(on_accept));
   TcpListener* raw = listener.get();
   RunInLoopAndWait([&] {
