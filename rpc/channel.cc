@@ -129,9 +129,8 @@ Channel::Channel(std::string target, transport::Address addr, ChannelOptions opt
       transport_(std::move(resources.transport)) {}
 
 Channel::~Channel() {
-  // Pending calls on the connection end in OnClosed, the rest here. A lone
-  // channel's shutdown also ends the connector's attempt; a grouped one
-  // cannot shut the shared transport down, so it lets the attempt end.
+  // Pending calls on the connection end in OnClosed, the rest here, after
+  // the connector's attempt is given up.
   StopConnector(/*shut_transport_down=*/!grouped_);
   if (grouped_) LeaveTransport();
   std::vector<Pending> rest;

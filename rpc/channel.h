@@ -121,8 +121,8 @@ struct ChannelOptions {
   // Largest request this channel sends and response it accepts.
   size_t max_message_size = 64u << 20;
   // Time allowed for one (re)connect attempt; the calls waiting for it end
-  // by their own deadlines meanwhile. A grouped channel destroyed while it
-  // connects waits for its attempt to end (a lone one cuts it short).
+  // by their own deadlines meanwhile. Destroying the channel cuts an attempt
+  // short.
   absl::Duration connect_timeout = absl::Seconds(5);
   // After a failed attempt the next one starts no sooner than this after it
   // began; each further failure makes the wait 1.6 times longer, up to
@@ -538,6 +538,9 @@ class Channel final : public ChannelInterface {
   uint64_t faster_timer_ = 0;
   // Ends a try of the faster way early: conn_ was lost, or the channel goes.
   std::atomic<bool> faster_give_up_{false};
+  // Ends EnsureConnected's attempt early: the channel goes. Its own flag, as
+  // a grouped channel cannot shut the shared transport down to end it.
+  std::atomic<bool> connect_give_up_{false};
   // Reconnect backoff, guarded by mu_: the wait after the last failed
   // attempt (zero after a success), when the next may start, and its status.
   absl::Duration backoff_;

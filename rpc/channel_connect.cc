@@ -266,7 +266,8 @@ void Channel::ConnectForWaiting() {
   // the call's timer.
   bool refused_by_go_away = false;
   auto connected = EnsureConnected(&refused_by_go_away, wanted_locked);
-  if (absl::IsCancelled(connected.status())) return;  // the calls ended meanwhile
+  // The calls ended meanwhile, or the channel goes (its destructor ends them).
+  if (absl::IsCancelled(connected.status())) return;
   {
     // The destructor ends the waiting calls.
     std::lock_guard<std::mutex> lock(connector_->mu);
@@ -417,6 +418,7 @@ void Channel::StopConnector(bool shut_transport_down) {
     connector_->wake.notify_all();
   }
   faster_give_up_.store(true);
+  connect_give_up_.store(true);
   if (shut_transport_down) transport_->Shutdown();
   // Never on the connector thread: Own moves a destruction out of the
   // inline callbacks it runs.
@@ -452,13 +454,21 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
     state_changed_.notify_all();
   }
   Watch* watch = NewWatch();
-  auto conn = transport_->Connect(addr_, watch, start + options_.connect_timeout);
+  auto conn =
+      transport_->ConnectUnless(addr_, watch, start + options_.connect_timeout, connect_give_up_);
   Status failure;
   if (!conn.ok()) {
     {
       // A connection that Connect did not return gets no callback.
       std::lock_guard<std::mutex> lock(watch_mu_);
       watch->done = true;
+    }
+    if (connect_give_up_.load()) {
+      // No failure of the server's: the channel goes, and ends the calls.
+      std::lock_guard<InlineMutex> lock(mu_);
+      connecting_ = false;
+      state_changed_.notify_all();
+      return Status(StatusCode::kCancelled, absl::StrCat("the channel to ", target_, " goes"));
     }
     // A configuration that cannot work (a GID named on a device that does
     // not exist, or of the wrong address family) stays INVALID_ARGUMENT:

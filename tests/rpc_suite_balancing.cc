@@ -270,14 +270,12 @@ void StartEcho(ChannelInterface& on, AsyncCall* c, const std::string& data, int 
 // each backend itself, so that both surely have calls waiting, and some
 // through the channel.
 TEST_P(RpcSuite, AWaitingCallGoesToTheFirstServerThatIsUp) {
-  StalledAddress stalled = GetParam().stalled();
+  const StalledAddress stalled = GetParam().stalled();
   ASSERT_FALSE(stalled.address.empty());
   const std::string later = AddressesOf(StartServers(1, GetParam().listen_addr()))[0];
-  // Past the calls' deadlines, which they would meet waiting on it; short
-  // enough that the channel's end, which waits for the attempt (a grouped
-  // channel cannot shut its transport down to end it), comes soon.
+  // Far past the calls' deadlines, which they would meet waiting on it.
   ChannelOptions o = QuickReconnects();
-  o.connect_timeout = absl::Seconds(10);
+  o.connect_timeout = absl::Seconds(60);
   auto ch = BalancedChannel::Create({stalled.address, later}, o);
   ASSERT_TRUE(ch.ok()) << ch.status();
   Channel& connecting = *(*ch)->backends()[0];
@@ -315,9 +313,10 @@ TEST_P(RpcSuite, AWaitingCallGoesToTheFirstServerThatIsUp) {
   EXPECT_EQ(connecting.calls_in_flight() + up_first.calls_in_flight(), 0u);
   EXPECT_STREQ(ChannelStateName(connecting.GetState(false)), "CONNECTING")
       << "its calls went before its attempt ended";
-  // Over TCP this ends the attempt at once (the connection is reset), so
-  // the channel's end need not wait for it.
-  stalled.keep.reset();
+  const absl::Time before = absl::Now();
+  ch->reset();
+  EXPECT_LT(absl::Now() - before, absl::Seconds(30))
+      << "destroying the channel waited for its backend's connect attempt";
 }
 
 // A call waiting on a backend whose connect then fails goes to one that is

@@ -120,9 +120,9 @@ TEST_P(RpcSuite, CallsThatWaitedForTheConnectionGoOutWhole) {
 }
 
 // The connector may run the inline callback that drops the last reference
-// to its channel; a grouped channel, which cannot shut the shared transport
-// down, lets its attempt end and then ends its calls. A call that the
-// attempt's end ends says what to check.
+// to its channel. A grouped channel, which cannot shut the shared transport
+// down, gives its attempt up when destroyed, rather than wait it out, and
+// ends its calls. A call that the attempt's end ends says what to check.
 TEST_P(RpcSuite, ChannelsDestroyedWhileConnecting) {
   const StalledAddress stalled = GetParam().stalled();
   ASSERT_FALSE(stalled.address.empty());
@@ -151,21 +151,28 @@ TEST_P(RpcSuite, ChannelsDestroyedWhileConnecting) {
     SCOPED_TRACE(absl::StrCat("grouped, callback_threads ", callback_threads));
     ChannelOptions o;
     o.callback_threads = callback_threads;
-    o.connect_timeout = absl::Milliseconds(300);
+    o.connect_timeout = absl::Seconds(60);
     auto group = ChannelGroup::Create(o);
     ASSERT_TRUE(group.ok()) << group.status();
     auto ch = (*group)->NewChannel(stalled.address);
     ASSERT_TRUE(ch.ok()) << ch.status();
     AsyncCall c;
     (*ch)->CallAsync(kEcho, &c.ctx, Req("x"), &c.resp, [&](Status s) { c.result.set_value(s); });
-    // Time for the connector to begin its attempt; destroyed before that,
-    // the channel has no attempt to wait for, and the call ends all the same.
-    absl::SleepFor(absl::Milliseconds(100));
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while ((*ch)->stats().connect_attempts == 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_EQ((*ch)->stats().connect_attempts, 1u);
+    const absl::Time before = absl::Now();
     ch->reset();
+    EXPECT_LT(absl::Now() - before, absl::Seconds(30))
+        << "destroying the grouped channel waited for its connect attempt";
     auto f = c.result.get_future();
     ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready)
         << "the channel's destructor returned with a call pending";
-    EXPECT_EQ(f.get().code(), StatusCode::kUnavailable);
+    const Status s = f.get();
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("channel destroyed"), absl::string_view::npos) << s;
   }
 }
 

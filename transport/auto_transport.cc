@@ -5,7 +5,9 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -51,23 +53,45 @@ Address WithScheme(Address addr, const char* scheme) {
   return addr;
 }
 
+// What `t` makes of a connect to `addr`, given up once `*give_up` is true
+// (never, when null).
+absl::StatusOr<std::shared_ptr<Connection>> ConnectOn(Transport& t, const Address& addr,
+                                                      ConnectionObserver* observer,
+                                                      absl::Time deadline,
+                                                      const std::atomic<bool>* give_up) {
+  if (give_up == nullptr) return t.Connect(addr, observer, deadline);
+  return t.ConnectUnless(addr, observer, deadline, *give_up);
+}
+
+bool GivenUp(const std::atomic<bool>* give_up) {
+  return give_up != nullptr && give_up->load(std::memory_order_relaxed);
+}
+
 // Asks, on a thread of its own from `start` until `deadline`, whether TCP
 // alone listens at `addr` (TcpListensAlone); tcp_alone() turns true if so.
-// Destroying it cuts a question under way short, and joins the thread.
+// ends_rdma(), what the RDMA attempt beside it is given up on, turns true
+// then too, or once the caller's `give_up` (unless null) is: the thread
+// watches that flag, every kFlagCheck, until the probe is destroyed, as
+// RDMA's ConnectUnless watches one flag alone. Destroying it cuts a
+// question under way short, and joins the thread.
 class TcpAloneProbe {
  public:
-  TcpAloneProbe(Address addr, absl::Time start, absl::Time deadline)
-      : stop_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  TcpAloneProbe(Address addr, absl::Time start, absl::Time deadline,
+                const std::atomic<bool>* give_up)
+      : stop_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)), give_up_(give_up) {
     // Out of descriptors or threads, it asks nothing: RDMA's answer or its
-    // deadline decides.
+    // deadline decides (and RDMA is given up on with the caller's flag).
     if (stop_fd_ < 0) return;
     auto thread = NewThread("auto-tcp-probe", "asking whether TCP alone listens",
                             [this, addr = std::move(addr), start, deadline] {
-                              if (!WaitForStart(start)) return;
-                              auto alone = TcpListensAlone(addr, stop_fd_, deadline);
+                              if (!WaitUntil(start)) return;
+                              auto alone = TcpListensAlone(addr, stop_fd_, give_up_, deadline);
                               if (alone.ok() && *alone) {
                                 tcp_alone_.store(true, std::memory_order_relaxed);
+                                ends_rdma_.store(true, std::memory_order_relaxed);
+                                return;
                               }
+                              if (give_up_ != nullptr) WaitUntil(absl::InfiniteFuture());
                             });
     if (thread.ok()) thread_ = *std::move(thread);
   }
@@ -81,23 +105,40 @@ class TcpAloneProbe {
   TcpAloneProbe(const TcpAloneProbe&) = delete;
   TcpAloneProbe& operator=(const TcpAloneProbe&) = delete;
 
-  const std::atomic<bool>& tcp_alone() const { return tcp_alone_; }
+  // Where the probe could not start its thread, the caller's flag itself.
+  const std::atomic<bool>& ends_rdma() const {
+    return thread_.joinable() || give_up_ == nullptr ? ends_rdma_ : *give_up_;
+  }
+  bool tcp_alone() const { return tcp_alone_.load(std::memory_order_relaxed); }
 
  private:
-  // False when stopped first.
-  bool WaitForStart(absl::Time start) {
+  // How often the thread looks at the caller's flag.
+  static constexpr absl::Duration kFlagCheck = absl::Milliseconds(10);
+
+  // Waits until `until`; false when stopped or given up first (and then
+  // ends_rdma_ is true if given up).
+  bool WaitUntil(absl::Time until) {
     for (;;) {
-      const absl::Duration left = start - SteadyNow();
+      if (GivenUp(give_up_)) {
+        ends_rdma_.store(true, std::memory_order_relaxed);
+        return false;
+      }
+      const absl::Duration left = until - SteadyNow();
       if (left <= absl::ZeroDuration()) return true;
+      const absl::Duration wait = give_up_ != nullptr ? std::min(left, kFlagCheck) : left;
       pollfd p{stop_fd_, POLLIN, 0};
-      const int rc = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      const int rc = poll(
+          &p, 1,
+          static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(wait), INT_MAX - 1)) + 1);
       if (rc > 0) return false;
       if (rc < 0 && errno != EINTR) return true;
     }
   }
 
   const int stop_fd_;
+  const std::atomic<bool>* const give_up_;
   std::atomic<bool> tcp_alone_{false};
+  std::atomic<bool> ends_rdma_{false};
   std::thread thread_;
 };
 
@@ -230,12 +271,12 @@ absl::StatusOr<Transport*> AutoTransport::Tcp() {
   return tcp_.get();
 }
 
-absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectTcp(const Address& addr,
-                                                                      ConnectionObserver* observer,
-                                                                      absl::Time deadline) {
+absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectTcp(
+    const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+    const std::atomic<bool>* give_up) {
   absl::StatusOr<Transport*> tcp = Tcp();
   if (!tcp.ok()) return tcp.status();
-  return (*tcp)->Connect(WithScheme(addr, "tcp"), observer, deadline);
+  return ConnectOn(**tcp, WithScheme(addr, "tcp"), observer, deadline, give_up);
 }
 
 absl::StatusOr<std::unique_ptr<Listener>> AutoTransport::ListenTcp(const Address& addr,
@@ -268,24 +309,38 @@ absl::StatusOr<Transport*> AutoTransport::Rdma() {
 absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::Connect(const Address& addr,
                                                                    ConnectionObserver* observer,
                                                                    absl::Time deadline) {
-  if (addr.scheme == "tcp") return ConnectTcp(addr, observer, deadline);
+  return ConnectWith(addr, observer, deadline, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectUnless(
+    const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+    const std::atomic<bool>& give_up) {
+  return ConnectWith(addr, observer, deadline, &give_up);
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectWith(
+    const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+    const std::atomic<bool>* give_up) {
+  if (addr.scheme == "tcp") return ConnectTcp(addr, observer, deadline, give_up);
   absl::StatusOr<Transport*> rdma = Rdma();
   if (addr.scheme != "auto") {
     if (!rdma.ok()) return rdma.status();
-    return (*rdma)->Connect(addr, observer, deadline);
+    return ConnectOn(**rdma, addr, observer, deadline, give_up);
   }
   // No device yet: MakeTransport said so once, when it fell back to TCP.
-  if (!rdma.ok()) return ConnectTcp(addr, observer, deadline);
+  if (!rdma.ok()) return ConnectTcp(addr, observer, deadline, give_up);
   const std::string target = addr.ToString();
   if (!memory_.FellBackWithin(target, remember_, SteadyNow())) {
-    return ConnectRdmaFirst(**rdma, addr, target, observer, deadline);
+    return ConnectRdmaFirst(**rdma, addr, target, observer, deadline, give_up);
   }
-  auto tcp = ConnectTcp(addr, observer, deadline);
-  if (tcp.ok()) return tcp;
+  auto tcp = ConnectTcp(addr, observer, deadline, give_up);
+  if (tcp.ok() || GivenUp(give_up)) return tcp;
   // Something changed there (a restart with RDMA alone, say): RDMA first
   // again, with what is left.
   memory_.Forget(target);
-  if (SteadyNow() < deadline) return ConnectRdmaFirst(**rdma, addr, target, observer, deadline);
+  if (SteadyNow() < deadline) {
+    return ConnectRdmaFirst(**rdma, addr, target, observer, deadline, give_up);
+  }
   return absl::Status(tcp.status().code(),
                       absl::StrCat("over TCP, as RDMA could not reach ", target,
                                    " lately: ", tcp.status().message()));
@@ -293,7 +348,7 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::Connect(const Address
 
 absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
     Transport& rdma, const Address& addr, const std::string& target, ConnectionObserver* observer,
-    absl::Time deadline) {
+    absl::Time deadline, const std::atomic<bool>* give_up) {
   // A host without RDMA never answers rdma_cm: RDMA gets part of the time,
   // and TCP what is left.
   const absl::Time now = SteadyNow();
@@ -302,13 +357,13 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
   absl::StatusOr<std::shared_ptr<Connection>> conn;
   bool tcp_alone = false;
   if (rdma_deadline - now > kAskTcpAfter) {
-    TcpAloneProbe probe(WithScheme(addr, "tcp"), now + kAskTcpAfter, rdma_deadline);
-    conn = rdma.ConnectUnless(addr, observer, rdma_deadline, probe.tcp_alone());
-    tcp_alone = probe.tcp_alone().load(std::memory_order_relaxed);
+    TcpAloneProbe probe(WithScheme(addr, "tcp"), now + kAskTcpAfter, rdma_deadline, give_up);
+    conn = rdma.ConnectUnless(addr, observer, rdma_deadline, probe.ends_rdma());
+    tcp_alone = probe.tcp_alone();
   } else {
-    conn = rdma.Connect(addr, observer, rdma_deadline);
+    conn = ConnectOn(rdma, addr, observer, rdma_deadline, give_up);
   }
-  if (conn.ok()) return conn;
+  if (conn.ok() || GivenUp(give_up)) return conn;
   std::string why;
   if (tcp_alone) {
     why = "its server listens over TCP alone, as its kHello says";
@@ -325,7 +380,7 @@ absl::StatusOr<std::shared_ptr<Connection>> AutoTransport::ConnectRdmaFirst(
     fprintf(stderr, "rdmarpc[%s]: %s cannot be reached over RDMA (%s); auto:// connects over TCP\n",
             who_.c_str(), target.c_str(), why.c_str());
   }
-  auto tcp = ConnectTcp(addr, observer, deadline);
+  auto tcp = ConnectTcp(addr, observer, deadline, give_up);
   if (tcp.ok()) {
     memory_.Remember(target, SteadyNow());
     return tcp;

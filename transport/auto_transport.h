@@ -96,6 +96,10 @@ class AutoTransport : public Transport {
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
                                                       ConnectionObserver* observer,
                                                       absl::Time deadline) override;
+  // Given up, a connect ends whichever way it is trying, and tries no other.
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectUnless(
+      const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+      const std::atomic<bool>& give_up) override;
   absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
                                                    AcceptCallback on_accept) override;
   void Shutdown() override;
@@ -108,10 +112,17 @@ class AutoTransport : public Transport {
   // The TCP transport, made now if need be; make_tcp_'s error while it
   // cannot be made.
   absl::StatusOr<Transport*> Tcp();
+  // Connect, or ConnectUnless with its `give_up` (never, when null), as the
+  // helpers below take it too.
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectWith(const Address& addr,
+                                                          ConnectionObserver* observer,
+                                                          absl::Time deadline,
+                                                          const std::atomic<bool>* give_up);
   // Connect (to `addr` as tcp://) and Listen over Tcp(), or its error.
   absl::StatusOr<std::shared_ptr<Connection>> ConnectTcp(const Address& addr,
                                                          ConnectionObserver* observer,
-                                                         absl::Time deadline);
+                                                         absl::Time deadline,
+                                                         const std::atomic<bool>* give_up);
   absl::StatusOr<std::unique_ptr<Listener>> ListenTcp(const Address& addr,
                                                       AcceptCallback on_accept);
   // The RDMA transport, made now if need be; make_rdma_'s error while it
@@ -122,7 +133,8 @@ class AutoTransport : public Transport {
   absl::StatusOr<std::shared_ptr<Connection>> ConnectRdmaFirst(Transport& rdma, const Address& addr,
                                                                const std::string& target,
                                                                ConnectionObserver* observer,
-                                                               absl::Time deadline);
+                                                               absl::Time deadline,
+                                                               const std::atomic<bool>* give_up);
 
   const MakeRdma make_rdma_;
   const MakeTcp make_tcp_;

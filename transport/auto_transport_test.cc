@@ -1,8 +1,10 @@
 #include "transport/auto_transport.h"
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <utility>
@@ -231,6 +233,7 @@ class IgnoringObserver : public ConnectionObserver {
 struct TcpServer {
   explicit TcpServer(bool beside_rdma) : transport(TransportOptions{}) {
     auto l = transport.Listen(At("tcp://127.0.0.1:0"), [this](std::shared_ptr<Connection>) {
+      ++accepted;
       return static_cast<ConnectionObserver*>(&observer);
     });
     EXPECT_TRUE(l.ok()) << l.status();
@@ -241,6 +244,7 @@ struct TcpServer {
   std::string Auto() const { return absl::StrCat("auto://127.0.0.1:", listener->address().port); }
 
   IgnoringObserver observer;
+  std::atomic<int> accepted{0};
   TcpTransport transport;
   std::unique_ptr<Listener> listener;
 };
@@ -326,6 +330,63 @@ TEST(AutoTransport, ATryOfTheFasterWayEndsOnceGivenUp) {
       p.t.ConnectFaster(At("auto://10.0.0.2:7"), nullptr, SteadyNow() + absl::Seconds(30), give_up);
   EXPECT_TRUE(absl::IsCancelled(conn.status())) << conn.status();
   EXPECT_EQ(p.rdma->given_up, 1);
+}
+
+// A connect given up (ConnectUnless: a channel that goes) ends whichever
+// way it is trying, and tries no other: RDMA that does not answer, after
+// the TCP port was asked whether TCP alone listens there, or before it
+// would be (too little time for the question); and TCP, to a target that
+// RDMA could not reach lately.
+TEST(AutoTransport, AConnectGivenUpEndsWhicheverWayItTriesAndTriesNoOther) {
+  TcpServer beside(/*beside_rdma=*/true);
+  ASSERT_TRUE(beside.listener);
+  {
+    SCOPED_TRACE("RDMA, once the TCP port was asked");
+    Pair p(absl::ZeroDuration());
+    p.rdma->silent = true;
+    std::atomic<bool> give_up{false};
+    auto connecting = std::async(std::launch::async, [&] {
+      return p.t.ConnectUnless(At(beside.Auto()), nullptr, SteadyNow() + absl::Seconds(60),
+                               give_up);
+    });
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    while (beside.accepted.load() == 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_EQ(beside.accepted.load(), 1) << "the TCP port was not asked";
+    ASSERT_EQ(connecting.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+    give_up.store(true);
+    ASSERT_EQ(connecting.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+        << "a connect given up went on";
+    const auto conn = connecting.get();
+    EXPECT_TRUE(absl::IsCancelled(conn.status())) << conn.status();
+    EXPECT_EQ(p.rdma->given_up, 1);
+    EXPECT_TRUE(p.tcp->connects.empty());
+  }
+  {
+    SCOPED_TRACE("RDMA, with too little time to ask the TCP port");
+    Pair p(absl::ZeroDuration());
+    p.rdma->silent = true;
+    const std::atomic<bool> give_up{true};
+    const auto conn = p.t.ConnectUnless(At("auto://10.0.0.2:7"), nullptr,
+                                        SteadyNow() + absl::Milliseconds(300), give_up);
+    EXPECT_TRUE(absl::IsCancelled(conn.status())) << conn.status();
+    EXPECT_EQ(p.rdma->given_up, 1);
+    EXPECT_TRUE(p.tcp->connects.empty());
+  }
+  {
+    SCOPED_TRACE("TCP, to a target RDMA could not reach lately");
+    FallbackMemory memory;
+    Pair p(absl::Seconds(60), &memory);
+    memory.Remember("auto://10.0.0.2:7", SteadyNow());
+    p.tcp->silent = true;
+    const std::atomic<bool> give_up{true};
+    const auto conn = p.t.ConnectUnless(At("auto://10.0.0.2:7"), nullptr,
+                                        SteadyNow() + absl::Seconds(60), give_up);
+    EXPECT_TRUE(absl::IsCancelled(conn.status())) << conn.status();
+    EXPECT_EQ(p.tcp->given_up, 1);
+    EXPECT_TRUE(p.rdma->connects.empty());
+  }
 }
 
 // Made where no RDMA device was usable: auto:// goes over TCP straight

@@ -105,28 +105,41 @@ void ConfigureConnectedSocket(int fd, const TcpOptions& options) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
 }
 
-// How often a wait for a connect's socket on one of a name's addresses looks
-// whether the connect has been won on another (transport/address_race.h):
-// a wake-up every 10 ms while such a connect waits, off any fast path.
-constexpr absl::Duration kLostCheck = absl::Milliseconds(10);
+// How often a wait for a connect's socket looks at the flags that end it
+// early: whether the connect has been won on another of a name's addresses
+// (transport/address_race.h), or given up by its caller (ConnectUnless). A
+// wake-up every 10 ms while such a connect waits, off any fast path.
+constexpr absl::Duration kFlagCheck = absl::Milliseconds(10);
 
-// Waits until `fd` has `events` (POLLIN, POLLOUT), `deadline` passes,
-// `stop_fd` becomes readable or `*lost` turns true (never, when null); the
-// error is what ended the wait (CANCELLED for the last two).
-absl::Status AwaitSocket(int fd, short events, int stop_fd, const std::atomic<bool>* lost,
-                         absl::Time deadline) {
+// What ends a connect's waits before its deadline (CANCELLED), besides a
+// race lost to another address: `stop_fd` readable (the transport shuts
+// down, or a TcpListensAlone is cut short), or `*give_up` true (the
+// caller's, through ConnectUnless; never, when null).
+struct ConnectStops {
+  int stop_fd;
+  const std::atomic<bool>* give_up;
+};
+
+// Waits until `fd` has `events` (POLLIN, POLLOUT), `deadline` passes, one of
+// `stops` comes, or `*lost` turns true (never, when null); the error is
+// what ended the wait (CANCELLED for the last two).
+absl::Status AwaitSocket(int fd, short events, const ConnectStops& stops,
+                         const std::atomic<bool>* lost, absl::Time deadline) {
+  const bool flags = lost != nullptr || stops.give_up != nullptr;
   for (;;) {
     if (lost != nullptr && lost->load(std::memory_order_relaxed)) {
       return absl::CancelledError("ended: the connect was won, or given up, on another address");
     }
+    if (stops.give_up != nullptr && stops.give_up->load(std::memory_order_relaxed)) {
+      return absl::CancelledError("the connect was given up");
+    }
     const absl::Duration left = deadline - SteadyNow();
     if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("timed out");
-    pollfd p[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
+    pollfd p[2] = {{fd, events, 0}, {stops.stop_fd, POLLIN, 0}};
     // Clamped: with no deadline (InfiniteFuture) the cast made -1 of it,
     // and -1 + 1 is a poll that never waits.
     const int64_t wait_ms = std::min<int64_t>(
-        absl::ToInt64Milliseconds(lost != nullptr ? std::min(left, kLostCheck) : left),
-        INT_MAX - 1);
+        absl::ToInt64Milliseconds(flags ? std::min(left, kFlagCheck) : left), INT_MAX - 1);
     const int rc = poll(p, 2, static_cast<int>(wait_ms) + 1);
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) return absl::UnavailableError(ErrnoText(errno));
@@ -138,12 +151,12 @@ absl::Status AwaitSocket(int fd, short events, int stop_fd, const std::atomic<bo
 // Reads the server's kHello off a connected socket into *hello, and not a
 // byte more: a GOAWAY may follow it at once. The error says why the
 // connection is no use.
-absl::Status AwaitHello(int fd, int stop_fd, const std::atomic<bool>* lost, absl::Time deadline,
-                        Header* hello) {
+absl::Status AwaitHello(int fd, const ConnectStops& stops, const std::atomic<bool>* lost,
+                        absl::Time deadline, Header* hello) {
   char bytes[kHeaderSize];
   size_t got = 0;
   while (got < sizeof bytes) {
-    if (absl::Status s = AwaitSocket(fd, POLLIN, stop_fd, lost, deadline); !s.ok()) {
+    if (absl::Status s = AwaitSocket(fd, POLLIN, stops, lost, deadline); !s.ok()) {
       if (absl::IsDeadlineExceeded(s)) {
         return absl::UnavailableError(
             "timed out waiting for the server to take the connection (no kHello came; is "
@@ -188,9 +201,9 @@ struct ServerSocket {
 };
 
 // A socket connected to `to` whose server has sent its kHello, by
-// `deadline`; else why not (CANCELLED once `stop_fd` is readable or `*lost`
+// `deadline`; else why not (CANCELLED once one of `stops` comes or `*lost`
 // is true; a null `lost` never is).
-absl::StatusOr<ServerSocket> ConnectToServer(const SocketAddress& to, int stop_fd,
+absl::StatusOr<ServerSocket> ConnectToServer(const SocketAddress& to, const ConnectStops& stops,
                                              const std::atomic<bool>* lost, absl::Time deadline) {
   const int fd = socket(to.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return SocketError(errno);
@@ -200,7 +213,7 @@ absl::StatusOr<ServerSocket> ConnectToServer(const SocketAddress& to, int stop_f
   };
   if (connect(fd, reinterpret_cast<const sockaddr*>(&to.storage), to.len) != 0) {
     if (errno != EINPROGRESS) return fail(ConnectError(errno));
-    if (absl::Status s = AwaitSocket(fd, POLLOUT, stop_fd, lost, deadline); !s.ok()) {
+    if (absl::Status s = AwaitSocket(fd, POLLOUT, stops, lost, deadline); !s.ok()) {
       return fail(absl::IsDeadlineExceeded(s) ? NothingAnswered(std::move(s)) : s);
     }
     int err = 0;
@@ -209,21 +222,21 @@ absl::StatusOr<ServerSocket> ConnectToServer(const SocketAddress& to, int stop_f
     if (err != 0) return fail(ConnectError(err));
   }
   ServerSocket server{fd, {}};
-  if (absl::Status s = AwaitHello(fd, stop_fd, lost, deadline, &server.hello); !s.ok()) {
+  if (absl::Status s = AwaitHello(fd, stops, lost, deadline, &server.hello); !s.ok()) {
     return fail(s);
   }
   return server;
 }
 
 // A socket connected to the first of `addresses` to answer (address_race.h)
-// whose server has sent its kHello; CANCELLED once `stop_fd` is readable.
+// whose server has sent its kHello; CANCELLED once one of `stops` comes.
 absl::StatusOr<ServerSocket> ConnectToAnyAddress(const std::vector<SocketAddress>& addresses,
-                                                 int stop_fd, absl::Time deadline) {
+                                                 const ConnectStops& stops, absl::Time deadline) {
   return TryEachAddress<ServerSocket>(
       addresses, deadline, /*name_each=*/true,
       [&](const SocketAddress& a, const std::atomic<bool>& lost) {
         // A lone address has nothing to lose to: its wait need not wake.
-        return ConnectToServer(a, stop_fd, addresses.size() > 1 ? &lost : nullptr, deadline);
+        return ConnectToServer(a, stops, addresses.size() > 1 ? &lost : nullptr, deadline);
       },
       [](ServerSocket&& extra) { close(extra.fd); },
       [](const absl::Status& s) { return absl::IsCancelled(s); });
@@ -985,10 +998,12 @@ void TcpTransport::Forget(int fd) {
   conns_.erase(it);
 }
 
-absl::StatusOr<bool> TcpListensAlone(const Address& addr, int stop_fd, absl::Time deadline) {
+absl::StatusOr<bool> TcpListensAlone(const Address& addr, int stop_fd,
+                                     const std::atomic<bool>* give_up, absl::Time deadline) {
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
-  absl::StatusOr<ServerSocket> server = ConnectToAnyAddress(*addresses, stop_fd, deadline);
+  absl::StatusOr<ServerSocket> server =
+      ConnectToAnyAddress(*addresses, ConnectStops{stop_fd, give_up}, deadline);
   if (!server.ok()) return server.status();
   close(server->fd);
   return (server->hello.call_id & kHelloTcpAlone) != 0;
@@ -997,16 +1012,31 @@ absl::StatusOr<bool> TcpListensAlone(const Address& addr, int stop_fd, absl::Tim
 absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::Connect(const Address& addr,
                                                                   ConnectionObserver* observer,
                                                                   absl::Time deadline) {
+  return ConnectWith(addr, observer, deadline, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::ConnectUnless(
+    const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+    const std::atomic<bool>& give_up) {
+  return ConnectWith(addr, observer, deadline, &give_up);
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> TcpTransport::ConnectWith(
+    const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+    const std::atomic<bool>* give_up) {
   if (stopped_.load()) return absl::FailedPreconditionError("transport is shut down");
   if (!unusable_.ok()) return unusable_;
   auto addresses = ResolveAddresses(addr);
   if (!addresses.ok()) return addresses.status();
   const std::string target = addr.ToString();
-  // Shutdown's stop_fd_ ends the wait for a handshake (CANCELLED).
-  absl::StatusOr<ServerSocket> server = ConnectToAnyAddress(*addresses, stop_fd_, deadline);
+  // Shutdown's stop_fd_ ends the wait for a handshake (CANCELLED), as
+  // `give_up` does.
+  absl::StatusOr<ServerSocket> server =
+      ConnectToAnyAddress(*addresses, ConnectStops{stop_fd_, give_up}, deadline);
   if (!server.ok()) {
-    return Prefixed(absl::StatusCode::kUnavailable, absl::StrCat("connect to ", target),
-                    server.status());
+    const bool given_up = give_up != nullptr && give_up->load(std::memory_order_relaxed);
+    return Prefixed(given_up ? absl::StatusCode::kCancelled : absl::StatusCode::kUnavailable,
+                    absl::StrCat("connect to ", target), server.status());
   }
   ConfigureConnectedSocket(server->fd, tcp_);
   auto conn = std::make_shared<TcpConnection>(this, server->fd, target, observer,

@@ -54,6 +54,11 @@ class TcpTransport : public Transport {
   absl::StatusOr<std::shared_ptr<Connection>> Connect(const Address& addr,
                                                       ConnectionObserver* observer,
                                                       absl::Time deadline) override;
+  // Given up, a connect ends within 10 ms, wherever it waits: for the SYN's
+  // answer, or for the server's kHello.
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectUnless(
+      const Address& addr, ConnectionObserver* observer, absl::Time deadline,
+      const std::atomic<bool>& give_up) override;
   absl::StatusOr<std::unique_ptr<Listener>> Listen(const Address& addr,
                                                    AcceptCallback on_accept) override;
   void Shutdown() override;
@@ -86,6 +91,11 @@ class TcpTransport : public Transport {
     absl::Time resume;
   };
 
+  // Connect, or ConnectUnless with its `give_up` (never, when null).
+  absl::StatusOr<std::shared_ptr<Connection>> ConnectWith(const Address& addr,
+                                                          ConnectionObserver* observer,
+                                                          absl::Time deadline,
+                                                          const std::atomic<bool>* give_up);
   void Loop();
   // epoll_wait's timeout: until the first paused listener or the peer
   // watch is due, else none.
@@ -136,10 +146,12 @@ class TcpTransport : public Transport {
 // Whether the rdmarpc server at `addr` says that nothing but TCP takes
 // connections on its port (kHelloTcpAlone, transport/wire_format.h):
 // connects, reads its kHello and closes, by `deadline`, or sooner once
-// `stop_fd` (an eventfd) is readable (CANCELLED). False where the kHello
-// does not say so: a server beside an RDMA listener, or one older than the
-// bit. What an auto:// client asks while RDMA keeps it waiting.
-absl::StatusOr<bool> TcpListensAlone(const Address& addr, int stop_fd, absl::Time deadline);
+// `stop_fd` (an eventfd) is readable or `*give_up` (unless null) is true
+// (CANCELLED). False where the kHello does not say so: a server beside an
+// RDMA listener, or one older than the bit. What an auto:// client asks
+// while RDMA keeps it waiting.
+absl::StatusOr<bool> TcpListensAlone(const Address& addr, int stop_fd,
+                                     const std::atomic<bool>* give_up, absl::Time deadline);
 
 }  // namespace rdmarpc::transport
 

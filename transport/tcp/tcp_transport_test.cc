@@ -675,6 +675,47 @@ TEST(TcpTransport, AConnectNothingAnswersEndsAtItsDeadlineSayingWhatToCheck) {
   EXPECT_TRUE(conn.status().GetPayload(kWhatToDo).has_value()) << conn.status();
 }
 
+// A connect given up from another thread (ConnectUnless: what a channel
+// does as it goes, whose transport is shared and stays up) ends CANCELLED
+// within moments, wherever it waits: for the answer to its SYN (a full
+// accept queue), or for the server's kHello (a server that took the
+// connection in the kernel alone). One given up before it starts ends so
+// too, though the server, which a plain Connect reaches, would take it.
+TEST(TcpTransport, AConnectGivenUpEndsWhereverItWaits) {
+  NoObserver observer;
+  TcpTransport client(TransportOptions{});
+  SilentPeer unanswered(/*backlog=*/0);
+  unanswered.FillAcceptQueue();
+  SilentPeer ungreeting;
+  for (SilentPeer* peer : {&unanswered, &ungreeting}) {
+    SCOPED_TRACE(peer == &unanswered ? "waiting for the SYN's answer" : "waiting for the kHello");
+    std::atomic<bool> give_up{false};
+    auto connecting = std::async(std::launch::async, [&] {
+      return client.ConnectUnless(peer->address(), &observer, SteadyNow() + absl::Seconds(60),
+                                  give_up);
+    });
+    if (peer == &ungreeting) ASSERT_TRUE(ungreeting.Accept(/*greet=*/false));
+    ASSERT_EQ(connecting.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout)
+        << "the connect ended before it was given up";
+    give_up.store(true);
+    ASSERT_EQ(connecting.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+        << "a connect given up went on";
+    const auto conn = connecting.get();
+    EXPECT_TRUE(absl::IsCancelled(conn.status())) << conn.status();
+    EXPECT_NE(conn.status().message().find("given up"), absl::string_view::npos) << conn.status();
+  }
+  SilentPeer greeting;
+  auto connecting = std::async(std::launch::async, [&] {
+    return client.Connect(greeting.address(), &observer, SteadyNow() + absl::Seconds(60));
+  });
+  ASSERT_TRUE(greeting.Accept());
+  ASSERT_TRUE(connecting.get().ok());
+  const std::atomic<bool> given_up{true};
+  const auto conn = client.ConnectUnless(greeting.address(), &observer,
+                                         SteadyNow() + absl::Seconds(60), given_up);
+  EXPECT_TRUE(absl::IsCancelled(conn.status())) << conn.status();
+}
+
 // This process's socket connected to 127.0.0.1:`port`, or -1.
 int SocketConnectedTo(int port) {
   DIR* dir = opendir("/proc/self/fd");
