@@ -694,7 +694,9 @@ TEST(TcpTransport, AConnectGivenUpEndsWhereverItWaits) {
       return client.ConnectUnless(peer->address(), &observer, SteadyNow() + absl::Seconds(60),
                                   give_up);
     });
-    if (peer == &ungreeting) ASSERT_TRUE(ungreeting.Accept(/*greet=*/false));
+    if (peer == &ungreeting) {
+      ASSERT_TRUE(ungreeting.Accept(/*greet=*/false));
+    }
     ASSERT_EQ(connecting.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout)
         << "the connect ended before it was given up";
     give_up.store(true);
