@@ -1,8 +1,11 @@
 #include "rpc/balanced_channel.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/steady_clock.h"
+#include "rpc/internal/inline_scope.h"
 
 namespace rdmarpc {
 namespace {
@@ -114,6 +117,65 @@ void BalancedChannel::CallAsync(const MethodInfo& method, ClientContext* ctx,
                                 const google::protobuf::MessageLite& request,
                                 google::protobuf::MessageLite* response, CallCallback done) {
   Pick(/*take_turn=*/true).CallAsync(method, ctx, request, response, std::move(done));
+}
+
+ChannelState BalancedChannel::GetState(bool try_to_connect) {
+  bool connecting = false;
+  bool idle = false;
+  bool ready = false;
+  for (const auto& backend : backends_) {
+    // Each is asked, READY found or not: with try_to_connect, every backend
+    // that is not connected starts its attempt, as Create's do.
+    switch (backend->GetState(try_to_connect)) {
+      case ChannelState::kReady:
+        ready = true;
+        break;
+      case ChannelState::kConnecting:
+        connecting = true;
+        break;
+      case ChannelState::kIdle:
+        idle = true;
+        break;
+      case ChannelState::kTransientFailure:
+        break;
+    }
+  }
+  if (ready) return ChannelState::kReady;
+  if (connecting) return ChannelState::kConnecting;
+  if (idle) return ChannelState::kIdle;
+  return ChannelState::kTransientFailure;
+}
+
+bool BalancedChannel::WaitForStateChange(ChannelState last, absl::Time deadline) {
+  const absl::Time until = FromWallClock(deadline);
+  for (;;) {
+    // Read before the states: a change after them bumps it, and the wait
+    // below returns at once.
+    const uint64_t seen = link_->StateChanges();
+    if (GetState(/*try_to_connect=*/false) != last) return true;
+    if (!link_->WaitForChangeAfter(seen, until)) {
+      return GetState(/*try_to_connect=*/false) != last;
+    }
+  }
+}
+
+bool BalancedChannel::WaitForConnected(absl::Time deadline) {
+  const absl::Time until = FromWallClock(deadline);
+  // Their inline callbacks run on the threads of the group's transports,
+  // which the backends' attempts may need.
+  const bool inline_callback = std::any_of(
+      backends_.begin(), backends_.end(),
+      [](const auto& backend) { return internal::InlineScopeOf(backend.get()) != nullptr; });
+  for (;;) {
+    const uint64_t seen = link_->StateChanges();
+    // Asked at each change, a backend whose attempt failed starts its next
+    // once its backoff ends, as under Channel::WaitForConnected.
+    if (GetState(/*try_to_connect=*/true) == ChannelState::kReady) return true;
+    if (inline_callback) return false;
+    if (!link_->WaitForChangeAfter(seen, until)) {
+      return GetState(/*try_to_connect=*/false) == ChannelState::kReady;
+    }
+  }
 }
 
 StatusOr<Attachment> BalancedChannel::AllocateAttachment(size_t size, size_t message_room) {

@@ -27,7 +27,9 @@
 // one (ChannelStats::waits_elsewhere counts the moves, on the backend
 // left). Only with none READY does such a call end UNAVAILABLE (a
 // wait-for-ready call waits on, and a call whose connection went before it
-// was sent has its one transparent retry).
+// was sent has its one transparent retry). GetState, WaitForStateChange and
+// WaitForConnected show where the channel as a whole stands, and connect
+// ahead of the first call, as a Channel's do.
 //
 // What not to rely on:
 // - Round robin counts calls, not load: a slow server gets as many as a
@@ -58,6 +60,7 @@
 #define RDMARPC_RPC_BALANCED_CHANNEL_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -66,6 +69,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
+#include "base/steady_clock.h"
 #include "rpc/channel.h"
 #include "rpc/channel_group.h"
 #include "rpc/channel_interface.h"
@@ -96,6 +101,31 @@ namespace internal {
 struct BalancerLink {
   std::mutex mu;
   BalancedChannel* owner = nullptr;  // guarded by mu
+
+  // A count of the backends' state changes, which the BalancedChannel's
+  // waits (WaitForConnected) wait on: read before the states are, it says
+  // whether one changed since. state_mu is a leaf, taken under a backend's
+  // lock.
+  void StateChanged() {
+    {
+      std::lock_guard<std::mutex> lock(state_mu);
+      ++state_changes;
+    }
+    state_changed.notify_all();
+  }
+  uint64_t StateChanges() {
+    std::lock_guard<std::mutex> lock(state_mu);
+    return state_changes;
+  }
+  // Until a change after `seen` (true) or `deadline`, on SteadyNow()'s
+  // clock (false).
+  bool WaitForChangeAfter(uint64_t seen, absl::Time deadline) {
+    std::unique_lock<std::mutex> lock(state_mu);
+    return WaitUntil(state_changed, lock, deadline, [&] { return state_changes != seen; });
+  }
+  std::mutex state_mu;
+  std::condition_variable state_changed;
+  uint64_t state_changes = 0;  // guarded by state_mu
 };
 
 }  // namespace internal
@@ -122,6 +152,24 @@ class BalancedChannel final : public ChannelInterface {
                  google::protobuf::MessageLite* response, CallCallback done) override;
   StatusOr<Attachment> AllocateAttachment(
       size_t size, size_t message_room = kDefaultAttachmentMessageRoom) override;
+
+  // Where the channel stands, its backends' states summed up as gRPC sums
+  // up a channel's subchannels: READY when one backend is, else CONNECTING
+  // when one is, else IDLE when one is, else TRANSIENT_FAILURE (every
+  // backend's last attempt failed). With `try_to_connect`, each backend
+  // that is not READY or CONNECTING starts an attempt, after its backoff
+  // (Channel::GetState).
+  ChannelState GetState(bool try_to_connect);
+  // Waits until GetState(false) is no longer `last` (true) or `deadline`, a
+  // wall-clock time as absl::Now() gives it, passes (false). It starts no
+  // attempt.
+  bool WaitForStateChange(ChannelState last, absl::Time deadline);
+  // Connects every backend that is not connected, each through failed
+  // attempts (after its backoff), until one is READY (true) or `deadline`
+  // (wall-clock, as above) passes (false). From an inline callback of a
+  // backend (callback_threads = 0) it waits for nothing: it asks for the
+  // attempts and says whether one backend is READY.
+  bool WaitForConnected(absl::Time deadline);
 
   // One Channel per address, in the order given: their states and stats().
   // Destroying the BalancedChannel destroys them, which ends their pending

@@ -394,7 +394,7 @@ void Channel::LetGoOfUnsentLocked(Pending& p, transport::Connection& conn, const
   faster_give_up_.store(true, std::memory_order_relaxed);
   conn_watch_ = nullptr;
   conn_cleared_why_ = Status(StatusCode::kUnavailable, why.message());
-  state_changed_.notify_all();
+  StateChangedLocked();
 }
 
 void Channel::CancelHook(void* channel, uint64_t call_id) {
@@ -871,7 +871,7 @@ void Channel::OnGoAway(Watch& watch, transport::Connection& conn) {
     faster_give_up_.store(true, std::memory_order_relaxed);
     conn_cleared_why_ =
         Status(StatusCode::kUnavailable, absl::StrCat(target_, " is shutting down (GOAWAY)"));
-    state_changed_.notify_all();
+    StateChangedLocked();
     conn_watch_ = nullptr;
     // With a send under way there is a call on it, and EndSend acks.
     if (watch.sending.fetch_or(Watch::kGoAwayBit, std::memory_order_acq_rel) != 0) return;
@@ -949,7 +949,7 @@ void Channel::OnClosed(Watch& watch, transport::Connection& conn, const absl::St
           Status(StatusCode::kUnavailable,
                  absl::StrCat("connection to ", conn.peer(), " lost (", why.message(), ")"));
       conn_watch_ = nullptr;
-      state_changed_.notify_all();
+      StateChangedLocked();
     }
     draining_.erase(std::remove_if(draining_.begin(), draining_.end(),
                                    [&](const Draining& d) { return d.conn.get() == &conn; }),

@@ -386,6 +386,9 @@ class Channel final : public ChannelInterface {
   // waits twice as long.
   void TryFasterWay();
   ChannelState StateLocked() const;
+  // Notifies state_changed_, and the BalancedChannel's waits where the
+  // channel is its backend (internal::BalancerLink::StateChanged).
+  void StateChangedLocked();
   // Stops the connector and waits until it no longer uses the channel.
   void StopConnector(bool shut_transport_down);
   // Gives the call its id, its cancel hook and, with a deadline, its timer.
@@ -626,8 +629,8 @@ class Channel final : public ChannelInterface {
   const std::shared_ptr<Connector> connector_ = std::make_shared<Connector>();
 
   const bool grouped_;  // the resources are shared with the group's channels
-  // Set by the BalancedChannel this is a backend of before its connector
-  // first runs, which reads it.
+  // Set by the BalancedChannel this is a backend of before the channel is
+  // first used: its connector and its state changes read it.
   std::shared_ptr<internal::BalancerLink> balancer_;
   std::shared_ptr<internal::ThreadPool> callbacks_;  // null: callbacks run inline
   std::shared_ptr<internal::TimerQueue> timers_;

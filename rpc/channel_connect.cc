@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "base/new_thread.h"
 #include "base/steady_clock.h"
+#include "rpc/balanced_channel.h"
 #include "rpc/channel.h"
 #include "rpc/internal/channel_watch.h"
 #include "rpc/internal/inline_scope.h"
@@ -451,7 +452,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
     }
     connecting_ = true;
     ++stats_.connect_attempts;
-    state_changed_.notify_all();
+    StateChangedLocked();
   }
   Watch* watch = NewWatch();
   auto conn =
@@ -467,7 +468,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
       // No failure of the server's: the channel goes, and ends the calls.
       std::lock_guard<InlineMutex> lock(mu_);
       connecting_ = false;
-      state_changed_.notify_all();
+      StateChangedLocked();
       return Status(StatusCode::kCancelled, absl::StrCat("the channel to ", target_, " goes"));
     }
     // A configuration that cannot work (a GID named on a device that does
@@ -484,7 +485,7 @@ StatusOr<std::shared_ptr<transport::Connection>> Channel::EnsureConnected(
   {
     std::lock_guard<InlineMutex> lock(mu_);
     connecting_ = false;
-    state_changed_.notify_all();
+    StateChangedLocked();
     if (failure.ok() && watch->lost) {
       failure = Status(StatusCode::kUnavailable,
                        absl::StrCat("connection to ", target_, " lost as soon as it was made"));
@@ -539,7 +540,7 @@ void Channel::StartBackoffLocked(absl::Time start, const Status& failure) {
                  : std::min(backoff_ * 1.6, options_.reconnect_backoff_max);
   retry_after_ = start + backoff_ * std::uniform_real_distribution<double>(0.8, 1.2)(jitter_);
   last_failure_ = failure;
-  state_changed_.notify_all();
+  StateChangedLocked();
 }
 
 Status Channel::BackoffLocked(absl::Time now) const {
@@ -571,6 +572,11 @@ ChannelState Channel::StateLocked() const {
   // A success resets the backoff: one that is running follows a failure.
   if (backoff_ != absl::ZeroDuration()) return ChannelState::kTransientFailure;
   return ChannelState::kIdle;
+}
+
+void Channel::StateChangedLocked() {
+  state_changed_.notify_all();
+  if (balancer_ != nullptr) balancer_->StateChanged();
 }
 
 ChannelState Channel::GetState(bool try_to_connect) {

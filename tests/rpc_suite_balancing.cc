@@ -1,6 +1,7 @@
 // BalancedChannel: calls spread over several servers, in turn over those
 // that are up or to the least busy (see rpc_suite.h).
 
+#include <chrono>
 #include <future>
 #include <memory>
 #include <string>
@@ -370,6 +371,63 @@ TEST_P(RpcSuite, ACallWhoseConnectFailsGoesToAServerThatIsUp) {
   EXPECT_EQ(up.service.started.load(), kCalls + 2);
   EXPECT_EQ(failing.stats().waits_elsewhere, static_cast<uint64_t>(kCalls + 2));
   EXPECT_EQ(failing.calls_in_flight() + ready.calls_in_flight(), 0u);
+}
+
+// Whether `ch` (a Channel or a BalancedChannel) reaches `want` by
+// `deadline`, waiting on its state changes.
+template <typename SomeChannel>
+bool AwaitState(SomeChannel& ch, ChannelState want, absl::Time deadline) {
+  for (;;) {
+    const ChannelState state = ch.GetState(/*try_to_connect=*/false);
+    if (state == want) return true;
+    if (!ch.WaitForStateChange(state, deadline)) return ch.GetState(false) == want;
+  }
+}
+
+// The channel's state sums up its backends', as gRPC's sums up its
+// subchannels': CONNECTING while one connects, TRANSIENT_FAILURE once
+// every one's attempt failed, READY once one is. WaitForConnected keeps
+// every backend trying, through failed attempts, until one connects.
+TEST_P(RpcSuite, ABalancedChannelSumsUpItsBackendsAndWaitsForOneToConnect) {
+  const StalledAddress stalled = GetParam().stalled();
+  ASSERT_FALSE(stalled.address.empty());
+  const std::vector<std::string> down = AddressesOf(StartServers(2, GetParam().listen_addr()));
+  ChannelOptions o = QuickReconnects();
+  o.connect_timeout = absl::Seconds(60);
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  {
+    SCOPED_TRACE("one backend failed, one connecting");
+    auto ch = BalancedChannel::Create({down[0], stalled.address}, o);
+    ASSERT_TRUE(ch.ok()) << ch.status();
+    ASSERT_TRUE(AwaitState(*(*ch)->backends()[0], ChannelState::kTransientFailure, until));
+    ASSERT_TRUE(AwaitState(*(*ch)->backends()[1], ChannelState::kConnecting, until));
+    EXPECT_STREQ(ChannelStateName((*ch)->GetState(false)), "CONNECTING");
+    EXPECT_FALSE((*ch)->WaitForConnected(absl::Now() + absl::Milliseconds(300)));
+  }
+  auto ch = BalancedChannel::Create(down, o);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  ASSERT_TRUE(AwaitState(**ch, ChannelState::kTransientFailure, until))
+      << ChannelStateName((*ch)->GetState(false));
+  for (const auto& backend : (*ch)->backends()) {
+    EXPECT_STREQ(ChannelStateName(backend->GetState(false)), "TRANSIENT_FAILURE");
+  }
+  auto connected = std::async(
+      std::launch::async, [&] { return (*ch)->WaitForConnected(absl::Now() + absl::Seconds(30)); });
+  // Each backend tries again after its failures, for the wait alone.
+  for (const auto& backend : (*ch)->backends()) {
+    while (backend->stats().connect_failures < 3 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    EXPECT_GE(backend->stats().connect_failures, 3u);
+  }
+  ASSERT_EQ(connected.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  TestServer up(down[1]);
+  ASSERT_TRUE(up.server);
+  ASSERT_EQ(connected.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_TRUE(connected.get());
+  EXPECT_STREQ(ChannelStateName((*ch)->GetState(false)), "READY");
+  EXPECT_STREQ(ChannelStateName((*ch)->backends()[1]->GetState(false)), "READY");
+  EXPECT_TRUE(EchoOn(**ch, "up").ok());
 }
 
 // Generated stubs take a BalancedChannel as they take a Channel.
