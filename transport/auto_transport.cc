@@ -71,7 +71,7 @@ bool GivenUp(const std::atomic<bool>* give_up) {
 // alone listens at `addr` (TcpListensAlone); tcp_alone() turns true if so.
 // ends_rdma(), what the RDMA attempt beside it is given up on, turns true
 // then too, or once the caller's `give_up` (unless null) is: the thread
-// watches that flag, every kFlagCheck, until the probe is destroyed, as
+// watches that flag, every kGiveUpCheck, until the probe is destroyed, as
 // RDMA's ConnectUnless watches one flag alone. Destroying it cuts a
 // question under way short, and joins the thread.
 class TcpAloneProbe {
@@ -112,9 +112,6 @@ class TcpAloneProbe {
   bool tcp_alone() const { return tcp_alone_.load(std::memory_order_relaxed); }
 
  private:
-  // How often the thread looks at the caller's flag.
-  static constexpr absl::Duration kFlagCheck = absl::Milliseconds(10);
-
   // Waits until `until`; false when stopped or given up first (and then
   // ends_rdma_ is true if given up).
   bool WaitUntil(absl::Time until) {
@@ -125,7 +122,7 @@ class TcpAloneProbe {
       }
       const absl::Duration left = until - SteadyNow();
       if (left <= absl::ZeroDuration()) return true;
-      const absl::Duration wait = give_up_ != nullptr ? std::min(left, kFlagCheck) : left;
+      const absl::Duration wait = give_up_ != nullptr ? std::min(left, kGiveUpCheck) : left;
       pollfd p{stop_fd_, POLLIN, 0};
       const int rc = poll(
           &p, 1,

@@ -249,6 +249,12 @@ struct TransportOptions {
 inline constexpr absl::string_view kNotReachableThisWay =
     "type.rdmarpc.dev/transport.NotReachableThisWay";
 
+// How often a connect waiting on the network looks at the flags that end
+// it early (ConnectUnless's `give_up`, a race lost to another of a name's
+// addresses): a given-up connect ends within this, per transport it goes
+// through. A wake-up every 10 ms while a connect waits, off any fast path.
+inline constexpr absl::Duration kGiveUpCheck = absl::Milliseconds(10);
+
 // Returns the observer for a new connection (never null), or null to refuse it.
 using AcceptCallback = std::function<ConnectionObserver*(std::shared_ptr<Connection>)>;
 
@@ -261,7 +267,7 @@ class Transport {
                                                               ConnectionObserver* observer,
                                                               absl::Time deadline) = 0;
   // Connect that another thread can end early: once `give_up` is true it
-  // ends as at its deadline, within a few milliseconds (CANCELLED). A
+  // ends as at its deadline, within kGiveUpCheck (CANCELLED). A
   // transport whose connects end quickly anyway need not look at it.
   virtual absl::StatusOr<std::shared_ptr<Connection>> ConnectUnless(
       const Address& addr, ConnectionObserver* observer, absl::Time deadline,

@@ -47,9 +47,6 @@ absl::Status NoChannel(const std::pair<const char*, int>& failure, internal::Doi
   return WithWhatToDo(std::move(why), internal::DevicesAndTry(doing));
 }
 
-// How soon a ConnectUnless sees its give_up.
-constexpr absl::Duration kGiveUpCheck = absl::Milliseconds(10);
-
 }  // namespace
 
 // --------------------------------------------------------------- transport

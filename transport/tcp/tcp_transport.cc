@@ -105,12 +105,6 @@ void ConfigureConnectedSocket(int fd, const TcpOptions& options) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
 }
 
-// How often a wait for a connect's socket looks at the flags that end it
-// early: whether the connect has been won on another of a name's addresses
-// (transport/address_race.h), or given up by its caller (ConnectUnless). A
-// wake-up every 10 ms while such a connect waits, off any fast path.
-constexpr absl::Duration kFlagCheck = absl::Milliseconds(10);
-
 // What ends a connect's waits before its deadline (CANCELLED), besides a
 // race lost to another address: `stop_fd` readable (the transport shuts
 // down, or a TcpListensAlone is cut short), or `*give_up` true (the
@@ -139,7 +133,7 @@ absl::Status AwaitSocket(int fd, short events, const ConnectStops& stops,
     // Clamped: with no deadline (InfiniteFuture) the cast made -1 of it,
     // and -1 + 1 is a poll that never waits.
     const int64_t wait_ms = std::min<int64_t>(
-        absl::ToInt64Milliseconds(flags ? std::min(left, kFlagCheck) : left), INT_MAX - 1);
+        absl::ToInt64Milliseconds(flags ? std::min(left, kGiveUpCheck) : left), INT_MAX - 1);
     const int rc = poll(p, 2, static_cast<int>(wait_ms) + 1);
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) return absl::UnavailableError(ErrnoText(errno));
